@@ -1,0 +1,200 @@
+"""Fact benchmark: fill N facts in a scratch database, then time gets, sets and searches through MemoryService.
+
+    python -m bench.facts [--n 100000] [--seed 1] [--database-url postgres://postgres@127.0.0.1:5432/postgres] [--json]
+
+Workload (see bench/README.md): 40% agent facts over 100 agents, 40% user facts over 1,000 users,
+10% session facts over 1,000 sessions, 10% global; keys from a pool of 2,000. Each owner holds a
+key once, so global scope (more facts than pool keys) adds derived keys "key_<k>_<j>".
+"""
+import argparse
+import json
+import random
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .scratch import scratch_django
+
+AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
+GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
+
+
+class QueryCounter:
+    """Counts statements on the connection (cheaper than capturing their text)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.count += 1
+        return execute(sql, params, many, context)
+
+
+def fill(n, rng, progress):
+    from memory.models import Fact, MemoryUser, Scope
+    from memory.text import fact_search_text
+
+    users = MemoryUser.objects.bulk_create(
+        [MemoryUser(canonical_id=f"bench:{i}", display_name=f"User {i}") for i in range(USERS)]
+    )
+    user_ids = [u.pk for u in users]
+    plan = (
+        [(Scope.AGENT, f"a{i}") for i in range(AGENTS) for _ in range(int(n * 0.4) // AGENTS)]
+        + [(Scope.USER, user_ids[i]) for i in range(USERS) for _ in range(int(n * 0.4) // USERS)]
+        + [(Scope.SESSION, f"s{i}") for i in range(SESSIONS) for _ in range(int(n * 0.1) // SESSIONS)]
+    )
+    plan += [(Scope.GLOBAL, None)] * (n - len(plan))
+    used = {}
+    task = progress.add_task("filling facts", total=n)
+    batch = []
+    for scope, owner in plan:
+        taken = used.setdefault((scope, owner), set())
+        if len(taken) < POOL:
+            k = rng.randrange(POOL)
+            while f"key_{k}" in taken:
+                k = rng.randrange(POOL)
+            key = f"key_{k}"
+        else:  # global scope only: more facts than pool keys
+            key = f"key_{rng.randrange(POOL)}_{len(taken)}"
+        taken.add(key)
+        value = f"note {rng.randrange(10**6)} about {key}"
+        batch.append(
+            Fact(
+                key=key,
+                value=value,
+                scope=scope,
+                agent_id=owner if scope == Scope.AGENT else "",
+                user_id=owner if scope == Scope.USER else None,
+                session_id=owner if scope == Scope.SESSION else "",
+                confidence=round(rng.uniform(0.3, 1.0), 3),
+                search_text=fact_search_text(key, value),
+            )
+        )
+        if len(batch) == 5000:
+            Fact.objects.bulk_create(batch)
+            progress.advance(task, len(batch))
+            batch = []
+    if batch:
+        Fact.objects.bulk_create(batch)
+        progress.advance(task, len(batch))
+    return user_ids
+
+
+def timed(fn, calls, counter):
+    before = counter.count
+    start = time.perf_counter()
+    for args in calls:
+        fn(*args)
+    elapsed = time.perf_counter() - start
+    return elapsed, counter.count - before
+
+
+def run(n, seed, progress):
+    from django.db import connection
+
+    from memory.models import Fact, Scope
+    from memory.service import MemoryService
+
+    rng = random.Random(seed)
+    user_ids = fill(n, rng, progress)
+    service = MemoryService()
+    counter = QueryCounter()
+    results = {"n": Fact.objects.count()}
+    with connection.execute_wrapper(counter):
+        gets = [
+            (f"key_{rng.randrange(POOL)}", f"a{rng.randrange(AGENTS)}", rng.choice(user_ids), f"s{rng.randrange(SESSIONS)}")
+            for _ in range(GETS)
+        ]
+        elapsed, queries = timed(
+            lambda k, a, u, s: service.get_fact(k, agent_id=a, user_id=u, session_id=s), gets, counter
+        )
+        results["get_per_s"] = GETS / elapsed
+        results["queries_per_get"] = queries / GETS
+        flush_start = time.perf_counter()
+        flushed = service.flush_access_counts()
+        results["access_flush"] = {"facts": flushed, "ms": (time.perf_counter() - flush_start) * 1000}
+
+        existing = list(Fact.objects.order_by("?").values_list("key", "scope", "agent_id", "user_id", "session_id")[: SETS // 2])
+        sets = []
+        for key, scope, agent_id, user_id, session_id in existing:
+            sets.append((key, f"changed {rng.randrange(3)}", scope, agent_id, user_id, session_id))
+        for i in range(SETS - len(sets)):
+            scope = rng.choice([Scope.AGENT, Scope.USER, Scope.SESSION, Scope.GLOBAL])
+            sets.append(
+                (
+                    f"fresh_key_{i}",
+                    f"fresh value {i}",
+                    scope,
+                    f"a{rng.randrange(AGENTS)}" if scope == Scope.AGENT else "",
+                    rng.choice(user_ids) if scope == Scope.USER else None,
+                    f"s{rng.randrange(SESSIONS)}" if scope == Scope.SESSION else "",
+                )
+            )
+        rng.shuffle(sets)
+        actions = {}
+
+        def set_one(key, value, scope, agent_id, user_id, session_id):
+            write = service.set_fact(key, value, scope=scope, agent_id=agent_id, user_id=user_id, session_id=session_id)
+            actions[write.action] = actions.get(write.action, 0) + 1
+
+        elapsed, queries = timed(set_one, sets, counter)
+        results["set_per_s"] = SETS / elapsed
+        results["set_actions"] = actions
+        results["queries_per_set"] = queries / SETS
+
+        searches = [(f"key {rng.randrange(POOL)}", f"a{rng.randrange(AGENTS)}", rng.choice(user_ids)) for _ in range(SEARCHES)]
+        hits = []
+        elapsed, queries = timed(
+            lambda q, a, u: hits.append(len(service.search_facts(q, agent_id=a, user_id=u, limit=10))), searches, counter
+        )
+        results["search_per_s"] = SEARCHES / elapsed
+        results["queries_per_search"] = queries / SEARCHES
+        results["mean_search_hits"] = sum(hits) / len(hits)
+        service.flush_access_counts()
+    results["database"] = connection.vendor
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.facts", description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000, help="facts to fill (default 100,000)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    args = parser.parse_args(argv)
+    if args.n < 10_000:
+        parser.error("--n must be at least 10,000 (the workload needs owners with facts)")
+    err = Console(stderr=True)
+    started = time.perf_counter()
+    with scratch_django(args.database_url), Progress(console=err, transient=True) as progress:
+        results = run(args.n, args.seed, progress)
+    total = time.perf_counter() - started
+    if args.json:
+        keys = ["n", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
+        print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
+        return 0
+    table = Table(title=f"MemoryService on {results['n']:,} facts ({results['database']}, {total:.0f} s in all)")
+    table.add_column("operation")
+    table.add_column("per second", justify="right")
+    table.add_column("queries each", justify="right")
+    table.add_column("notes")
+    table.add_row("get", f"{results['get_per_s']:,.0f}", f"{results['queries_per_get']:.3f}", f"{GETS:,} random (key, agent, user, session)")
+    table.add_row(
+        "set", f"{results['set_per_s']:,.0f}", f"{results['queries_per_set']:.2f}",
+        f"{SETS:,}, half to existing keys; {results['set_actions']}",
+    )
+    table.add_row(
+        "search", f"{results['search_per_s']:,.0f}", f"{results['queries_per_search']:.2f}",
+        f"{SEARCHES:,} 'key <k>' as one agent and user; {results['mean_search_hits']:.1f} hits each",
+    )
+    flush = results["access_flush"]
+    table.add_row("access flush", "", "", f"{flush['facts']:,} facts' counts written in {flush['ms']:.0f} ms after the gets")
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

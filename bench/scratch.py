@@ -1,0 +1,50 @@
+"""A scratch database for a benchmark: a temporary SQLite file, or a throw-away PostgreSQL database."""
+import contextlib
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def scratch_django(database_url=None):
+    """Set Django up on a fresh, migrated database that is removed afterwards.
+
+    `database_url` names a PostgreSQL server (postgres://user@host:port/any); a database with a
+    random name is created there and dropped at the end. Without it, SQLite in a temporary folder.
+    """
+    sys.path.insert(0, str(REPO / "platform"))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
+        os.environ["ENGRAM_DATA_DIR"] = tmp
+        pg_admin = None
+        if database_url:
+            import psycopg
+
+            name = f"engram_bench_{uuid.uuid4().hex[:8]}"
+            base, _, _ = database_url.rpartition("/")
+            pg_admin = (database_url, name)
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+            os.environ["DATABASE_URL"] = f"{base}/{name}"
+        else:
+            os.environ["DATABASE_URL"] = f"sqlite:///{tmp}/bench.sqlite3"
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        try:
+            yield
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            if pg_admin:
+                import psycopg
+
+                with psycopg.connect(pg_admin[0], autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{pg_admin[1]}" WITH (FORCE)')

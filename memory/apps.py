@@ -1,0 +1,12 @@
+"""App configuration of the memory app."""
+from django.apps import AppConfig
+
+
+class MemoryConfig(AppConfig):
+    name = "memory"
+    verbose_name = "Memory"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import signals  # noqa: F401  (flushes buffered access counts)
+        from .backends import sqlite  # noqa: F401  (registers SQL functions the SQLite index needs)

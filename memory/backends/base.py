@@ -1,0 +1,222 @@
+"""The interface every memory storage backend provides, and the SQL they share.
+
+The hot reads (get, search, list) are hand-written SQL built once per query shape: compiling the
+equivalent ORM expression costs more than running the query.
+"""
+from functools import lru_cache
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+from ..models import Fact, MemoryUser
+
+FACT_TABLE = Fact._meta.db_table
+USER_TABLE = MemoryUser._meta.db_table
+_FIELDS = [f for f in Fact._meta.concrete_fields]
+FACT_ATTNAMES = [f.attname for f in _FIELDS]
+_FIELDS_BY_COLUMN = {f.column: f for f in _FIELDS}
+
+
+def _q(name):
+    # Both backends quote identifiers with double quotes; no connection needed to say so.
+    return '"' + name + '"'
+
+
+def rank_sql(alias):
+    """Specificity of a fact row: session 0, user 1, agent 2, global 3 (lower wins)."""
+    return f"(CASE {alias}.scope WHEN 'session' THEN 0 WHEN 'user' THEN 1 WHEN 'agent' THEN 2 ELSE 3 END)"
+
+
+def owner_keys(viewer, include_user=True):
+    """The scope keys a viewer may see (the user's as given, before following merges)."""
+    keys = ["global"]
+    if viewer.agent_id:
+        keys.append(f"agent:{viewer.agent_id}")
+    if viewer.session_id:
+        keys.append(f"session:{viewer.session_id}")
+    if include_user and viewer.user_id is not None:
+        keys.append(f"user:{viewer.user_id}")
+    return keys
+
+
+def owners_sql(viewer):
+    """`IN (...)` over the owners a viewer may see, and its parameters.
+
+    A user follows merges inside the query: `merged_into` always names a surviving user, so one
+    hop is enough.
+    """
+    params = owner_keys(viewer, include_user=False)
+    parts = ["%s"] * len(params)
+    if viewer.user_id is not None:
+        parts.append(f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)")
+        params.extend([viewer.user_id, viewer.user_id])
+    return f"IN ({', '.join(parts)})", params
+
+
+@lru_cache(maxsize=None)
+def select_list(alias):
+    return ", ".join(f"{alias}.{_q(f.column)}" for f in _FIELDS)
+
+
+@lru_cache(maxsize=None)
+def fact_converters(vendor):
+    """Per column, the functions Django applies to a raw value (JSON decoding, datetimes on SQLite)."""
+    result = []
+    for i, field in enumerate(_FIELDS):
+        col = field.get_col(FACT_TABLE)
+        funcs = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if funcs:
+            result.append((i, col, funcs))
+    return result
+
+
+def escape_like(token):
+    return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class MemoryBackend:
+    """Database-specific parts of the memory; subclasses fill in the NotImplementedError methods."""
+
+    vendor = None
+    like_escape = ""
+
+    def fact_candidates(self, tokens, viewer, best_first):
+        """FROM clause and params, aliasing memory_fact as `f`, for rows that may hold every token.
+
+        The shared query still applies the exact owner, text and shadowing filters; this only picks
+        where rows come from. `best_first`: the caller orders by confidence and takes a few.
+        """
+        raise NotImplementedError("MemoryBackend subclasses must provide fact_candidates(tokens, viewer, best_first)")
+
+    def filter_procedures_matching(self, queryset, goal, context_keys):
+        """Narrow a Procedure queryset to those whose trigger conditions hold for goal and context."""
+        raise NotImplementedError(
+            "MemoryBackend subclasses must provide filter_procedures_matching(queryset, goal, context_keys)"
+        )
+
+    # ---- shared SQL
+
+    def _facts(self, sql, params):
+        conn = connections[DEFAULT_DB_ALIAS]
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        converters = fact_converters(conn.vendor)
+        facts = []
+        for row in rows:
+            values = list(row)
+            for i, col, funcs in converters:
+                for func in funcs:
+                    values[i] = func(values[i], col, conn)
+            facts.append(Fact.from_db(DEFAULT_DB_ALIAS, FACT_ATTNAMES, values))
+        return facts
+
+    def get_fact(self, key, viewer):
+        """The most specific fact for `key` among the viewer's owners, or None. One query."""
+        owners, params = owners_sql(viewer)
+        sql = (
+            f"SELECT {select_list('f')} FROM {FACT_TABLE} f "
+            f"WHERE f.{_q('key')} = %s AND f.scope_key {owners} ORDER BY {rank_sql('f')} LIMIT 1"
+        )
+        found = self._facts(sql, [key, *params])
+        return found[0] if found else None
+
+    def visible_facts(self, viewer, *, tokens=(), min_confidence=None, fact_type=None, order="key", limit=None):
+        """Facts the viewer sees whose search_text holds every token, less shadowed ones. One query.
+
+        A fact is shadowed when a more specific visible fact has the same key, whatever the
+        confidence of either: it is not what this viewer knows under that key.
+        """
+        owners, owner_params = owners_sql(viewer)
+        best_first = order == "confidence" and limit is not None
+        source, params = self.fact_candidates(tokens, viewer, best_first)
+        where = [f"f.scope_key {owners}"]
+        params += owner_params
+        for token in tokens:
+            where.append(f"f.search_text LIKE %s{self.like_escape}")
+            params.append(f"%{escape_like(token)}%")
+        if min_confidence:
+            where.append("f.confidence >= %s")
+            params.append(min_confidence)
+        if fact_type:
+            where.append("f.fact_type = %s")
+            params.append(fact_type)
+        where.append(
+            f"NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g WHERE g.{_q('key')} = f.{_q('key')} "
+            f"AND g.scope_key {owners} AND {rank_sql('g')} < {rank_sql('f')})"
+        )
+        params += owner_params
+        order_by = {
+            "key": f"f.{_q('key')}, f.id",
+            "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
+        }[order]
+        sql = f"SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        return self._facts(sql, params)
+
+    def owned_fact(self, fact, *, lock):
+        """The stored fact with the owner and key of `fact` (a user id follows merges), or None.
+
+        `lock`: hold the row until the transaction ends (SQLite's IMMEDIATE transactions already
+        hold the whole database, so only PostgreSQL adds FOR UPDATE).
+        """
+        if fact.scope == "user":
+            owner = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+            params = [fact.user_id, fact.user_id]
+        else:
+            owner = "%s"
+            params = [{"session": f"session:{fact.session_id}", "agent": f"agent:{fact.agent_id}"}.get(fact.scope, "global")]
+        sql = f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.scope_key = {owner} AND f.{_q('key')} = %s"
+        if lock and connection.features.has_select_for_update:
+            sql += " FOR UPDATE"
+        found = self._facts(sql, [*params, fact.key])
+        return found[0] if found else None
+
+    def update_fact(self, pk, changes):
+        """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params)."""
+        conn = connections[DEFAULT_DB_ALIAS]
+        sets, params = [], []
+        for column, change in changes.items():
+            if isinstance(change, tuple):
+                sets.append(f"{_q(column)} = {change[0]}")
+                params.extend(change[1])
+            else:
+                sets.append(f"{_q(column)} = %s")
+                params.append(_FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
+        with conn.cursor() as cursor:
+            cursor.execute(f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", [*params, pk])
+
+    # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
+    def insert_fact_if_absent(self, fact):
+        """Insert `fact` unless its (owner, key) exists; return the new id, or None when it existed.
+
+        A user-scoped fact is stored under the user its `user_id` was merged into, if any, so a
+        stale id still writes to the surviving user without another round trip.
+        """
+        conn = connections[DEFAULT_DB_ALIAS]
+        params = []
+        for field in _INSERT_FIELDS:
+            value = field.get_db_prep_save(field.pre_save(fact, True), conn)
+            params.append(value)
+            if field.attname == "user_id":
+                params.append(value)  # COALESCE(merged_into_id of %s, %s)
+        with conn.cursor() as cursor:
+            cursor.execute(_insert_sql(conn.vendor), params)
+            row = cursor.fetchone()
+        return row[0] if row else None
+
+
+_INSERT_FIELDS = [f for f in _FIELDS if not (f.primary_key or f.generated)]
+
+
+@lru_cache(maxsize=None)
+def _insert_sql(vendor):
+    placeholders = [
+        f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)" if f.attname == "user_id" else "%s"
+        for f in _INSERT_FIELDS
+    ]
+    return (
+        f"INSERT INTO {FACT_TABLE} ({', '.join(_q(f.column) for f in _INSERT_FIELDS)}) "
+        f"VALUES ({', '.join(placeholders)}) ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id"
+    )

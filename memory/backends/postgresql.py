@@ -1,0 +1,31 @@
+"""PostgreSQL backend: a pg_trgm GIN index serves substring search; jsonb matches procedures."""
+import json
+
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
+from .base import FACT_TABLE, MemoryBackend
+
+
+class PostgreSQLBackend(MemoryBackend):
+    vendor = "postgresql"
+
+    def fact_candidates(self, tokens, viewer, best_first):
+        # The shared LIKE '%token%' filters on search_text are answered by the gin_trgm_ops index.
+        return f"{FACT_TABLE} f", []
+
+    def filter_procedures_matching(self, queryset, goal, context_keys):
+        goal_ok = RawSQL(
+            "(memory_procedure.trigger_conditions -> 'goal_contains' IS NULL OR EXISTS ("
+            "SELECT 1 FROM jsonb_array_elements_text(memory_procedure.trigger_conditions -> 'goal_contains') "
+            "AS kw(v) WHERE strpos(%s, lower(kw.v)) > 0))",
+            [goal.lower()],
+            output_field=BooleanField(),
+        )
+        context_ok = RawSQL(
+            "(memory_procedure.trigger_conditions -> 'context_has' IS NULL OR "
+            "(memory_procedure.trigger_conditions -> 'context_has') <@ %s::jsonb)",
+            [json.dumps(sorted(context_keys))],
+            output_field=BooleanField(),
+        )
+        return queryset.filter(goal_ok, context_ok)

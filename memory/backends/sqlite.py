@@ -1,0 +1,136 @@
+"""SQLite backend: an owner-aware FTS5 trigram index serves substring search; JSON1 matches procedures.
+
+Search plans, chosen per query from the index's own term statistics:
+- a selective word: one MATCH for that word AND the viewer's owner markers, then exact filters;
+- only broad words, best-first with a limit: walk facts by confidence and stop at the limit;
+- otherwise: the viewer's owners through the (scope_key, key) index.
+"""
+import hashlib
+import json
+import threading
+import time
+
+from django.db import connection
+from django.db.backends.signals import connection_created
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
+from .base import FACT_TABLE, USER_TABLE, MemoryBackend, owner_keys
+
+_TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
+_PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
+# A word whose rarest trigram is in more rows than this is "broad": the index would hand back
+# most of the store, so another plan is cheaper.
+_SELECTIVE_ROWS = 2000
+# Below this many visible facts, scanning them beats walking the whole store best-first.
+_SMALL_VISIBLE = 2000
+_STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
+_STATS_MAX = 100_000
+
+
+def owner_marker(scope_key):
+    """Three private-use characters standing for an owner: one trigram, so one FTS5 doclist."""
+    h = int.from_bytes(hashlib.blake2b(scope_key.encode(), digest_size=8).digest(), "big")
+    return "".join(chr(_PUA_START + (h >> (13 * i)) % _PUA_SIZE) for i in range(3))
+
+
+def register_functions(sender, connection, **kwargs):
+    """The index triggers call engram_owner_marker(); every SQLite connection must know it."""
+    if connection.vendor == "sqlite":
+        connection.connection.create_function("engram_owner_marker", 1, owner_marker, deterministic=True)
+
+
+connection_created.connect(register_functions, dispatch_uid="memory_sqlite_functions")
+
+
+def _phrase(token):
+    return '"' + token.replace('"', '""') + '"'
+
+
+class TermStatistics:
+    """How many facts hold a trigram, read from fts5vocab and cached briefly."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows = {}
+
+    def rows(self, grams):
+        now = time.monotonic()
+        missing = [g for g in grams if self._rows.get(g, (0, -_STATS_TTL_S * 2))[1] < now - _STATS_TTL_S]
+        if missing:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_fact_fts_vocab "
+                    "USING fts5vocab(main, memory_fact_fts, row)"
+                )
+                found = {}
+                for gram in missing:
+                    cursor.execute("SELECT doc FROM temp.memory_fact_fts_vocab WHERE term = %s", [gram])
+                    row = cursor.fetchone()
+                    found[gram] = (row[0] if row else 0, now)
+            with self._lock:
+                if len(self._rows) + len(found) > _STATS_MAX:
+                    self._rows.clear()
+                self._rows.update(found)
+        return {g: self._rows[g][0] for g in grams}
+
+    def token_rows(self, token):
+        """At most this many facts contain `token`: the count of its rarest trigram."""
+        grams = {token[i : i + _TRIGRAM] for i in range(len(token) - _TRIGRAM + 1)}
+        return min(self.rows(grams).values())
+
+
+class SQLiteBackend(MemoryBackend):
+    vendor = "sqlite"
+    like_escape = " ESCAPE '\\'"
+
+    def __init__(self):
+        self.stats = TermStatistics()
+
+    def fact_candidates(self, tokens, viewer, best_first):
+        indexed = [t for t in tokens if len(t) >= _TRIGRAM]
+        if indexed:
+            rows_by_token = {t: self.stats.token_rows(t) for t in indexed}
+            rarest = min(indexed, key=rows_by_token.get)
+            if rows_by_token[rarest] <= _SELECTIVE_ROWS:
+                return self._match_owned(rarest, viewer)
+        if best_first:
+            markers = [owner_marker(k) for k in owner_keys(viewer)]
+            if sum(self.stats.rows(markers).values()) >= _SMALL_VISIBLE:
+                return f"{FACT_TABLE} f INDEXED BY fact_confidence_desc", []
+        return f"{FACT_TABLE} f", []
+
+    def _match_owned(self, token, viewer):
+        """Rows holding `token` that belong to one of the viewer's owners, in one MATCH."""
+        static = [owner_marker(k) for k in owner_keys(viewer, include_user=False)]
+        head = f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)
+        if viewer.user_id is None:
+            match_sql, params = "%s", [head + ")"]
+        else:  # the user's marker follows merges inside the query, like the owner filter does
+            match_sql = (
+                "%s || engram_owner_marker('user:' || CAST(COALESCE("
+                f"(SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)) || '\")'"
+            )
+            params = [head + ' OR "', viewer.user_id, viewer.user_id]
+        return (
+            f"(SELECT rowid AS id FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql}) c "
+            f"CROSS JOIN {FACT_TABLE} f ON f.id = c.id",
+            params,
+        )
+
+    def filter_procedures_matching(self, queryset, goal, context_keys):
+        goal_ok = RawSQL(
+            "(json_type(memory_procedure.trigger_conditions, '$.goal_contains') IS NULL OR EXISTS ("
+            "SELECT 1 FROM json_each(memory_procedure.trigger_conditions, '$.goal_contains') AS kw "
+            "WHERE instr(%s, lower(kw.value)) > 0))",
+            [goal.lower()],
+            output_field=BooleanField(),
+        )
+        context_ok = RawSQL(
+            "(json_type(memory_procedure.trigger_conditions, '$.context_has') IS NULL OR NOT EXISTS ("
+            "SELECT 1 FROM json_each(memory_procedure.trigger_conditions, '$.context_has') AS k "
+            "WHERE k.value NOT IN (SELECT value FROM json_each(%s))))",
+            [json.dumps(sorted(context_keys))],
+            output_field=BooleanField(),
+        )
+        return queryset.filter(goal_ok, context_ok)

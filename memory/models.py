@@ -1,0 +1,218 @@
+"""Models of the memory: facts, episodes, procedures, memory users and their channel identities.
+
+Read and write them through `memory.service.MemoryService`; nothing else should touch these tables.
+"""
+from django.db import models
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Cast, Concat
+
+
+class Scope(models.TextChoices):
+    """Who a fact belongs to, from most to least specific."""
+
+    SESSION = "session", "Session"
+    USER = "user", "User"
+    AGENT = "agent", "Agent"
+    GLOBAL = "global", "Global"
+
+
+# Lower is more specific; a lookup returns the visible fact with the lowest rank.
+SCOPE_RANK = {Scope.SESSION: 0, Scope.USER: 1, Scope.AGENT: 2, Scope.GLOBAL: 3}
+
+
+class FactType(models.TextChoices):
+    USER_PREFERENCE = "user_preference", "User preference"
+    WORLD_KNOWLEDGE = "world_knowledge", "World knowledge"
+    SELF_KNOWLEDGE = "self_knowledge", "Self knowledge"
+    CORRECTION = "correction", "Correction"
+    RELATIONSHIP = "relationship", "Relationship"
+
+
+class ProcedureType(models.TextChoices):
+    WORKFLOW_GRAPH = "workflow_graph", "Workflow graph"
+    PROMPT_TEMPLATE = "prompt_template", "Prompt template"
+    CODE_SNIPPET = "code_snippet", "Code snippet"
+    TOOL_SEQUENCE = "tool_sequence", "Tool sequence"
+
+
+class ProcedureSource(models.TextChoices):
+    HUMAN = "human", "Taught by a human"
+    LEARNED = "learned", "Learned from episodes"
+    EVOLVED = "evolved", "Evolved from another procedure"
+
+
+class MemoryUser(models.Model):
+    """One person, recognised across every channel they use."""
+
+    canonical_id = models.CharField(max_length=300, unique=True)
+    display_name = models.CharField(max_length=200, blank=True, default="")
+    total_conversations = models.PositiveIntegerField(default=0)
+    merged_into = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="merged_users"
+    )
+    merged_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_seen", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(merged_into=F("id")), name="memory_user_not_merged_into_self"
+            ),
+        ]
+
+    def __str__(self):
+        return self.display_name or self.canonical_id
+
+
+class ChannelIdentity(models.Model):
+    """A user's id on one channel (telegram, email, chat, webhook, ...); channels need no migration."""
+
+    user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="identities")
+    channel = models.CharField(max_length=50)
+    external_id = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["channel", "external_id"]
+        verbose_name_plural = "channel identities"
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "external_id"], name="one_user_per_channel_identity"),
+            models.CheckConstraint(condition=~Q(channel="") & ~Q(external_id=""), name="channel_identity_not_blank"),
+        ]
+
+    def __str__(self):
+        return f"{self.channel}:{self.external_id}"
+
+
+class Episode(models.Model):
+    """A record of one run: what started it, what was said and done, and how it ended."""
+
+    agent_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="episodes")
+    session_id = models.CharField(max_length=128, blank=True, default="")
+    workflow = models.CharField(max_length=128, blank=True, default="")
+    trigger_type = models.CharField(max_length=50, blank=True, default="")
+    trigger_input = models.JSONField(default=dict, blank=True)
+    conversation = models.JSONField(default=list, blank=True)
+    actions = models.JSONField(default=list, blank=True)
+    final_output = models.JSONField(null=True, blank=True)
+    success = models.BooleanField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    human_feedback = models.TextField(blank=True, default="")
+    human_rating = models.SmallIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    summary = models.TextField(blank=True, default="")
+    processed_for_facts = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [
+            models.Index(fields=["user", "-started_at"], name="episode_user_recent"),
+            models.Index(fields=["agent_id", "-started_at"], name="episode_agent_recent"),
+            models.Index(fields=["processed_for_facts", "started_at"], name="episode_unprocessed"),
+        ]
+
+    def __str__(self):
+        return f"Episode {self.pk} ({self.trigger_type or 'run'})"
+
+
+class Fact(models.Model):
+    """Semantic memory: one value under a key, owned by a session, user, agent or everyone."""
+
+    key = models.CharField(max_length=255)
+    value = models.JSONField()
+    fact_type = models.CharField(max_length=32, choices=FactType.choices, default=FactType.WORLD_KNOWLEDGE)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="facts")
+    session_id = models.CharField(max_length=128, blank=True, default="")
+    # The owner in one indexable value ("session:<id>", "user:<id>", "agent:<id>", "global"),
+    # derived by the database so it can never disagree with the columns above.
+    scope_key = models.GeneratedField(
+        expression=Case(
+            When(scope=Scope.SESSION, then=Concat(Value("session:"), "session_id")),
+            When(scope=Scope.USER, then=Concat(Value("user:"), Cast("user_id", models.CharField()))),
+            When(scope=Scope.AGENT, then=Concat(Value("agent:"), "agent_id")),
+            default=Value("global"),
+        ),
+        output_field=models.CharField(max_length=300),
+        db_persist=True,
+    )
+    confidence = models.FloatField(default=0.8)
+    times_confirmed = models.PositiveIntegerField(default=0)
+    times_contradicted = models.PositiveIntegerField(default=0)
+    source_episode = models.ForeignKey(
+        Episode, null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_facts"
+    )
+    provenance = models.TextField(blank=True, default="")
+    access_count = models.PositiveIntegerField(default=0)
+    last_accessed = models.DateTimeField(null=True, blank=True)
+    # Key and value, lower-cased, with "_" and "-" read as spaces: what search matches against.
+    search_text = models.TextField(blank=True, default="", editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["key", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["scope_key", "key"], name="one_fact_per_owner_and_key"),
+            models.CheckConstraint(condition=Q(scope__in=Scope.values), name="fact_scope_known"),
+            models.CheckConstraint(
+                condition=(
+                    Q(scope=Scope.SESSION, user__isnull=True, agent_id="") & ~Q(session_id="")
+                    | Q(scope=Scope.USER, user__isnull=False, agent_id="", session_id="")
+                    | Q(scope=Scope.AGENT, user__isnull=True, session_id="") & ~Q(agent_id="")
+                    | Q(scope=Scope.GLOBAL, user__isnull=True, agent_id="", session_id="")
+                ),
+                name="fact_scope_has_its_owner",
+            ),
+            models.CheckConstraint(condition=Q(confidence__gte=0.0, confidence__lte=1.0), name="fact_confidence_0_1"),
+            models.CheckConstraint(condition=~Q(key=""), name="fact_key_not_blank"),
+        ]
+        indexes = [
+            models.Index(fields=["scope", "fact_type"], name="fact_scope_type"),
+            models.Index(fields=["agent_id"], name="fact_agent"),
+            # Lets a broad search ("key 5" matches half the store) walk facts best-first and stop early.
+            models.Index(fields=["-confidence"], name="fact_confidence_desc"),
+        ]
+
+    def __str__(self):
+        return f"{self.key} ({self.scope_key})"
+
+
+class Procedure(models.Model):
+    """Procedural memory: how to do something, when it applies, and how well it has worked."""
+
+    agent_id = models.CharField(max_length=128, blank=True, default="", help_text="Blank: shared by every agent.")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    trigger_conditions = models.JSONField(default=dict, blank=True)
+    procedure_type = models.CharField(max_length=32, choices=ProcedureType.choices, default=ProcedureType.PROMPT_TEMPLATE)
+    content = models.JSONField(default=dict, blank=True)
+    times_used = models.PositiveIntegerField(default=0)
+    times_succeeded = models.PositiveIntegerField(default=0)
+    times_failed = models.PositiveIntegerField(default=0)
+    success_rate = models.FloatField(default=0.0)
+    avg_duration_ms = models.FloatField(default=0.0)
+    source = models.CharField(max_length=16, choices=ProcedureSource.choices, default=ProcedureSource.HUMAN)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    is_active = models.BooleanField(default=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent_id", "name"], name="one_procedure_per_agent_and_name"),
+            models.CheckConstraint(condition=~Q(name=""), name="procedure_name_not_blank"),
+            models.CheckConstraint(condition=Q(success_rate__gte=0.0, success_rate__lte=1.0), name="procedure_success_rate_0_1"),
+        ]
+        indexes = [models.Index(fields=["agent_id", "is_active", "-success_rate"], name="procedure_best_first")]
+
+    def __str__(self):
+        return self.name

@@ -1,0 +1,750 @@
+"""MemoryService: the one place that reads and writes facts, episodes, procedures and memory users."""
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import (
+    CharField,
+    Count,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Cast, Coalesce, Concat
+from django.utils import timezone
+
+from .access import access_counter
+from .backends import get_backend
+from .conf import memory_settings
+from .exceptions import InvalidMemoryArgument, MemoryNotFound
+from .models import (
+    ChannelIdentity,
+    Episode,
+    Fact,
+    FactType,
+    MemoryUser,
+    Procedure,
+    ProcedureSource,
+    ProcedureType,
+    Scope,
+)
+from .signals import users_merged
+from .text import fact_search_text, search_tokens
+
+
+class WriteAction:
+    """What a fact write did."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    CONFIRMED = "confirmed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class FactWrite:
+    action: str
+    fact: Fact
+
+    @property
+    def written(self):
+        return self.action != WriteAction.SKIPPED
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking: an agent, the user it talks to, and the session. Each part may be absent.
+
+    A viewer sees global facts, the agent's facts, the user's facts and the session's facts.
+    """
+
+    agent_id: str = ""
+    user_id: int | None = None
+    session_id: str = ""
+
+
+def _survivor_id(user_id):
+    """The id of the user `user_id` was merged into, or `user_id` itself, inside the query.
+
+    Merges keep `merged_into` pointing at the surviving user (never at another merged user), so one
+    hop is enough and a lookup by a stale id stays one query.
+    """
+    merged_into = Subquery(MemoryUser.objects.filter(pk=user_id).order_by().values("merged_into_id")[:1])
+    return Coalesce(merged_into, Value(user_id))
+
+
+def _user_scope_key(user_id):
+    return Concat(Value("user:"), Cast(_survivor_id(user_id), CharField()))
+
+
+@dataclass
+class UserContext:
+    """What a workflow knows of a user, ready to be put into state or a prompt."""
+
+    user_id: int
+    canonical_id: str
+    display_name: str
+    identities: list[dict]
+    preferences: dict[str, Any]
+    facts: list[dict]
+    recent_episodes: list[dict]
+    fact_count: int
+    episode_count: int
+    total_conversations: int
+    last_seen: datetime | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self):
+        """A JSON-serialisable dict (timestamps as ISO 8601 strings)."""
+        data = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        data["last_seen"] = self.last_seen.isoformat() if self.last_seen else None
+        return data
+
+
+_CHOICE_VALUES = {c: frozenset(c.values) for c in (Scope, FactType, ProcedureType, ProcedureSource)}
+
+
+def _check_text(field_name, value, *, required=True, max_length=None):
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise InvalidMemoryArgument(field_name, f"must be a string, got {type(value).__name__}")
+    value = value.strip()
+    if required and not value:
+        raise InvalidMemoryArgument(field_name, "must not be empty")
+    if max_length and len(value) > max_length:
+        raise InvalidMemoryArgument(field_name, f"must be at most {max_length} characters")
+    return value
+
+
+def _check_choice(field_name, value, choices):
+    if value not in _CHOICE_VALUES[choices]:
+        raise InvalidMemoryArgument(field_name, f"must be one of {', '.join(choices.values)}; got {value!r}")
+    return value
+
+
+def _check_unit_interval(field_name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidMemoryArgument(field_name, f"must be a number from 0 to 1, got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise InvalidMemoryArgument(field_name, f"must be from 0 to 1, got {value}")
+    return float(value)
+
+
+def _check_json(field_name, value):
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMemoryArgument(field_name, f"must be JSON-serialisable ({exc})") from None
+    return value
+
+
+def _check_user_id(field_name, value, *, required):
+    if value is None:
+        if required:
+            raise InvalidMemoryArgument(field_name, "is required")
+        return None
+    if isinstance(value, MemoryUser):
+        return value.pk
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidMemoryArgument(field_name, f"must be a positive integer id, got {value!r}")
+    return value
+
+
+def _check_limit(value, default):
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidMemoryArgument("limit", f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _viewer(agent_id, user_id, session_id):
+    return Viewer(
+        agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
+        user_id=_check_user_id("user_id", user_id, required=False),
+        session_id=_check_text("session_id", session_id, required=False, max_length=128),
+    )
+
+
+class MemoryService:
+    """Every memory question and write goes through here; see the README for the rules it keeps."""
+
+    def __init__(self):
+        self.backend = get_backend()
+
+    # ------------------------------------------------------------------ facts
+
+    def get_fact(self, key, *, agent_id="", user_id=None, session_id=""):
+        """The most specific visible fact for `key` (session, user, agent, global), or None. One query."""
+        key = _check_text("key", key, max_length=255)
+        viewer = _viewer(agent_id, user_id, session_id)
+        fact = self.backend.get_fact(key, viewer)
+        if fact is not None:
+            access_counter.record([fact.pk])
+        return fact
+
+    def set_fact(
+        self,
+        key,
+        value,
+        *,
+        scope=Scope.GLOBAL,
+        agent_id="",
+        user_id=None,
+        session_id="",
+        fact_type=FactType.WORLD_KNOWLEDGE,
+        confidence=None,
+        overwrite=True,
+        source_episode_id=None,
+        provenance="",
+    ):
+        """Create or update the fact `key` of one owner, safely under concurrent writers.
+
+        Same value: confirmed (confidence moves CONFIRM_WEIGHT of the way to 1). Different value:
+        updated when `overwrite` (counted as a contradiction; confidence becomes the new one), else
+        skipped (counted as a contradiction; confidence drops by CONTRADICT_WEIGHT).
+        """
+        fact = self._new_fact(
+            key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
+        )
+        try:
+            with transaction.atomic():
+                return self._upsert_fact(fact, overwrite)
+        except IntegrityError as exc:
+            # Deferred foreign keys fail at commit: name the argument that pointed nowhere.
+            if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
+                raise InvalidMemoryArgument("user_id", f"no memory user with id {fact.user_id}") from exc
+            if fact.source_episode_id is not None and not Episode.objects.filter(pk=fact.source_episode_id).exists():
+                raise InvalidMemoryArgument("source_episode_id", f"no episode with id {fact.source_episode_id}") from exc
+            raise
+
+    def _new_fact(self, key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance):
+        key = _check_text("key", key, max_length=255)
+        _check_json("value", value)
+        scope = _check_choice("scope", scope, Scope)
+        fact_type = _check_choice("fact_type", fact_type, FactType)
+        confidence = _check_unit_interval(
+            "confidence", memory_settings.DEFAULT_CONFIDENCE if confidence is None else confidence
+        )
+        agent_id = _check_text("agent_id", agent_id, required=scope == Scope.AGENT, max_length=128)
+        session_id = _check_text("session_id", session_id, required=scope == Scope.SESSION, max_length=128)
+        user_id = _check_user_id("user_id", user_id, required=scope == Scope.USER)
+        if source_episode_id is not None:
+            source_episode_id = _check_user_id("source_episode_id", source_episode_id, required=False)
+        # Each scope carries its own owner only (a database constraint says the same).
+        owners = {
+            Scope.SESSION: {"session_id": session_id},
+            Scope.USER: {"user_id": user_id},
+            Scope.AGENT: {"agent_id": agent_id},
+            Scope.GLOBAL: {},
+        }[scope]
+        return Fact(
+            key=key,
+            value=value,
+            scope=scope,
+            fact_type=fact_type,
+            confidence=confidence,
+            agent_id=owners.get("agent_id", ""),
+            user_id=owners.get("user_id"),
+            session_id=owners.get("session_id", ""),
+            source_episode_id=source_episode_id,
+            provenance=_check_text("provenance", provenance, required=False),
+            search_text=fact_search_text(key, value),
+        )
+
+    def _upsert_fact(self, fact, overwrite):
+        existing = self.backend.owned_fact(fact, lock=True)
+        if existing is None:
+            new_id = self.backend.insert_fact_if_absent(fact)
+            if new_id is not None:
+                fact.pk = new_id
+                return FactWrite(WriteAction.CREATED, fact)
+            # A concurrent writer created it first: wait for its row and treat ours as a second write.
+            existing = self.backend.owned_fact(fact, lock=True)
+        return self._apply_write(existing, fact, overwrite)
+
+    def _apply_write(self, existing, incoming, overwrite):
+        """Confirm, replace or refuse a second write of the same key; counters move in the database."""
+        now = timezone.now()
+        if _same_json(existing.value, incoming.value):
+            action = WriteAction.CONFIRMED
+            w = memory_settings.CONFIRM_WEIGHT
+            changes = {
+                "times_confirmed": ("times_confirmed + 1", []),
+                "confidence": ("confidence + (1.0 - confidence) * %s", [w]),
+            }
+            existing.times_confirmed += 1
+            existing.confidence += (1.0 - existing.confidence) * w
+        elif overwrite:
+            action = WriteAction.UPDATED
+            replaced = ("value", "search_text", "fact_type", "confidence", "source_episode_id", "provenance")
+            changes = {"times_contradicted": ("times_contradicted + 1", [])}
+            for name in replaced:
+                changes[Fact._meta.get_field(name).column] = getattr(incoming, name)
+                setattr(existing, name, getattr(incoming, name))
+            existing.times_contradicted += 1
+        else:
+            action = WriteAction.SKIPPED
+            w = memory_settings.CONTRADICT_WEIGHT
+            changes = {
+                "times_contradicted": ("times_contradicted + 1", []),
+                "confidence": ("confidence * %s", [1.0 - w]),
+            }
+            existing.times_contradicted += 1
+            existing.confidence *= 1.0 - w
+        changes["updated_at"] = existing.updated_at = now
+        self.backend.update_fact(existing.pk, changes)
+        return FactWrite(action, existing)
+
+    def search_facts(
+        self,
+        query,
+        *,
+        agent_id="",
+        user_id=None,
+        session_id="",
+        min_confidence=None,
+        fact_type=None,
+        limit=None,
+    ):
+        """Visible facts whose key or value contains every word of `query`, most confident first.
+
+        Spaces, underscores and hyphens are equivalent ("local time" finds "lesson_local_time_command");
+        words match in any order; LIKE wildcards in the query are literal. A fact hidden by a more
+        specific one with the same key is not returned, whatever the confidence of either.
+        """
+        if not isinstance(query, str):
+            raise InvalidMemoryArgument("query", "must be a string")
+        tokens = search_tokens(query)
+        if not tokens:
+            raise InvalidMemoryArgument("query", "must contain at least one word")
+        viewer = _viewer(agent_id, user_id, session_id)
+        min_confidence = _check_unit_interval(
+            "min_confidence", memory_settings.SEARCH_MIN_CONFIDENCE if min_confidence is None else min_confidence
+        )
+        limit = _check_limit(limit, memory_settings.SEARCH_LIMIT)
+        if fact_type is not None:
+            fact_type = _check_choice("fact_type", fact_type, FactType)
+        facts = self.backend.visible_facts(
+            viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence", limit=limit
+        )
+        access_counter.record([f.pk for f in facts])
+        return facts
+
+    def list_facts(self, *, agent_id="", user_id=None, session_id="", fact_type=None, min_confidence=None, limit=None):
+        """Every fact `viewer` sees (shadowed ones left out), by key."""
+        viewer = _viewer(agent_id, user_id, session_id)
+        if fact_type is not None:
+            fact_type = _check_choice("fact_type", fact_type, FactType)
+        if min_confidence is not None:
+            min_confidence = _check_unit_interval("min_confidence", min_confidence)
+        if limit is not None:
+            limit = _check_limit(limit, None)
+        return self.backend.visible_facts(
+            viewer, min_confidence=min_confidence, fact_type=fact_type, order="key", limit=limit
+        )
+
+    def user_facts(self, user_id, *, limit=None):
+        """The user-scoped facts of a user (following merges), most confident first."""
+        user_id = _check_user_id("user_id", user_id, required=True)
+        qs = Fact.objects.filter(scope_key=_user_scope_key(user_id)).order_by("-confidence", "key")
+        if limit is not None:
+            qs = qs[: _check_limit(limit, None)]
+        return list(qs)
+
+    def delete_fact(self, fact_id):
+        """Delete one fact; True if it existed."""
+        deleted, _ = Fact.objects.filter(pk=fact_id).delete()
+        return bool(deleted)
+
+    def flush_access_counts(self):
+        """Write buffered access counts now; returns how many facts were updated."""
+        return access_counter.flush()
+
+    # --------------------------------------------------------------- episodes
+
+    def start_episode(self, *, agent_id="", user_id=None, session_id="", workflow="", trigger_type="", trigger_input=None):
+        user_id = _check_user_id("user_id", user_id, required=False)
+        if user_id is not None:
+            user_id = self.resolve_user(user_id).pk
+        return Episode.objects.create(
+            agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
+            user_id=user_id,
+            session_id=_check_text("session_id", session_id, required=False, max_length=128),
+            workflow=_check_text("workflow", workflow, required=False, max_length=128),
+            trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
+            trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
+        )
+
+    def _append_to_episode(self, episode_id, field_name, item):
+        with transaction.atomic():
+            episode = self._locked_episode(episode_id)
+            getattr(episode, field_name).append(item)
+            Episode.objects.filter(pk=episode.pk).update(**{field_name: getattr(episode, field_name)})
+        return episode
+
+    def _locked_episode(self, episode_id):
+        try:
+            return Episode.objects.select_for_update().get(pk=episode_id)
+        except (Episode.DoesNotExist, ValueError, TypeError):
+            raise MemoryNotFound("episode", episode_id) from None
+
+    def add_message(self, episode_id, role, content):
+        """Append one message ({"role", "content"}) to an episode's conversation."""
+        role = _check_text("role", role, max_length=50)
+        _check_json("content", content)
+        return self._append_to_episode(episode_id, "conversation", {"role": role, "content": content})
+
+    def add_action(self, episode_id, action):
+        """Append one action (a tool call and its result, as a JSON object) to an episode."""
+        if not isinstance(action, dict):
+            raise InvalidMemoryArgument("action", "must be a JSON object")
+        _check_json("action", action)
+        return self._append_to_episode(episode_id, "actions", action)
+
+    def complete_episode(self, episode_id, *, success, final_output=None, error="", summary=""):
+        """Close an episode: outcome, end time and duration (computed from its start)."""
+        if not isinstance(success, bool):
+            raise InvalidMemoryArgument("success", "must be true or false")
+        _check_json("final_output", final_output)
+        with transaction.atomic():
+            episode = self._locked_episode(episode_id)
+            episode.ended_at = timezone.now()
+            episode.duration_ms = max(0, int((episode.ended_at - episode.started_at).total_seconds() * 1000))
+            episode.success = success
+            episode.final_output = final_output
+            episode.error = _check_text("error", error, required=False)
+            episode.summary = _check_text("summary", summary, required=False)
+            episode.save(update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary"])
+        return episode
+
+    def get_episode(self, episode_id):
+        try:
+            return Episode.objects.get(pk=episode_id)
+        except (Episode.DoesNotExist, ValueError, TypeError):
+            raise MemoryNotFound("episode", episode_id) from None
+
+    def recent_episodes(self, *, agent_id=None, user_id=None, limit=None):
+        """The latest episodes of an agent and/or a user (following merges), newest first."""
+        limit = _check_limit(limit, memory_settings.RECENT_EPISODES)
+        qs = Episode.objects.all()
+        if agent_id is not None:
+            qs = qs.filter(agent_id=_check_text("agent_id", agent_id, max_length=128))
+        if user_id is not None:
+            user_id = _check_user_id("user_id", user_id, required=True)
+            qs = qs.filter(user_id=_survivor_id(user_id))
+        return list(qs.order_by("-started_at", "-id")[:limit])
+
+    # ------------------------------------------------------------------ users
+
+    def get_or_create_user(self, channel, external_id, *, display_name=""):
+        """The memory user behind (channel, external id), created if new; returns (user, created).
+
+        Follows merges to the surviving user. Safe when two requests meet a new user at once.
+        """
+        channel = _check_text("channel", channel, max_length=50).lower()
+        external_id = _check_text("external_id", str(external_id) if isinstance(external_id, int) else external_id, max_length=255)
+        display_name = _check_text("display_name", display_name, required=False, max_length=200)
+        user = self._user_by_identity(channel, external_id)
+        if user is not None:
+            return user, False
+        try:
+            with transaction.atomic():
+                user = MemoryUser.objects.create(
+                    canonical_id=f"{channel}:{external_id}", display_name=display_name, last_seen=timezone.now()
+                )
+                ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
+            return user, True
+        except IntegrityError:
+            # Someone else created this identity (or this canonical id) first.
+            user = self._user_by_identity(channel, external_id)
+            if user is None:
+                raise
+            return user, False
+
+    def _user_by_identity(self, channel, external_id):
+        identity = (
+            ChannelIdentity.objects.select_related("user__merged_into")
+            .filter(channel=channel, external_id=external_id)
+            .first()
+        )
+        if identity is None:
+            return None
+        return self._follow_merges(identity.user)
+
+    def _follow_merges(self, user):
+        seen = {user.pk}
+        while user.merged_into_id is not None:
+            nxt = user.merged_into if MemoryUser.merged_into.is_cached(user) else None
+            if nxt is None:
+                nxt = MemoryUser.objects.select_related("merged_into").get(pk=user.merged_into_id)
+            if nxt.pk in seen:  # a cycle can only come from hand-edited rows; stop rather than spin
+                break
+            seen.add(nxt.pk)
+            user = nxt
+        return user
+
+    def resolve_user(self, user_id):
+        """The surviving user for `user_id`, following merges (chains too)."""
+        user_id = _check_user_id("user_id", user_id, required=True)
+        try:
+            user = MemoryUser.objects.select_related("merged_into").get(pk=user_id)
+        except MemoryUser.DoesNotExist:
+            raise MemoryNotFound("memory user", user_id) from None
+        return self._follow_merges(user)
+
+    def link_identity(self, user_id, channel, external_id):
+        """Attach another channel identity to a user; an identity of another user is an error."""
+        user = self.resolve_user(user_id)
+        channel = _check_text("channel", channel, max_length=50).lower()
+        external_id = _check_text("external_id", str(external_id) if isinstance(external_id, int) else external_id, max_length=255)
+        current = self._user_by_identity(channel, external_id)
+        if current is not None:
+            if current.pk == user.pk:
+                return ChannelIdentity.objects.get(channel=channel, external_id=external_id)
+            raise InvalidMemoryArgument(
+                "external_id", f"{channel}:{external_id} belongs to memory user {current.pk}; merge the users instead"
+            )
+        try:
+            with transaction.atomic():
+                return ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
+        except IntegrityError:
+            raise InvalidMemoryArgument("external_id", f"{channel}:{external_id} was just linked to another user") from None
+
+    def merge_users(self, source_id, target_id):
+        """Merge `source` into `target` in one transaction; returns the surviving user.
+
+        Identities, user facts and episodes move to the target. For a key both users hold: the
+        same value is kept once, confirmed by both; different values keep the more recently updated
+        fact (the target's on a tie) and count one contradiction. Every user merged into the source
+        now points at the target, so `merged_into` always names a surviving user.
+        """
+        source = self.resolve_user(source_id)
+        target = self.resolve_user(target_id)
+        if source.pk == target.pk:
+            raise InvalidMemoryArgument("target_id", "source and target are already the same user")
+        now = timezone.now()
+        with transaction.atomic():
+            source, target = (
+                MemoryUser.objects.select_for_update().get(pk=source.pk),
+                MemoryUser.objects.select_for_update().get(pk=target.pk),
+            )
+            self._merge_user_facts(source, target)
+            ChannelIdentity.objects.filter(user=source).update(user=target)
+            Episode.objects.filter(user=source).update(user=target)
+            MemoryUser.objects.filter(merged_into=source).update(merged_into=target)
+            MemoryUser.objects.filter(pk=source.pk).update(merged_into=target, merged_at=now)
+            MemoryUser.objects.filter(pk=target.pk).update(
+                total_conversations=F("total_conversations") + source.total_conversations,
+                display_name=target.display_name or source.display_name,
+                last_seen=max(filter(None, [target.last_seen, source.last_seen]), default=None),
+            )
+            users_merged.send(sender=MemoryUser, source_id=source.pk, target_id=target.pk)
+        target.refresh_from_db()
+        return target
+
+    def _merge_user_facts(self, source, target):
+        target_facts = {f.key: f for f in Fact.objects.select_for_update().filter(user=target)}
+        for fact in Fact.objects.select_for_update().filter(user=source, key__in=list(target_facts)):
+            kept = target_facts[fact.key]
+            if _same_json(kept.value, fact.value):
+                Fact.objects.filter(pk=kept.pk).update(
+                    times_confirmed=F("times_confirmed") + fact.times_confirmed + 1,
+                    times_contradicted=F("times_contradicted") + fact.times_contradicted,
+                    confidence=max(kept.confidence, fact.confidence),
+                    access_count=F("access_count") + fact.access_count,
+                )
+                fact.delete()
+            elif fact.updated_at > kept.updated_at:
+                kept.delete()
+                Fact.objects.filter(pk=fact.pk).update(
+                    user=target, times_contradicted=F("times_contradicted") + 1
+                )
+            else:
+                fact.delete()
+                Fact.objects.filter(pk=kept.pk).update(times_contradicted=F("times_contradicted") + 1)
+        Fact.objects.filter(user=source).update(user=target)
+
+    def count_conversation(self, user_id):
+        """Count one more conversation for a user and mark them seen now. One query."""
+        user_id = _check_user_id("user_id", user_id, required=True)
+        MemoryUser.objects.filter(pk=user_id).update(
+            total_conversations=F("total_conversations") + 1, last_seen=timezone.now()
+        )
+
+    def user_context(self, user_id):
+        """Display name, identities, preferences, facts, recent episodes and counts. Four queries."""
+        user_id = _check_user_id("user_id", user_id, required=True)
+        fact_count = Fact.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
+        episode_count = (
+            Episode.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
+        )
+        counted = MemoryUser.objects.annotate(
+            fact_count=Coalesce(Subquery(fact_count), 0), episode_count=Coalesce(Subquery(episode_count), 0)
+        )
+        try:
+            user = counted.get(pk=user_id)
+            while user.merged_into_id is not None:  # a stale id: count for the survivor instead
+                user = counted.get(pk=user.merged_into_id)
+        except MemoryUser.DoesNotExist:
+            raise MemoryNotFound("memory user", user_id) from None
+        identities = [
+            {"channel": i.channel, "external_id": i.external_id}
+            for i in ChannelIdentity.objects.filter(user=user).order_by("channel", "external_id")
+        ]
+        facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
+        episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
+        return UserContext(
+            user_id=user.pk,
+            canonical_id=user.canonical_id,
+            display_name=user.display_name,
+            identities=identities,
+            preferences={f.key: f.value for f in facts if f.fact_type == FactType.USER_PREFERENCE},
+            facts=[
+                {"key": f.key, "value": f.value, "fact_type": f.fact_type, "confidence": round(f.confidence, 3)}
+                for f in facts
+            ],
+            recent_episodes=[
+                {
+                    "id": e.pk,
+                    "summary": e.summary,
+                    "success": e.success,
+                    "started_at": e.started_at.isoformat(),
+                    "trigger_type": e.trigger_type,
+                }
+                for e in episodes
+            ],
+            fact_count=user.fact_count,
+            episode_count=user.episode_count,
+            total_conversations=user.total_conversations,
+            last_seen=user.last_seen,
+        )
+
+    def conversation_count(self, user_id):
+        return self.resolve_user(user_id).total_conversations
+
+    # ------------------------------------------------------------- procedures
+
+    def save_procedure(
+        self,
+        name,
+        *,
+        agent_id="",
+        description="",
+        trigger_conditions=None,
+        procedure_type=ProcedureType.PROMPT_TEMPLATE,
+        content=None,
+        source=ProcedureSource.HUMAN,
+        parent_id=None,
+        is_active=True,
+    ):
+        """Create the procedure `name` of an agent ("" = shared by all agents), or replace its definition."""
+        name = _check_text("name", name, max_length=200)
+        defaults = {
+            "description": _check_text("description", description, required=False),
+            "trigger_conditions": _check_trigger_conditions(trigger_conditions),
+            "procedure_type": _check_choice("procedure_type", procedure_type, ProcedureType),
+            "content": _check_json("content", {} if content is None else content),
+            "source": _check_choice("source", source, ProcedureSource),
+            "parent_id": _check_user_id("parent_id", parent_id, required=False),
+            "is_active": bool(is_active),
+        }
+        agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        with transaction.atomic():
+            procedure, _ = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+        return procedure
+
+    def get_procedure(self, name, *, agent_id=""):
+        """The agent's own procedure `name`, else the shared one; None if neither exists."""
+        name = _check_text("name", name, max_length=200)
+        agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        return Procedure.objects.filter(name=name, agent_id__in={agent_id, ""}).order_by("-agent_id").first()
+
+    def _procedures_matching(self, goal, context, agent_id):
+        if not isinstance(goal, str):
+            raise InvalidMemoryArgument("goal", "must be a string")
+        if context is not None and not isinstance(context, dict):
+            raise InvalidMemoryArgument("context", "must be a JSON object")
+        agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        qs = Procedure.objects.filter(is_active=True, agent_id__in={agent_id, ""})
+        qs = self.backend.filter_procedures_matching(qs, goal, list(context or {}))
+        # Smoothed success rate: an untried procedure (1/2) ranks above a failing one, below a good one.
+        smoothed = (Cast(F("times_succeeded"), FloatField()) + 1.0) / (Cast(F("times_used"), FloatField()) + 2.0)
+        return qs.annotate(score=smoothed).order_by("-score", "-times_used", "-agent_id", "name")
+
+    def find_procedure(self, goal, context=None, *, agent_id=""):
+        """The best active procedure whose trigger conditions hold for this goal and context, or None.
+
+        `goal_contains`: at least one listed word occurs in the goal (case-insensitive);
+        `context_has`: every listed key is in the context. Matching happens in the database.
+        """
+        return self._procedures_matching(goal, context, agent_id).first()
+
+    def matching_procedures(self, goal, context=None, *, agent_id="", limit=3):
+        return list(self._procedures_matching(goal, context, agent_id)[: _check_limit(limit, 3)])
+
+    def record_procedure_use(self, procedure_id, *, success, duration_ms=None):
+        """Count one use and its outcome; success rate and mean duration update in one statement."""
+        if not isinstance(success, bool):
+            raise InvalidMemoryArgument("success", "must be true or false")
+        if duration_ms is not None and (
+            isinstance(duration_ms, bool) or not isinstance(duration_ms, (int, float)) or duration_ms < 0
+        ):
+            raise InvalidMemoryArgument("duration_ms", "must be a non-negative number")
+        won = 1 if success else 0
+        used = Cast(F("times_used"), FloatField())
+        changes = {
+            "times_used": F("times_used") + 1,
+            "times_succeeded": F("times_succeeded") + won,
+            "times_failed": F("times_failed") + (1 - won),
+            "success_rate": (Cast(F("times_succeeded"), FloatField()) + won) / (used + 1.0),
+            "last_used": timezone.now(),
+        }
+        if duration_ms is not None:
+            changes["avg_duration_ms"] = (F("avg_duration_ms") * used + float(duration_ms)) / (used + 1.0)
+        if not Procedure.objects.filter(pk=procedure_id).update(**changes):
+            raise MemoryNotFound("procedure", procedure_id)
+        return Procedure.objects.get(pk=procedure_id)
+
+    def deactivate_procedure(self, procedure_id):
+        if not Procedure.objects.filter(pk=procedure_id).update(is_active=False):
+            raise MemoryNotFound("procedure", procedure_id)
+
+    def list_procedures(self, *, agent_id=None, active_only=False):
+        qs = Procedure.objects.all()
+        if agent_id is not None:
+            qs = qs.filter(agent_id__in={_check_text("agent_id", agent_id, required=False, max_length=128), ""})
+        if active_only:
+            qs = qs.filter(is_active=True)
+        return list(qs.order_by("name", "agent_id"))
+
+
+def _same_json(a, b):
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _check_trigger_conditions(conditions):
+    """{"goal_contains": [words], "context_has": [keys]}; empty lists are dropped (no condition)."""
+    if conditions is None:
+        return {}
+    if not isinstance(conditions, dict):
+        raise InvalidMemoryArgument("trigger_conditions", "must be a JSON object")
+    unknown = set(conditions) - {"goal_contains", "context_has"}
+    if unknown:
+        raise InvalidMemoryArgument(
+            "trigger_conditions", f"unknown condition(s) {sorted(unknown)}; use goal_contains, context_has"
+        )
+    cleaned = {}
+    for name, items in conditions.items():
+        if not isinstance(items, list) or not all(isinstance(i, str) and i.strip() for i in items):
+            raise InvalidMemoryArgument("trigger_conditions", f"{name} must be a list of non-empty strings")
+        if items:
+            cleaned[name] = [i.strip().lower() if name == "goal_contains" else i.strip() for i in items]
+    return cleaned

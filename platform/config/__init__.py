@@ -1,0 +1,1 @@
+"""Django project configuration for the Engram site."""

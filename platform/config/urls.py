@@ -1,0 +1,10 @@
+"""URL routes of the Engram site."""
+from django.urls import path
+from django.views.generic import RedirectView
+
+from memory.admin import memories_site
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/memories/", permanent=False)),
+    path("memories/", memories_site.urls),
+]

@@ -1,0 +1,1 @@
+"""Engram's workflows: LangGraph nodes, tools, checkpointer, runtime and triggers over the memory."""
