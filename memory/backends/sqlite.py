@@ -34,13 +34,17 @@ def owner_marker(scope_key):
     return "".join(chr(_PUA_START + (h >> (13 * i)) % _PUA_SIZE) for i in range(3))
 
 
-def register_functions(sender, connection, **kwargs):
-    """The index triggers call engram_owner_marker(); every SQLite connection must know it."""
+def prepare_connection(sender, connection, **kwargs):
+    """Every SQLite connection needs engram_owner_marker() (the index triggers call it) and a
+    per-connection view of the index's term statistics."""
     if connection.vendor == "sqlite":
         connection.connection.create_function("engram_owner_marker", 1, owner_marker, deterministic=True)
+        connection.connection.execute(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_fact_fts_vocab USING fts5vocab(main, memory_fact_fts, row)"
+        )
 
 
-connection_created.connect(register_functions, dispatch_uid="memory_sqlite_functions")
+connection_created.connect(prepare_connection, dispatch_uid="memory_sqlite_functions")
 
 
 def _phrase(token):
@@ -55,29 +59,32 @@ class TermStatistics:
         self._rows = {}
 
     def rows(self, grams):
+        """Facts per trigram, looking up the ones not seen lately in one statement."""
         now = time.monotonic()
+        found = {}
         missing = [g for g in grams if self._rows.get(g, (0, -_STATS_TTL_S * 2))[1] < now - _STATS_TTL_S]
         if missing:
+            found = {g: (0, now) for g in missing}
             with connection.cursor() as cursor:
+                # One statement; each branch is an indexed term lookup (an IN list would scan).
                 cursor.execute(
-                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_fact_fts_vocab "
-                    "USING fts5vocab(main, memory_fact_fts, row)"
+                    " UNION ALL ".join(["SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"] * len(missing)),
+                    missing,
                 )
-                found = {}
-                for gram in missing:
-                    cursor.execute("SELECT doc FROM temp.memory_fact_fts_vocab WHERE term = %s", [gram])
-                    row = cursor.fetchone()
-                    found[gram] = (row[0] if row else 0, now)
+                for term, doc in cursor.fetchall():
+                    found[term] = (doc, now)
             with self._lock:
                 if len(self._rows) + len(found) > _STATS_MAX:
                     self._rows.clear()
                 self._rows.update(found)
-        return {g: self._rows[g][0] for g in grams}
+        with self._lock:
+            return {g: found[g][0] if g in missing else self._rows.get(g, (0, 0))[0] for g in grams}
 
-    def token_rows(self, token):
-        """At most this many facts contain `token`: the count of its rarest trigram."""
-        grams = {token[i : i + _TRIGRAM] for i in range(len(token) - _TRIGRAM + 1)}
-        return min(self.rows(grams).values())
+    def token_rows(self, tokens):
+        """For each token, at most how many facts contain it: the count of its rarest trigram."""
+        grams = {t: {t[i : i + _TRIGRAM] for i in range(len(t) - _TRIGRAM + 1)} for t in tokens}
+        counts = self.rows(set().union(*grams.values()))
+        return {t: min(counts[g] for g in gs) for t, gs in grams.items()}
 
 
 class SQLiteBackend(MemoryBackend):
@@ -90,7 +97,7 @@ class SQLiteBackend(MemoryBackend):
     def fact_candidates(self, tokens, viewer, best_first):
         indexed = [t for t in tokens if len(t) >= _TRIGRAM]
         if indexed:
-            rows_by_token = {t: self.stats.token_rows(t) for t in indexed}
+            rows_by_token = self.stats.token_rows(indexed)
             rarest = min(indexed, key=rows_by_token.get)
             if rows_by_token[rarest] <= _SELECTIVE_ROWS:
                 return self._match_owned(rarest, viewer)

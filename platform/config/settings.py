@@ -36,6 +36,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -110,6 +111,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [REPO_DIR / "frontend" / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+# WhiteNoise serves the admin's static files from the apps themselves: no collectstatic step needed.
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "memories:login"
 
