@@ -262,12 +262,12 @@ class MemoryService:
     def _upsert_fact(self, fact, overwrite):
         existing = self.backend.owned_fact(fact, lock=True)
         if existing is None:
-            new_id = self.backend.insert_fact_if_absent(fact)
-            if new_id is not None:
-                fact.pk = new_id
+            if self.backend.insert_fact_if_absent(fact):
                 return FactWrite(WriteAction.CREATED, fact)
             # A concurrent writer created it first: wait for its row and treat ours as a second write.
             existing = self.backend.owned_fact(fact, lock=True)
+            if existing is None:  # pragma: no cover - the conflicting row vanished between statements
+                raise IntegrityError(f"fact {fact.key!r} conflicted with a row that no longer exists")
         return self._apply_write(existing, fact, overwrite)
 
     def _apply_write(self, existing, incoming, overwrite):

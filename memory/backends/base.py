@@ -189,7 +189,7 @@ class MemoryBackend:
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
     def insert_fact_if_absent(self, fact):
-        """Insert `fact` unless its (owner, key) exists; return the new id, or None when it existed.
+        """Insert `fact` unless its (owner, key) exists; True if inserted (its pk is then set).
 
         A user-scoped fact is stored under the user its `user_id` was merged into, if any, so a
         stale id still writes to the surviving user without another round trip.
@@ -204,7 +204,11 @@ class MemoryBackend:
         with conn.cursor() as cursor:
             cursor.execute(_insert_sql(conn.vendor), params)
             row = cursor.fetchone()
-        return row[0] if row else None
+        if row is None:
+            return False
+        fact.pk, fact.user_id = row
+        fact._state.adding = False
+        return True
 
 
 _INSERT_FIELDS = [f for f in _FIELDS if not (f.primary_key or f.generated)]
@@ -218,5 +222,5 @@ def _insert_sql(vendor):
     ]
     return (
         f"INSERT INTO {FACT_TABLE} ({', '.join(_q(f.column) for f in _INSERT_FIELDS)}) "
-        f"VALUES ({', '.join(placeholders)}) ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id"
+        f"VALUES ({', '.join(placeholders)}) ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id, user_id"
     )
