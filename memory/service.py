@@ -12,7 +12,6 @@ from django.db.models import (
     F,
     FloatField,
     OuterRef,
-    Q,
     Subquery,
     Value,
 )
