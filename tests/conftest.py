@@ -1,0 +1,137 @@
+"""Shared fixtures of the Engram test suite.
+
+Run on SQLite (default) or on PostgreSQL with
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/engram python -m pytest
+Tests marked ``@pytest.mark.postgres`` are skipped unless the default database is PostgreSQL.
+"""
+import itertools
+import threading
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from memory.access import access_counter
+from memory.backends import reset_backend
+from memory.service import MemoryService
+
+POSTGRES_SKIP_REASON = "needs PostgreSQL: set DATABASE_URL=postgres://..."
+
+# Statements Django logs around transactions; they differ by database and by nesting (a test's
+# own transaction turns BEGIN/COMMIT into SAVEPOINT/RELEASE), so query budgets leave them out.
+_TRANSACTION_STATEMENTS = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
+
+
+def pytest_configure(config):
+    # WhiteNoise warns once per request handler that STATIC_ROOT (filled by collectstatic) is absent;
+    # the site serves admin files through the finders instead, so the warning is noise in tests.
+    config.addinivalue_line("filterwarnings", "ignore:No directory at:UserWarning")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked `postgres` unless the default database is PostgreSQL."""
+    if connection.vendor == "postgresql":
+        return
+    skip = pytest.mark.skip(reason=POSTGRES_SKIP_REASON)
+    for item in items:
+        if item.get_closest_marker("postgres") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def requires_postgres():
+    """For a test that needs PostgreSQL only for part of its body: request this fixture."""
+    if connection.vendor != "postgresql":
+        pytest.skip(POSTGRES_SKIP_REASON)
+
+
+@pytest.fixture(autouse=True)
+def _access_counts_do_not_leak(db):
+    """Start and end every test with an empty access-count buffer.
+
+    Ends by writing the buffer while the test's database is still there (this fixture depends on
+    `db`, so it is torn down before the test's transaction is rolled back), then clears anything
+    left, so counts noted by one test never land on a row of the next (SQLite reuses rolled-back ids).
+    """
+    access_counter.flush()
+    yield
+    MemoryService().flush_access_counts()
+    access_counter.flush()
+    assert access_counter.pending == 0
+
+
+@pytest.fixture
+def service(db):
+    """A MemoryService on a fresh backend (no term statistics cached from earlier tests)."""
+    reset_backend()
+    svc = MemoryService()
+    yield svc
+    reset_backend()
+
+
+@pytest.fixture
+def user_factory(service):
+    """Create memory users through the service: user_factory(name="ann", channel="test") -> MemoryUser."""
+    counter = itertools.count(1)
+
+    def make(name=None, *, channel="test", display_name=None):
+        n = next(counter)
+        external_id = name or f"user-{n}"
+        user, created = service.get_or_create_user(
+            channel, external_id, display_name=display_name if display_name is not None else external_id.title()
+        )
+        assert created, f"{channel}:{external_id} already existed"
+        return user
+
+    return make
+
+
+class DataQueries(CaptureQueriesContext):
+    """CaptureQueriesContext that can also list the statements other than transaction control."""
+
+    @property
+    def data(self):
+        return [
+            q["sql"]
+            for q in self.captured_queries
+            if not q["sql"].lstrip().upper().startswith(_TRANSACTION_STATEMENTS)
+        ]
+
+
+@pytest.fixture
+def capture_data_queries():
+    """`with capture_data_queries() as q: ...` then `q.data`: the statements run, BEGIN/SAVEPOINT/... left out."""
+    return lambda: DataQueries(connection)
+
+
+def _run_in_threads(target, threads):
+    """Run target(n) in `threads` threads that start together, each on its own DB connection.
+
+    Returns the results in thread order; raises AssertionError listing any exceptions.
+    """
+    barrier = threading.Barrier(threads)
+    results, errors = [None] * threads, []
+
+    def run(n):
+        try:
+            barrier.wait(timeout=30)
+            results[n] = target(n)
+        except Exception as exc:  # noqa: BLE001  (reported below, with the others)
+            errors.append(f"thread {n}: {exc!r}")
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a thread hung"
+    assert errors == [], errors
+    return results
+
+
+@pytest.fixture
+def run_in_threads():
+    """run_in_threads(target, threads): see _run_in_threads. Use with django_db(transaction=True)."""
+    return _run_in_threads
