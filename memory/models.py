@@ -6,6 +6,8 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Cast, Concat
 
+from .text import fact_search_text
+
 
 class Scope(models.TextChoices):
     """Who a fact belongs to, from most to least specific."""
@@ -182,6 +184,14 @@ class Fact(models.Model):
 
     def __str__(self):
         return f"{self.key} ({self.scope_key})"
+
+    def save(self, *args, **kwargs):
+        # Whoever saves a fact (the admin included), search must see its current key and value.
+        self.search_text = fact_search_text(self.key, self.value)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and {"key", "value"} & set(update_fields):
+            kwargs["update_fields"] = {*update_fields, "search_text"}
+        super().save(*args, **kwargs)
 
 
 class Procedure(models.Model):

@@ -1,6 +1,7 @@
 """MemoryService: the one place that reads and writes facts, episodes, procedures and memory users."""
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -122,6 +123,17 @@ def _check_text(field_name, value, *, required=True, max_length=None):
     return value
 
 
+_CHANNEL = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+def _check_channel(value):
+    """A channel name: lower-case letters, digits, '_', '.', '-' (no ':', which joins canonical ids)."""
+    channel = _check_text("channel", value, max_length=50).lower()
+    if not _CHANNEL.match(channel):
+        raise InvalidMemoryArgument("channel", f"must be letters, digits, '_', '.' or '-', got {value!r}")
+    return channel
+
+
 def _check_choice(field_name, value, choices):
     if value not in _CHOICE_VALUES[choices]:
         raise InvalidMemoryArgument(field_name, f"must be one of {', '.join(choices.values)}; got {value!r}")
@@ -198,7 +210,7 @@ class MemoryService:
         agent_id="",
         user_id=None,
         session_id="",
-        fact_type=FactType.WORLD_KNOWLEDGE,
+        fact_type=None,
         confidence=None,
         overwrite=True,
         source_episode_id=None,
@@ -217,18 +229,17 @@ class MemoryService:
             with transaction.atomic():
                 return self._upsert_fact(fact, overwrite)
         except IntegrityError as exc:
-            # Deferred foreign keys fail at commit: name the argument that pointed nowhere.
+            # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {fact.user_id}") from exc
-            if fact.source_episode_id is not None and not Episode.objects.filter(pk=fact.source_episode_id).exists():
-                raise InvalidMemoryArgument("source_episode_id", f"no episode with id {fact.source_episode_id}") from exc
             raise
 
     def _new_fact(self, key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance):
         key = _check_text("key", key, max_length=255)
         _check_json("value", value)
         scope = _check_choice("scope", scope, Scope)
-        fact_type = _check_choice("fact_type", fact_type, FactType)
+        keep_type = fact_type is None
+        fact_type = _check_choice("fact_type", FactType.WORLD_KNOWLEDGE if keep_type else fact_type, FactType)
         confidence = _check_unit_interval(
             "confidence", memory_settings.DEFAULT_CONFIDENCE if confidence is None else confidence
         )
@@ -237,6 +248,8 @@ class MemoryService:
         user_id = _check_user_id("user_id", user_id, required=scope == Scope.USER)
         if source_episode_id is not None:
             source_episode_id = _check_user_id("source_episode_id", source_episode_id, required=False)
+            if not Episode.objects.filter(pk=source_episode_id).exists():
+                raise InvalidMemoryArgument("source_episode_id", f"no episode with id {source_episode_id}")
         # Each scope carries its own owner only (a database constraint says the same).
         owners = {
             Scope.SESSION: {"session_id": session_id},
@@ -244,7 +257,7 @@ class MemoryService:
             Scope.AGENT: {"agent_id": agent_id},
             Scope.GLOBAL: {},
         }[scope]
-        return Fact(
+        fact = Fact(
             key=key,
             value=value,
             scope=scope,
@@ -257,6 +270,8 @@ class MemoryService:
             provenance=_check_text("provenance", provenance, required=False),
             search_text=fact_search_text(key, value),
         )
+        fact.keeps_type = keep_type  # an update without a fact_type keeps the stored one
+        return fact
 
     def _upsert_fact(self, fact, overwrite):
         existing = self.backend.owned_fact(fact, lock=True)
@@ -283,7 +298,9 @@ class MemoryService:
             existing.confidence += (1.0 - existing.confidence) * w
         elif overwrite:
             action = WriteAction.UPDATED
-            replaced = ("value", "search_text", "fact_type", "confidence", "source_episode_id", "provenance")
+            replaced = ["value", "search_text", "confidence", "source_episode_id", "provenance"]
+            if not incoming.keeps_type:
+                replaced.append("fact_type")
             changes = {"times_contradicted": ("times_contradicted + 1", [])}
             for name in replaced:
                 changes[Fact._meta.get_field(name).column] = getattr(incoming, name)
@@ -448,7 +465,7 @@ class MemoryService:
 
         Follows merges to the surviving user. Safe when two requests meet a new user at once.
         """
-        channel = _check_text("channel", channel, max_length=50).lower()
+        channel = _check_channel(channel)
         external_id = _check_text("external_id", str(external_id) if isinstance(external_id, int) else external_id, max_length=255)
         display_name = _check_text("display_name", display_name, required=False, max_length=200)
         user = self._user_by_identity(channel, external_id)
@@ -502,7 +519,7 @@ class MemoryService:
     def link_identity(self, user_id, channel, external_id):
         """Attach another channel identity to a user; an identity of another user is an error."""
         user = self.resolve_user(user_id)
-        channel = _check_text("channel", channel, max_length=50).lower()
+        channel = _check_channel(channel)
         external_id = _check_text("external_id", str(external_id) if isinstance(external_id, int) else external_id, max_length=255)
         current = self._user_by_identity(channel, external_id)
         if current is not None:
@@ -574,7 +591,7 @@ class MemoryService:
     def count_conversation(self, user_id):
         """Count one more conversation for a user and mark them seen now. One query."""
         user_id = _check_user_id("user_id", user_id, required=True)
-        MemoryUser.objects.filter(pk=user_id).update(
+        MemoryUser.objects.filter(pk=_survivor_id(user_id)).update(
             total_conversations=F("total_conversations") + 1, last_seen=timezone.now()
         )
 
@@ -589,9 +606,7 @@ class MemoryService:
             fact_count=Coalesce(Subquery(fact_count), 0), episode_count=Coalesce(Subquery(episode_count), 0)
         )
         try:
-            user = counted.get(pk=user_id)
-            while user.merged_into_id is not None:  # a stale id: count for the survivor instead
-                user = counted.get(pk=user.merged_into_id)
+            user = counted.get(pk=_survivor_id(user_id))
         except MemoryUser.DoesNotExist:
             raise MemoryNotFound("memory user", user_id) from None
         identities = [
@@ -656,6 +671,9 @@ class MemoryService:
             "is_active": bool(is_active),
         }
         agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        parent = defaults["parent_id"]
+        if parent is not None and not Procedure.objects.filter(pk=parent).exists():
+            raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
             procedure, _ = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
         return procedure

@@ -50,14 +50,15 @@ def test_same_external_id_on_another_channel_is_another_user(service):
     assert created and a.pk != b.pk
 
 
-def test_identities_whose_channel_and_id_join_alike_are_different_users(service):
-    """("slack:t1", "u2") and ("slack", "t1:u2") are two identities, so two users."""
-    a, created_a = service.get_or_create_user("slack:t1", "u2")
-    b, created_b = service.get_or_create_user("slack", "t1:u2")
-    assert created_a and created_b
-    assert a.pk != b.pk
-    assert service.get_or_create_user("slack", "t1:u2")[0].pk == b.pk
-    assert service.get_or_create_user("slack:t1", "u2")[0].pk == a.pk
+def test_a_channel_name_cannot_contain_the_canonical_id_separator(service):
+    """Canonical ids are "<channel>:<external id>", so a ':' in a channel could make two identities
+    collide (("slack:t1", "u2") and ("slack", "t1:u2")): such a channel is refused, and ids may hold ':'."""
+    with pytest.raises(InvalidMemoryArgument) as exc:
+        service.get_or_create_user("slack:t1", "u2")
+    assert exc.value.field == "channel"
+    user, created = service.get_or_create_user("slack", "t1:u2")
+    assert created and user.canonical_id == "slack:t1:u2"
+    assert MemoryUser.objects.count() == 1
 
 
 @pytest.mark.parametrize(

@@ -199,8 +199,6 @@ class MemoryBackend:
         for field in _INSERT_FIELDS:
             value = field.get_db_prep_save(field.pre_save(fact, True), conn)
             params.append(value)
-            if field.attname == "user_id":
-                params.append(value)  # COALESCE(merged_into_id of %s, %s)
         with conn.cursor() as cursor:
             cursor.execute(_insert_sql(conn.vendor), params)
             row = cursor.fetchone()
@@ -217,7 +215,9 @@ _INSERT_FIELDS = [f for f in _FIELDS if not (f.primary_key or f.generated)]
 @lru_cache(maxsize=None)
 def _insert_sql(vendor):
     placeholders = [
-        f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)" if f.attname == "user_id" else "%s"
+        # The surviving user; NULL for an unknown id, which the scope check constraint refuses at
+        # once (a deferred foreign key would only fail at the caller's final commit).
+        f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)" if f.attname == "user_id" else "%s"
         for f in _INSERT_FIELDS
     ]
     return (

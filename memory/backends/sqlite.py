@@ -26,6 +26,8 @@ _SELECTIVE_ROWS = 2000
 _SMALL_VISIBLE = 2000
 _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
 _STATS_MAX = 100_000
+_TERM_LOOKUP = "SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"
+_BRANCHES = 400
 
 
 def owner_marker(scope_key):
@@ -66,13 +68,13 @@ class TermStatistics:
         if missing:
             found = {g: (0, now) for g in missing}
             with connection.cursor() as cursor:
-                # One statement; each branch is an indexed term lookup (an IN list would scan).
-                cursor.execute(
-                    " UNION ALL ".join(["SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"] * len(missing)),
-                    missing,
-                )
-                for term, doc in cursor.fetchall():
-                    found[term] = (doc, now)
+                # Each branch is an indexed term lookup (an IN list would scan the vocabulary);
+                # SQLite allows 500 branches in one compound SELECT.
+                for start in range(0, len(missing), _BRANCHES):
+                    chunk = missing[start : start + _BRANCHES]
+                    cursor.execute(" UNION ALL ".join([_TERM_LOOKUP] * len(chunk)), chunk)
+                    for term, doc in cursor.fetchall():
+                        found[term] = (doc, now)
             with self._lock:
                 if len(self._rows) + len(found) > _STATS_MAX:
                     self._rows.clear()
