@@ -176,8 +176,7 @@ class Fact(models.Model):
             models.CheckConstraint(condition=~Q(key=""), name="fact_key_not_blank"),
         ]
         indexes = [
-            models.Index(fields=["scope", "fact_type"], name="fact_scope_type"),
-            models.Index(fields=["agent_id"], name="fact_agent"),
+            # Owner lookups (an agent's facts included) use the unique (scope_key, key) index.
             # Lets a broad search ("key 5" matches half the store) walk facts best-first and stop early.
             models.Index(fields=["-confidence"], name="fact_confidence_desc"),
         ]

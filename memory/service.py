@@ -380,6 +380,10 @@ class MemoryService:
         deleted, _ = Fact.objects.filter(pk=fact_id).delete()
         return bool(deleted)
 
+    def optimize_search_index(self):
+        """Compact the search index; worth it after a bulk load of facts."""
+        self.backend.optimize()
+
     def flush_access_counts(self):
         """Write buffered access counts now; returns how many facts were updated."""
         return access_counter.flush()

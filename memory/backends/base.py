@@ -38,6 +38,9 @@ def owner_keys(viewer, include_user=True):
     return keys
 
 
+_USER_OWNER = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+
+
 def owners_sql(viewer):
     """`IN (...)` over the owners a viewer may see, and its parameters.
 
@@ -47,7 +50,7 @@ def owners_sql(viewer):
     params = owner_keys(viewer, include_user=False)
     parts = ["%s"] * len(params)
     if viewer.user_id is not None:
-        parts.append(f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)")
+        parts.append(_USER_OWNER)
         params.extend([viewer.user_id, viewer.user_id])
     return f"IN ({', '.join(parts)})", params
 
@@ -93,6 +96,9 @@ class MemoryBackend:
             "MemoryBackend subclasses must provide filter_procedures_matching(queryset, goal, context_keys)"
         )
 
+    def optimize(self):
+        """Compact the search index after a bulk load (a no-op where the database needs none)."""
+
     # ---- shared SQL
 
     def _facts(self, sql, params):
@@ -126,11 +132,23 @@ class MemoryBackend:
         A fact is shadowed when a more specific visible fact has the same key, whatever the
         confidence of either: it is not what this viewer knows under that key.
         """
-        owners, owner_params = owners_sql(viewer)
+        # The viewer's owners with their ranks, computed once; the shadow check probes only the
+        # owners more specific than the row it checks (none for the most specific one).
+        rows, params = ["('global', 3)"], []
+        if viewer.agent_id:
+            rows.append("(%s, 2)")
+            params.append(f"agent:{viewer.agent_id}")
+        if viewer.user_id is not None:
+            rows.append(f"({_USER_OWNER}, 1)")
+            params.extend([viewer.user_id, viewer.user_id])
+        if viewer.session_id:
+            rows.append("(%s, 0)")
+            params.append(f"session:{viewer.session_id}")
+        cte = f"WITH viewer_owners(k, r) AS MATERIALIZED (VALUES {', '.join(rows)}) "
         best_first = order == "confidence" and limit is not None
-        source, params = self.fact_candidates(tokens, viewer, best_first)
-        where = [f"f.scope_key {owners}"]
-        params += owner_params
+        source, source_params = self.fact_candidates(tokens, viewer, best_first)
+        params += source_params
+        where = ["f.scope_key IN (SELECT k FROM viewer_owners)"]
         for token in tokens:
             where.append(f"f.search_text LIKE %s{self.like_escape}")
             params.append(f"%{escape_like(token)}%")
@@ -142,14 +160,13 @@ class MemoryBackend:
             params.append(fact_type)
         where.append(
             f"NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g WHERE g.{_q('key')} = f.{_q('key')} "
-            f"AND g.scope_key {owners} AND {rank_sql('g')} < {rank_sql('f')})"
+            f"AND g.scope_key IN (SELECT k FROM viewer_owners WHERE r < {rank_sql('f')}))"
         )
-        params += owner_params
         order_by = {
             "key": f"f.{_q('key')}, f.id",
             "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
         }[order]
-        sql = f"SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
+        sql = f"{cte}SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
@@ -162,7 +179,7 @@ class MemoryBackend:
         hold the whole database, so only PostgreSQL adds FOR UPDATE).
         """
         if fact.scope == "user":
-            owner = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+            owner = _USER_OWNER
             params = [fact.user_id, fact.user_id]
         else:
             owner = "%s"

@@ -96,6 +96,12 @@ class SQLiteBackend(MemoryBackend):
     def __init__(self):
         self.stats = TermStatistics()
 
+    def optimize(self):
+        # Every write transaction adds an FTS5 segment and queries visit each one; after a bulk
+        # load, merge them into one (the index's own 'optimize' command).
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO memory_fact_fts(memory_fact_fts) VALUES ('optimize')")
+
     def fact_candidates(self, tokens, viewer, best_first):
         indexed = [t for t in tokens if len(t) >= _TRIGRAM]
         if indexed:

@@ -10,6 +10,9 @@ _OLD = "engram_owner_marker(old.scope_key)"
 _NEW = "engram_owner_marker(new.scope_key)"
 SQLITE_FORWARD = [
     "CREATE VIRTUAL TABLE memory_fact_fts USING fts5(search_text, owner, content='', tokenize='trigram')",
+    # Every write transaction adds a segment; merging 8 at a time instead of 4 roughly halves the
+    # index's share of a one-fact write, and queries still read few segments.
+    "INSERT INTO memory_fact_fts(memory_fact_fts, rank) VALUES ('automerge', 8)",
     "CREATE TRIGGER memory_fact_fts_ai AFTER INSERT ON memory_fact BEGIN "
     f"INSERT INTO memory_fact_fts(rowid, search_text, owner) VALUES (new.id, new.search_text, {_NEW}); END",
     "CREATE TRIGGER memory_fact_fts_ad AFTER DELETE ON memory_fact BEGIN "
