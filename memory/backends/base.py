@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from ..models import Fact, MemoryUser
+from ..models import SCOPE_RANK, Fact, MemoryUser, Scope
 
 FACT_TABLE = Fact._meta.db_table
 USER_TABLE = MemoryUser._meta.db_table
@@ -23,7 +23,8 @@ def _q(name):
 
 def rank_sql(alias):
     """Specificity of a fact row: session 0, user 1, agent 2, global 3 (lower wins)."""
-    return f"(CASE {alias}.scope WHEN 'session' THEN 0 WHEN 'user' THEN 1 WHEN 'agent' THEN 2 ELSE 3 END)"
+    whens = " ".join(f"WHEN '{scope}' THEN {rank}" for scope, rank in SCOPE_RANK.items())
+    return f"(CASE {alias}.scope {whens} END)"
 
 
 def owner_keys(viewer, include_user=True):
@@ -38,21 +39,23 @@ def owner_keys(viewer, include_user=True):
     return keys
 
 
-_USER_OWNER = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+# The scope key of a user, or of the user it was merged into: `merged_into` always names a
+# surviving user, so one hop inside the query is enough. Takes the user id twice.
+USER_OWNER_SQL = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+
+
+def owner_terms(viewer):
+    """(SQL, params, rank) for each owner the viewer sees; the user's follows merges in the query."""
+    terms = [("%s", [key], SCOPE_RANK[key.partition(":")[0]]) for key in owner_keys(viewer, include_user=False)]
+    if viewer.user_id is not None:
+        terms.append((USER_OWNER_SQL, [viewer.user_id, viewer.user_id], SCOPE_RANK[Scope.USER]))
+    return terms
 
 
 def owners_sql(viewer):
-    """`IN (...)` over the owners a viewer may see, and its parameters.
-
-    A user follows merges inside the query: `merged_into` always names a surviving user, so one
-    hop is enough.
-    """
-    params = owner_keys(viewer, include_user=False)
-    parts = ["%s"] * len(params)
-    if viewer.user_id is not None:
-        parts.append(_USER_OWNER)
-        params.extend([viewer.user_id, viewer.user_id])
-    return f"IN ({', '.join(parts)})", params
+    """`IN (...)` over the owners a viewer may see, and its parameters."""
+    terms = owner_terms(viewer)
+    return f"IN ({', '.join(sql for sql, _, _ in terms)})", [p for _, params, _ in terms for p in params]
 
 
 @lru_cache(maxsize=None)
@@ -134,16 +137,9 @@ class MemoryBackend:
         """
         # The viewer's owners with their ranks, computed once; the shadow check probes only the
         # owners more specific than the row it checks (none for the most specific one).
-        rows, params = ["('global', 3)"], []
-        if viewer.agent_id:
-            rows.append("(%s, 2)")
-            params.append(f"agent:{viewer.agent_id}")
-        if viewer.user_id is not None:
-            rows.append(f"({_USER_OWNER}, 1)")
-            params.extend([viewer.user_id, viewer.user_id])
-        if viewer.session_id:
-            rows.append("(%s, 0)")
-            params.append(f"session:{viewer.session_id}")
+        terms = owner_terms(viewer)
+        rows = [f"({sql}, {rank})" for sql, _, rank in terms]
+        params = [p for _, term_params, _ in terms for p in term_params]
         cte = f"WITH viewer_owners(k, r) AS MATERIALIZED (VALUES {', '.join(rows)}) "
         best_first = order == "confidence" and limit is not None
         source, source_params = self.fact_candidates(tokens, viewer, best_first)
@@ -179,7 +175,7 @@ class MemoryBackend:
         hold the whole database, so only PostgreSQL adds FOR UPDATE).
         """
         if fact.scope == "user":
-            owner = _USER_OWNER
+            owner = USER_OWNER_SQL
             params = [fact.user_id, fact.user_id]
         else:
             owner = "%s"

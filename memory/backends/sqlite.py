@@ -15,7 +15,7 @@ from django.db.backends.signals import connection_created
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from .base import FACT_TABLE, USER_TABLE, MemoryBackend, owner_keys
+from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
@@ -80,7 +80,7 @@ class TermStatistics:
                     self._rows.clear()
                 self._rows.update(found)
         with self._lock:
-            return {g: found[g][0] if g in missing else self._rows.get(g, (0, 0))[0] for g in grams}
+            return {g: found.get(g, self._rows.get(g, (0, 0)))[0] for g in grams}
 
     def token_rows(self, tokens):
         """For each token, at most how many facts contain it: the count of its rarest trigram."""
@@ -122,10 +122,7 @@ class SQLiteBackend(MemoryBackend):
         if viewer.user_id is None:
             match_sql, params = "%s", [head + ")"]
         else:  # the user's marker follows merges inside the query, like the owner filter does
-            match_sql = (
-                "%s || engram_owner_marker('user:' || CAST(COALESCE("
-                f"(SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)) || '\")'"
-            )
+            match_sql = f"%s || engram_owner_marker({USER_OWNER_SQL}) || '\")'"
             params = [head + ' OR "', viewer.user_id, viewer.user_id]
         return (
             f"(SELECT rowid AS id FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql}) c "
