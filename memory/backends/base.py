@@ -5,7 +5,8 @@ equivalent ORM expression costs more than running the query.
 """
 from functools import lru_cache
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.utils import timezone
 
 from ..models import SCOPE_RANK, Fact, MemoryUser, Scope
 
@@ -208,10 +209,19 @@ class MemoryBackend:
         stale id still writes to the surviving user without another round trip.
         """
         conn = connections[DEFAULT_DB_ALIAS]
+        now = timezone.now()
+        now_db = None
         params = []
-        for field in _INSERT_FIELDS:
-            value = field.get_db_prep_save(field.pre_save(fact, True), conn)
-            params.append(value)
+        for field, kind in _INSERT_PLAN:
+            if kind is _PLAIN:  # validated str/int/float/None: the driver takes it as it is
+                params.append(getattr(fact, field.attname))
+            elif kind is _NOW:  # created_at and updated_at: one timestamp, converted once
+                setattr(fact, field.attname, now)
+                if now_db is None:
+                    now_db = field.get_db_prep_save(now, conn)
+                params.append(now_db)
+            else:
+                params.append(field.get_db_prep_save(getattr(fact, field.attname), conn))
         with conn.cursor() as cursor:
             cursor.execute(_insert_sql(conn.vendor), params)
             row = cursor.fetchone()
@@ -223,6 +233,20 @@ class MemoryBackend:
 
 
 _INSERT_FIELDS = [f for f in _FIELDS if not (f.primary_key or f.generated)]
+_PLAIN, _NOW, _CONVERT = object(), object(), object()
+
+
+def _insert_kind(field):
+    """How insert_fact_if_absent turns a field's value into a parameter (Field.get_db_prep_save is
+    the general path; most columns need nothing, and it is a third of a write's Python time)."""
+    if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add):
+        return _NOW
+    if isinstance(field, (models.CharField, models.TextField, models.FloatField, models.IntegerField, models.ForeignKey)):
+        return _PLAIN
+    return _CONVERT
+
+
+_INSERT_PLAN = [(f, _insert_kind(f)) for f in _INSERT_FIELDS]
 
 
 @lru_cache(maxsize=None)
