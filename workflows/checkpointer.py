@@ -84,6 +84,11 @@ def _postgres_saver():
     return saver, pool.close
 
 
+def existing_checkpointer():
+    """The shared saver if one was created, else None (never creates one)."""
+    return _saver
+
+
 def close_checkpointer():
     """Close the shared saver's connection; the next use opens a new one (settings may have changed)."""
     global _saver, _closer

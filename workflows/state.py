@@ -1,10 +1,11 @@
 """The state a workflow run carries from node to node, and the value objects inside it."""
 import operator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict  # pydantic (the tools' runtime context) needs this one on 3.11
 
 
 class UserInfo(TypedDict):

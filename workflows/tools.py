@@ -8,8 +8,9 @@ error tool message (status "error"), never as a result.
 import functools
 import json
 import logging
+import threading
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 
@@ -18,6 +19,7 @@ from memory.models import Scope
 from memory.service import MemoryService, WriteAction
 
 from .memory_access import RecallOptions, RecallScope, recall_for
+from .state import AgentContext
 
 logger = logging.getLogger("engram.workflows")
 
@@ -41,6 +43,11 @@ def memory_tool(func):
         except (MemoryServiceError, DatabaseError) as exc:
             logger.warning("memory tool %s failed: %s", func.__name__, exc)
             raise ToolException(f"{func.__name__} failed: {exc}") from exc
+        finally:
+            # LangGraph's ToolNode runs tools in pooled worker threads; give back the database
+            # connection such a thread opened, as Django does at the end of a request.
+            if threading.current_thread() is not threading.main_thread() and not connection.in_atomic_block:
+                connection.close()
 
     return wrapper
 
@@ -62,7 +69,7 @@ def make_recall_tool(config):
     options = RecallOptions.from_config({"memory_types": config.get("memory_type", "facts"), **config})
 
     @memory_tool
-    def recall(runtime: ToolRuntime, key: str = "", query: str = "") -> str:
+    def recall(runtime: ToolRuntime[AgentContext], key: str = "", query: str = "") -> str:
         """Look something up in long-term memory."""
         scope = _scope(runtime)
         service = MemoryService()
@@ -101,7 +108,7 @@ def make_remember_tool(config):
     overwrite = bool(config.get("overwrite", True))
 
     @memory_tool
-    def remember(runtime: ToolRuntime, key: str, value: str, fact_type: str = "") -> str:
+    def remember(runtime: ToolRuntime[AgentContext], key: str, value: str, fact_type: str = "") -> str:
         """Store a fact in long-term memory."""
         scope = _scope(runtime)
         owner = (
