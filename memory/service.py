@@ -10,9 +10,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import (
     CharField,
     Count,
+    Exists,
     F,
     FloatField,
     OuterRef,
+    Q,
     Subquery,
     Value,
 )
@@ -36,6 +38,7 @@ from .models import (
 )
 from .signals import users_merged
 from .text import fact_search_text, search_tokens
+from .signals import users_deleting
 
 
 class WriteAction:
@@ -105,6 +108,14 @@ class UserContext:
         data = {k: v for k, v in self.__dict__.items() if k != "extra"}
         data["last_seen"] = self.last_seen.isoformat() if self.last_seen else None
         return data
+
+
+@dataclass(frozen=True)
+class Identified:
+    """What `MemoryService.identify` found: the user's context, and whether the user is new."""
+
+    context: UserContext
+    created: bool
 
 
 _CHOICE_VALUES = {c: frozenset(c.values) for c in (Scope, FactType, ProcedureType, ProcedureSource)}
@@ -647,6 +658,200 @@ class MemoryService:
 
     def conversation_count(self, user_id):
         return self.resolve_user(user_id).total_conversations
+
+    # ------------------------------------------- identification, run episodes, user deletion
+
+    def identify(self, channel, external_id, *, display_name=""):
+        """The user behind (channel, external id) and their context, counting one more conversation.
+
+        What a workflow's first node needs, in one transaction and at most four queries: the user's
+        identities (with the user and fact/episode counts, following a merge), the conversation count
+        (and a display name the user did not have yet), their facts, their recent episodes. A new user
+        takes three: the lookup, the user, the identity. Safe when two requests meet a new user at once.
+        """
+        channel = _check_channel(channel)
+        external_id = _check_text(
+            "external_id", str(external_id) if isinstance(external_id, int) else external_id, max_length=255
+        )
+        display_name = _check_text("display_name", display_name, required=False, max_length=200)
+        with transaction.atomic():
+            found = self._identified(channel, external_id, display_name)
+        if found is not None:
+            return found
+        try:
+            with transaction.atomic():
+                now = timezone.now()
+                user = MemoryUser.objects.create(
+                    canonical_id=f"{channel}:{external_id}",
+                    display_name=display_name,
+                    total_conversations=1,
+                    last_seen=now,
+                )
+                ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
+        except IntegrityError:
+            # Someone else created this identity (or this canonical id) first: count ours on theirs.
+            with transaction.atomic():
+                found = self._identified(channel, external_id, display_name)
+            if found is None:
+                raise
+            return found
+        context = UserContext(
+            user_id=user.pk,
+            canonical_id=user.canonical_id,
+            display_name=user.display_name,
+            identities=[{"channel": channel, "external_id": external_id}],
+            preferences={},
+            facts=[],
+            recent_episodes=[],
+            fact_count=0,
+            episode_count=0,
+            total_conversations=1,
+            last_seen=now,
+        )
+        return Identified(context=context, created=True)
+
+    def _identified(self, channel, external_id, display_name):
+        survivor = Subquery(
+            ChannelIdentity.objects.filter(channel=channel, external_id=external_id)
+            .annotate(survivor=Coalesce("user__merged_into_id", "user_id"))
+            .values("survivor")[:1]
+        )
+        counts = {
+            "fact_count": Fact.objects.filter(user=OuterRef("user_id")),
+            "episode_count": Episode.objects.filter(user=OuterRef("user_id")),
+        }
+        identities = list(
+            ChannelIdentity.objects.filter(user_id=survivor)
+            .select_related("user")
+            .annotate(
+                **{
+                    name: Coalesce(
+                        Subquery(qs.order_by().values("user").annotate(n=Count("id")).values("n")), 0
+                    )
+                    for name, qs in counts.items()
+                }
+            )
+            .order_by("channel", "external_id")
+        )
+        if not identities:
+            return None
+        user = identities[0].user
+        now = timezone.now()
+        changes = {"total_conversations": F("total_conversations") + 1, "last_seen": now}
+        if display_name and not user.display_name:
+            changes["display_name"] = user.display_name = display_name
+        MemoryUser.objects.filter(pk=user.pk).update(**changes)
+        facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
+        episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
+        context = UserContext(
+            user_id=user.pk,
+            canonical_id=user.canonical_id,
+            display_name=user.display_name,
+            identities=[{"channel": i.channel, "external_id": i.external_id} for i in identities],
+            preferences={f.key: f.value for f in facts if f.fact_type == FactType.USER_PREFERENCE},
+            facts=[
+                {"key": f.key, "value": f.value, "fact_type": f.fact_type, "confidence": round(f.confidence, 3)}
+                for f in facts
+            ],
+            recent_episodes=[
+                {
+                    "id": e.pk,
+                    "summary": e.summary,
+                    "success": e.success,
+                    "started_at": e.started_at.isoformat(),
+                    "trigger_type": e.trigger_type,
+                }
+                for e in episodes
+            ],
+            fact_count=identities[0].fact_count,
+            episode_count=identities[0].episode_count,
+            total_conversations=user.total_conversations + 1,
+            last_seen=now,
+        )
+        return Identified(context=context, created=False)
+
+    def record_episode(
+        self,
+        *,
+        started_at,
+        agent_id="",
+        user_id=None,
+        session_id="",
+        workflow="",
+        trigger_type="",
+        trigger_input=None,
+        conversation=None,
+        actions=None,
+        final_output=None,
+        success,
+        error="",
+        summary="",
+    ):
+        """Record a finished run as one episode (two statements: the row, then its start time)."""
+        if not isinstance(started_at, datetime):
+            raise InvalidMemoryArgument("started_at", "must be a datetime")
+        if not isinstance(success, bool):
+            raise InvalidMemoryArgument("success", "must be true or false")
+        for name, value in (("conversation", conversation), ("actions", actions)):
+            if value is not None and not isinstance(value, list):
+                raise InvalidMemoryArgument(name, "must be a JSON array")
+        user_id = _check_user_id("user_id", user_id, required=False)
+        episode = Episode(
+            agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
+            session_id=_check_text("session_id", session_id, required=False, max_length=128),
+            workflow=_check_text("workflow", workflow, required=False, max_length=128),
+            trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
+            trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
+            conversation=_check_json("conversation", conversation or []),
+            actions=_check_json("actions", actions or []),
+            final_output=_check_json("final_output", final_output),
+            success=success,
+            error=_check_text("error", error, required=False),
+            summary=_check_text("summary", summary, required=False),
+        )
+        ended_at = timezone.now()
+        episode.ended_at = ended_at
+        episode.duration_ms = max(0, int((ended_at - started_at).total_seconds() * 1000))
+        with transaction.atomic():
+            episode.save(force_insert=True)
+            rows = Episode.objects.filter(pk=episode.pk)
+            changes = {"started_at": started_at}  # auto_now_add set the insert time; the run began earlier
+            if user_id is not None:
+                # The surviving user of a merge; an unknown id updates nothing and undoes the insert.
+                rows = rows.filter(Exists(MemoryUser.objects.filter(pk=user_id)))
+                changes["user_id"] = _survivor_id(user_id)
+            if not rows.update(**changes):
+                raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")
+        episode.started_at = started_at
+        episode.user_id = user_id  # the row holds the surviving user of any merge
+        return episode
+
+    def mark_episode_failed(self, episode_id, error):
+        """Set an episode's outcome to failed with `error` (a write after the run went wrong)."""
+        if not Episode.objects.filter(pk=episode_id).update(
+            success=False, error=_check_text("error", error)
+        ):
+            raise MemoryNotFound("episode", episode_id)
+
+    def delete_users(self, user_ids):
+        """Delete memory users (and users merged into them) with everything they own; returns how many.
+
+        Sends `users_deleting` with every id first, inside the same transaction, so other apps delete
+        what they keep per user; a receiver that raises leaves everything in place.
+        """
+        if not isinstance(user_ids, (list, tuple, set)) or not user_ids:
+            raise InvalidMemoryArgument("user_ids", "must be a non-empty list of user ids")
+        ids = sorted({_check_user_id("user_ids", i, required=True) for i in user_ids})
+        with transaction.atomic():
+            doomed = list(
+                MemoryUser.objects.filter(Q(pk__in=ids) | Q(merged_into__in=ids)).values_list("pk", flat=True)
+            )
+            missing = sorted(set(ids) - set(doomed))
+            if missing:
+                raise InvalidMemoryArgument("user_ids", f"no memory user with id(s) {missing}")
+            users_deleting.send(sender=MemoryUser, user_ids=doomed)
+            MemoryUser.objects.filter(pk__in=doomed).delete()
+        return len(doomed)
 
     # ------------------------------------------------------------- procedures
 

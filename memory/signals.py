@@ -8,6 +8,12 @@ from .access import access_counter
 # per-user rows (conversation threads) can move them to the surviving user.
 users_merged = Signal()
 
+# Sent inside the delete transaction with `user_ids` (every user about to be deleted, including users
+# merged into them) BEFORE the rows go, so apps that keep per-user data outside the memory tables
+# (conversation threads and their checkpoints) can delete it too. A receiver that raises aborts the
+# delete: nothing is deleted.
+users_deleting = Signal()
+
 
 @receiver(request_finished, dispatch_uid="memory_flush_access_counts")
 def flush_access_counts(**kwargs):

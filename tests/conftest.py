@@ -135,3 +135,56 @@ def _run_in_threads(target, threads):
 def run_in_threads():
     """run_in_threads(target, threads): see _run_in_threads. Use with django_db(transaction=True)."""
     return _run_in_threads
+
+
+# ----------------------------------------------------------------------------- workflows
+
+BOT_TOKEN = "123456:TEST-token-never-logged"
+WEBHOOK_SECRET = "s3cret-token"
+
+
+@pytest.fixture(autouse=True)
+def _workflow_settings(settings, tmp_path):
+    """Every test gets its own checkpoint file, no chat model, and a Telegram setup pointing nowhere.
+
+    On PostgreSQL the checkpointer lives in the test database; threads a test leaves there are
+    deleted through the saver's public API, so user ids reused by later tests start clean.
+    """
+    from workflows.checkpointer import close_checkpointer, existing_checkpointer
+
+    settings.WORKFLOWS = {
+        "CHECKPOINT_PATH": tmp_path / "checkpoints.db",
+        "CHAT_MODEL": None,
+        "TELEGRAM_API_BASE": "http://127.0.0.1:9",
+        "TELEGRAM_BOT_TOKEN": BOT_TOKEN,
+        "TELEGRAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
+    }
+    yield settings.WORKFLOWS
+    saver = existing_checkpointer()
+    if saver is not None and connection.vendor == "postgresql":
+        for thread_id in {c.config["configurable"]["thread_id"] for c in saver.list(None)}:
+            saver.delete_thread(thread_id)
+    close_checkpointer()
+
+
+@pytest.fixture
+def fake_bot():
+    """A fake Telegram Bot API on 127.0.0.1, set as WORKFLOWS["TELEGRAM_API_BASE"]."""
+    from django.test import override_settings
+
+    from workflows.fake_telegram import FakeBotAPI
+
+    from django.conf import settings as django_settings
+
+    with FakeBotAPI() as bot:
+        with override_settings(WORKFLOWS={**django_settings.WORKFLOWS, "TELEGRAM_API_BASE": bot.url}):
+            yield bot
+
+
+@pytest.fixture
+def demo_workflow(db):
+    from workflows.demo import ensure_demo_workflow
+
+    workflow, _ = ensure_demo_workflow()
+    return workflow
+

@@ -6,3 +6,7 @@ class WorkflowsConfig(AppConfig):
     name = "workflows"
     verbose_name = "Workflows"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import threads  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
+        from . import conf  # noqa: F401  (reloads settings on override)

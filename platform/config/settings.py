@@ -134,3 +134,25 @@ LOGGING = {
 
 # Engram's own settings: one namespaced dict per app, read through memory.conf.memory_settings.
 MEMORY = {}
+
+
+def chat_model_from_env():
+    """An OpenAI-compatible chat model when ENGRAM_CHAT_MODEL is set; None: the offline responder."""
+    model = os.environ.get("ENGRAM_CHAT_MODEL", "").strip()
+    if not model:
+        return None
+    return {
+        "base_url": os.environ.get("ENGRAM_CHAT_BASE_URL", "").strip() or None,
+        "api_key": os.environ.get("ENGRAM_CHAT_API_KEY", ""),
+        "model": model,
+    }
+
+
+# Read through workflows.conf.workflow_settings; see the README for every key and its default.
+WORKFLOWS = {
+    "CHECKPOINT_PATH": DATA_DIR / "checkpoints.db",
+    "CHAT_MODEL": chat_model_from_env(),
+    "TELEGRAM_API_BASE": os.environ.get("TELEGRAM_API_BASE", "https://api.telegram.org"),
+    "TELEGRAM_BOT_TOKEN": os.environ.get("TELEGRAM_BOT_TOKEN", ""),
+    "TELEGRAM_WEBHOOK_SECRET": os.environ.get("TELEGRAM_WEBHOOK_SECRET", ""),
+}

@@ -1,5 +1,5 @@
 """URL routes of the Engram site."""
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from memory.admin import memories_site
@@ -7,4 +7,5 @@ from memory.admin import memories_site
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
     path("memories/", memories_site.urls),
+    path("", include("workflows.urls")),
 ]

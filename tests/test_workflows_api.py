@@ -1,0 +1,68 @@
+"""Runs over the staff API and the run_workflow command; bad input names the field and runs nothing."""
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from memory.models import Episode, MemoryUser
+
+
+def run(client, slug, payload):
+    return client.post(f"/api/v1/workflows/{slug}/run/", payload, content_type="application/json")
+
+
+def test_run_endpoint_runs_the_workflow(admin_client, demo_workflow):
+    first = run(admin_client, "demo", {"user_id": "u1", "message": "my favourite colour is green", "display_name": "Ann"})
+    assert first.status_code == 200, first.content
+    body = first.json()
+    assert body["remembered"] == [{"key": "favourite_colour", "scope": "user", "action": "created"}]
+    assert body["user"]["channel"] == "chat" and body["user"]["display_name"] == "Ann" and body["memory_errors"] == []
+    again = run(admin_client, "demo", {"user_id": "u1", "message": "what is my favourite colour?"}).json()
+    assert "green" in again["reply"]
+    assert Episode.objects.get(pk=again["episode_id"]).trigger_type == "chat"
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"message": "hi"}, "user_id"),
+        ({"email": "not-an-address", "message": "hi"}, "email"),
+        ({"user_id": "u1", "message": 5}, "message"),
+        ({"user_id": "u1", "message": "hi", "trigger": "telegram"}, "trigger"),
+    ],
+)
+def test_run_endpoint_bad_payload_is_400_and_nothing_runs(admin_client, demo_workflow, payload, field):
+    response = run(admin_client, "demo", payload)
+    assert response.status_code == 400 and field in response.json()
+    assert not MemoryUser.objects.exists() and not Episode.objects.exists()
+
+
+def test_run_endpoint_is_staff_only_and_404_for_unknown(client, admin_client, demo_workflow):
+    assert run(client, "demo", {"user_id": "u1", "message": "hi"}).status_code == 403
+    assert run(admin_client, "nope", {"user_id": "u1", "message": "hi"}).status_code == 404
+
+
+def test_workflow_list_queries(admin_client, demo_workflow, django_assert_max_num_queries):
+    admin_client.get("/api/v1/workflows/")
+    with django_assert_max_num_queries(3):  # session, user, workflows
+        response = admin_client.get("/api/v1/workflows/")
+    assert [w["slug"] for w in response.json()] == ["demo"]
+
+
+def test_run_workflow_command(demo_workflow, capsys):
+    call_command("run_workflow", "demo", "--user", "telegram:42", "--message", "my name is Ada")
+    call_command("run_workflow", "demo", "--user", "telegram:42", "--message", "what is my name?", "--json")
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])
+    assert "Ada" in result["reply"] and result["user"]["canonical_id"] == "telegram:42"
+    with pytest.raises(CommandError, match="no active workflow"):
+        call_command("run_workflow", "missing", "--user", "x", "--message", "hi")
+
+
+def test_setup_demo_is_idempotent(db, capsys):
+    call_command("setup_demo")
+    call_command("setup_demo")
+    from workflows.models import Workflow
+
+    assert Workflow.objects.get().slug == "demo"
+    assert "updated workflow 'demo'" in capsys.readouterr().out

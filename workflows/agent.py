@@ -1,0 +1,197 @@
+"""The agent node: a LangGraph prebuilt ReAct agent with memory tools and conversation memory.
+
+With conversation memory on, the agent runs on the shared checkpointer under the thread of (memory
+user, conversation, workflow), so a person continues the conversation on any linked channel. The
+workflow run itself is not checkpointed: its thread is only known once identify_user has run.
+
+Each model call gets one SystemMessage (the node's system prompt plus the recalled memory). With
+`system_prompt_fallback`, the same text also travels as a HumanMessage with a stable id at the head
+of the history, for providers that ignore the system role; the stable id makes each turn replace it
+rather than add another. History is trimmed to `history_limit` messages before every model call (the
+stored history too) and never starts with an AI or tool message.
+"""
+import logging
+import uuid
+import warnings
+
+from django.db import DatabaseError
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from . import threads
+from .chat_models import get_chat_model
+from .checkpointer import get_checkpointer
+from .conf import workflow_settings
+from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
+from .state import AgentContext, last_human_text
+from .tools import make_recall_tool, make_remember_tool
+
+logger = logging.getLogger("engram.workflows")
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant with a long-term memory. Use what you know about the person you talk to, "
+    "and store what they tell you that is worth keeping."
+)
+
+
+def trim_history(messages, limit):
+    """The last `limit` messages, starting at a human message (never an AI or tool message).
+
+    The fallback system-prompt message is not counted and stays first. If the current turn alone is
+    longer than `limit`, it is kept whole from its human message.
+    """
+    fallback = [m for m in messages if m.id == FALLBACK_MESSAGE_ID]
+    rest = [m for m in messages if m.id != FALLBACK_MESSAGE_ID]
+    window = rest[-limit:] if limit and len(rest) > limit else rest
+    start = next((i for i, m in enumerate(window) if isinstance(m, HumanMessage)), None)
+    if start is None:
+        humans = [i for i, m in enumerate(rest) if isinstance(m, HumanMessage)]
+        kept = rest[humans[-1]:] if humans else []
+    else:
+        kept = window[start:]
+    return fallback + kept
+
+
+def build_agent_graph(config, model):
+    """The compiled ReAct agent for one agent node (model None: the offline responder)."""
+    from langgraph.prebuilt import create_react_agent
+
+    tools = []
+    tool_config = config.get("tools") or {}
+    if "recall" in tool_config:
+        tools.append(make_recall_tool(tool_config["recall"] or {}))
+    if "remember" in tool_config:
+        tools.append(make_remember_tool(tool_config["remember"] or {}))
+    limit = config.get("history_limit", workflow_settings.HISTORY_LIMIT)
+
+    def trim(state):
+        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *trim_history(state["messages"], limit)]}
+
+    def prompt(state, runtime):
+        return [SystemMessage(content=runtime.context.system_prompt), *state["messages"]]
+
+    if model is None:
+
+        def model(state, runtime):  # noqa: F811  (the offline responder reads this turn's memory)
+            return OfflineResponder(memories=runtime.context.memories, user=runtime.context.user)
+
+    with warnings.catch_warnings():
+        # create_react_agent is LangGraph's prebuilt ReAct agent; newer releases point to langchain's
+        # create_agent, a package this project does not otherwise need.
+        warnings.filterwarnings("ignore", message=".*create_react_agent.*", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=Warning, module="langgraph.prebuilt")
+        return create_react_agent(
+            model,
+            tools,
+            prompt=prompt,
+            pre_model_hook=trim,
+            context_schema=AgentContext,
+            checkpointer=get_checkpointer() if config.get("conversation_memory", True) else None,
+            name="agent",
+        )
+
+
+def build_agent_node(config, context):
+    """The node callable for an `agent` node (the graph is built on first use, then reused)."""
+    memory_on = config.get("conversation_memory", True)
+    fallback_on = config.get("system_prompt_fallback", False)
+    base_prompt = config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+    built = {}
+
+    def agent(state):
+        if "graph" not in built:
+            model = get_chat_model()
+            built["offline"] = model is None
+            built["graph"] = build_agent_graph(config, model)
+        graph = built["graph"]
+        user = state.get("user")
+        conversation_id = state.get("conversation_id") or "direct"
+        system_prompt = base_prompt
+        if state.get("memory_prompt"):
+            system_prompt = f"{base_prompt}\n\n{state['memory_prompt']}"
+        text = last_human_text(state)
+        turn = HumanMessage(content=text, id=f"turn-{uuid.uuid4().hex}")
+        messages = [turn]
+        if fallback_on:
+            messages.insert(0, HumanMessage(content=f"[system]\n{system_prompt}", id=FALLBACK_MESSAGE_ID))
+        update = {"memory_errors": []}
+        thread_id = ""
+        if memory_on and user:
+            try:
+                thread_id = threads.thread_for(
+                    workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
+                )
+            except DatabaseError as exc:
+                logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
+                update["memory_errors"].append(_error(context, "thread lookup", exc))
+        run_config = {"recursion_limit": workflow_settings.AGENT_RECURSION_LIMIT}
+        if thread_id:
+            run_config["configurable"] = {"thread_id": thread_id}
+        elif memory_on:
+            # No user, no thread: a one-off conversation that leaves nothing behind in the saver.
+            run_config["configurable"] = {"thread_id": f"ephemeral-{uuid.uuid4().hex}"}
+        agent_context = AgentContext(
+            agent_id=context.agent_id,
+            user=user,
+            session_id=thread_id,
+            system_prompt=system_prompt,
+            memories=state.get("memories") or {},
+        )
+        result = graph.invoke({"messages": messages}, run_config, context=agent_context)
+        if memory_on and not thread_id:
+            get_checkpointer().delete_thread(run_config["configurable"]["thread_id"])
+        produced = _this_turn(result["messages"], turn.id)
+        reply = next((m.text for m in reversed(produced) if isinstance(m, AIMessage) and m.text), "")
+        update.update(
+            reply=reply,
+            messages=[AIMessage(content=reply)],
+            actions=_actions(produced),
+            thread_id=thread_id,
+        )
+        if built["offline"]:
+            update["facts_to_remember"] = facts_in(text)
+        if thread_id:
+            try:
+                threads.record_activity(
+                    thread_id,
+                    workflow_id=context.workflow_id,
+                    user_id=user["id"],
+                    conversation_id=conversation_id,
+                    channel=user.get("channel", ""),
+                )
+            except DatabaseError as exc:
+                logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_id, exc)
+                update["memory_errors"].append(_error(context, "thread tracking", exc))
+        return update
+
+    return agent
+
+
+def _this_turn(messages, turn_id):
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].id == turn_id:
+            return messages[i + 1 :]
+    return messages[-1:]
+
+
+def _actions(messages):
+    """This turn's tool calls with their results, for the run's episode."""
+    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+    actions = []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            for call in message.tool_calls:
+                result = results.get(call["id"])
+                actions.append(
+                    {
+                        "tool": call["name"],
+                        "args": call["args"],
+                        "result": result.text if result is not None else None,
+                        "status": getattr(result, "status", None) if result is not None else "not run",
+                    }
+                )
+    return actions
+
+
+def _error(context, operation, exc):
+    return {"node": context.node_id, "operation": operation, "error": str(exc)}

@@ -1,0 +1,69 @@
+"""Settings of the workflows app: the WORKFLOWS dict in Django settings, read with defaults."""
+from django.conf import settings
+from django.core.signals import setting_changed
+
+DEFAULTS = {
+    # Conversation memory. "sqlite" (a file at CHECKPOINT_PATH) or "postgres" (the Django database);
+    # None picks PostgreSQL when the default database is PostgreSQL, else SQLite.
+    "CHECKPOINTER": None,
+    # Path of the SQLite checkpoint file; None: checkpoints.db in the site's data folder.
+    "CHECKPOINT_PATH": None,
+    # Threads kept per workflow (the most recently active); None keeps all.
+    "MAX_THREADS_PER_WORKFLOW": None,
+    # Messages of a conversation an agent keeps (and sends to its model) by default.
+    "HISTORY_LIMIT": 20,
+    # The chat model of agent nodes. None: the offline responder. Either
+    # {"class": "dotted.path.ChatModel", "kwargs": {...}} for any LangChain chat model, or
+    # {"base_url": ..., "api_key": ..., "model": ...} for an OpenAI-compatible server (extra "openai").
+    "CHAT_MODEL": None,
+    # How many recursion steps one agent turn may take (model calls + tool calls).
+    "AGENT_RECURSION_LIMIT": 12,
+    # How many visible facts recall ranks against the query before keeping the best.
+    "RECALL_CANDIDATES": 200,
+    # Telegram Bot API: base URL (tests point it at a local server), bot token, webhook secret token.
+    "TELEGRAM_API_BASE": "https://api.telegram.org",
+    "TELEGRAM_BOT_TOKEN": "",
+    "TELEGRAM_WEBHOOK_SECRET": "",
+    # Seconds to wait for the Bot API (sendMessage); getUpdates adds its long-poll timeout.
+    "TELEGRAM_TIMEOUT": 10.0,
+    "TELEGRAM_POLL_TIMEOUT": 25,
+}
+
+
+class WorkflowSettings:
+    """Attribute access to WORKFLOWS settings with defaults, like DRF's api_settings."""
+
+    def __init__(self, defaults):
+        self._defaults = defaults
+        self._cache = {}
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name not in self._defaults:
+            raise AttributeError(f"Unknown WORKFLOWS setting: {name!r}")
+        if name not in self._cache:
+            user = getattr(settings, "WORKFLOWS", {}) or {}
+            self._cache[name] = user.get(name, self._defaults[name])
+        return self._cache[name]
+
+    def reload(self):
+        self._cache.clear()
+
+
+workflow_settings = WorkflowSettings(DEFAULTS)
+
+
+def _reload(*, setting, **kwargs):
+    if setting == "WORKFLOWS":
+        workflow_settings.reload()
+        from .checkpointer import close_checkpointer
+        from .chat_models import reset_chat_model
+        from .runtime import clear_compiled
+        from .telegram import reset_bot_api
+
+        close_checkpointer()
+        reset_chat_model()
+        clear_compiled()
+        reset_bot_api()
+
+
+setting_changed.connect(_reload)

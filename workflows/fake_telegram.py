@@ -1,0 +1,118 @@
+"""A stand-in for the Telegram Bot API on 127.0.0.1: records sendMessage calls and serves getUpdates.
+
+For tests, the webhook benchmark and offline demos (point WORKFLOWS["TELEGRAM_API_BASE"] at `url`).
+It is a real HTTP server (stdlib, one thread per request) that answers like the Bot API:
+{"ok": true, "result": ...}. Any token is accepted; `calls` records (token, method, payload).
+"""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeBotAPI:
+    def __init__(self):
+        self.calls = []
+        self.updates = []
+        self._lock = threading.Lock()
+        self._message_id = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    payload = json.loads(raw or b"{}")
+                except ValueError:
+                    return self._answer(400, {"ok": False, "description": "Bad Request: invalid JSON"})
+                parts = self.path.strip("/").split("/")
+                if len(parts) != 2 or not parts[0].startswith("bot"):
+                    return self._answer(404, {"ok": False, "description": "Not Found"})
+                token, method = parts[0][3:], parts[1]
+                status, body = fake._handle(token, method, payload)
+                self._answer(status, body)
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):  # quiet: tests and benchmarks print their own output
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-bot-api", daemon=True)
+
+    @property
+    def url(self):
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def sent_messages(self, chat_id=None):
+        """The sendMessage payloads received so far (for one chat, if given)."""
+        with self._lock:
+            sent = [p for _, m, p in self.calls if m == "sendMessage"]
+        return [p for p in sent if chat_id is None or p.get("chat_id") == chat_id]
+
+    def queue_update(self, update):
+        with self._lock:
+            self.updates.append(update)
+
+    def _handle(self, token, method, payload):
+        with self._lock:
+            self.calls.append((token, method, payload))
+            if method == "sendMessage":
+                if "chat_id" not in payload or not payload.get("text"):
+                    return 400, {"ok": False, "description": "Bad Request: chat_id and text are required"}
+                self._message_id += 1
+                return 200, {
+                    "ok": True,
+                    "result": {"message_id": self._message_id, "chat": {"id": payload["chat_id"]}, "text": payload["text"]},
+                }
+            if method == "getUpdates":
+                offset = payload.get("offset")
+                if offset is not None:
+                    self.updates = [u for u in self.updates if u["update_id"] >= offset]
+                return 200, {"ok": True, "result": list(self.updates)}
+            if method == "answerCallbackQuery":
+                return 200, {"ok": True, "result": True}
+        return 404, {"ok": False, "description": f"Not Found: method {method}"}
+
+
+def telegram_update(update_id, user_id, text, *, first_name="Ada", chat_id=None, chat_type="private", kind="message"):
+    """A Bot API update as Telegram sends it."""
+    chat_id = user_id if chat_id is None else chat_id
+    message = {
+        "message_id": update_id,
+        "from": {"id": user_id, "is_bot": False, "first_name": first_name},
+        "chat": {"id": chat_id, "type": chat_type},
+        "date": 1700000000,
+        "text": text,
+    }
+    if kind == "callback_query":
+        return {
+            "update_id": update_id,
+            "callback_query": {"id": f"cb{update_id}", "from": message["from"], "message": message, "data": text},
+        }
+    return {"update_id": update_id, kind: message}

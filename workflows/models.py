@@ -1,0 +1,81 @@
+"""Models of the workflows app: workflow definitions, tracked conversation threads, seen Telegram updates."""
+from django.db import models
+
+from memory.models import MemoryUser
+
+
+class Workflow(models.Model):
+    """A graph of registered node types, compiled into a LangGraph StateGraph to run.
+
+    `definition` is {"nodes": [{"id", "type", "config"}], "edges": [{"source", "target", "when"?}]};
+    see workflows.definition for the rules. It is validated against the node registry on every save.
+    """
+
+    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    definition = models.JSONField(default=dict)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.name or self.slug
+
+    def clean(self):
+        from .definition import validate_definition
+
+        validate_definition(self.definition)
+
+    def save(self, *args, **kwargs):
+        from .definition import validate_definition
+
+        validate_definition(self.definition)
+        super().save(*args, **kwargs)
+
+
+class Thread(models.Model):
+    """A conversation kept by the checkpointer: one memory user, one conversation, one workflow.
+
+    The checkpoints themselves live in the saver; deleting a Thread row (directly, or through its
+    user or workflow) deletes them through `saver.delete_thread` once the transaction commits.
+    """
+
+    thread_id = models.CharField(max_length=300, unique=True)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="threads")
+    user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="threads")
+    # "direct" for one-to-one conversations, else the group chat's id.
+    conversation_id = models.CharField(max_length=100, default="direct")
+    # The channel of the latest message in this thread.
+    channel = models.CharField(max_length=50, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_activity = models.DateTimeField(db_index=True)
+    checkpoint_count = models.PositiveIntegerField(default=0)
+    # The newest checkpoint counted, so each run counts only its own new checkpoints.
+    head_checkpoint_id = models.CharField(max_length=100, blank=True, default="")
+
+    class Meta:
+        ordering = ["-last_activity", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "workflow", "conversation_id"], name="one_thread_per_conversation"),
+        ]
+        indexes = [models.Index(fields=["workflow", "-last_activity"], name="thread_workflow_recent")]
+
+    def __str__(self):
+        return self.thread_id
+
+
+class TelegramUpdate(models.Model):
+    """A Telegram update_id already taken for a run, so a retried delivery is acknowledged, not re-run."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="telegram_updates")
+    update_id = models.BigIntegerField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "update_id"], name="one_run_per_telegram_update"),
+        ]

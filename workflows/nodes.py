@@ -1,0 +1,345 @@
+"""The built-in node types: identify_user, recall, remember and agent, registered for the palette.
+
+Nodes are plain callables over WorkflowState returning partial updates; they reach memory only
+through MemoryService, each in one transaction. A memory failure is logged and added to
+`memory_errors` in the state; it never raises out of the run and is never reported as success.
+"""
+import logging
+from datetime import datetime
+
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from memory.exceptions import MemoryServiceError
+from memory.models import FactType, Scope
+from memory.service import MemoryService
+
+from .agent import build_agent_node
+from .exceptions import InvalidDefinition, InvalidTrigger
+from .memory_access import MEMORY_TYPES, RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .registry import NodeType, register
+from .state import last_human_text
+from .triggers import parse_trigger
+
+logger = logging.getLogger("engram.workflows")
+
+MEMORY_FAILURES = (MemoryServiceError, DatabaseError)
+
+
+def _failure(node_id, operation, exc):
+    logger.error("node %s: %s failed: %s", node_id, operation, exc)
+    return {"node": node_id, "operation": operation, "error": str(exc)}
+
+
+# ---------------------------------------------------------------- identify_user
+
+
+def build_identify_user(config, context):
+    def identify_user(state):
+        try:
+            trigger = parse_trigger(state.get("trigger"))
+        except InvalidTrigger as exc:
+            return {"user": None, "memory_errors": [_failure(context.node_id, "identify_user", exc)]}
+        try:
+            identified = MemoryService().identify(
+                trigger.channel, trigger.external_id, display_name=trigger.display_name
+            )
+        except MEMORY_FAILURES as exc:
+            return {
+                "user": None,
+                "conversation_id": trigger.conversation_id,
+                "memory_errors": [_failure(context.node_id, "identify_user", exc)],
+            }
+        ctx = identified.context
+        return {
+            "user": {
+                "id": ctx.user_id,
+                "canonical_id": ctx.canonical_id,
+                "display_name": ctx.display_name,
+                "channel": trigger.channel,
+                "external_id": trigger.external_id,
+                "is_new": identified.created,
+            },
+            "conversation_id": trigger.conversation_id,
+            "user_context": ctx.as_dict(),
+        }
+
+    return identify_user
+
+
+register(
+    NodeType(
+        name="identify_user",
+        category="memory",
+        description=(
+            "Recognise who the trigger is from (Telegram sender, email, chat user id or name), creating "
+            "the memory user if new and following merges; count the conversation and load their context."
+        ),
+        config_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        inputs=("trigger",),
+        outputs=("user", "conversation_id", "user_context", "memory_errors"),
+        build=build_identify_user,
+    )
+)
+
+
+# ----------------------------------------------------------------------- recall
+
+RECALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "memory_types": {
+            "type": "array",
+            "items": {"enum": [*MEMORY_TYPES, "all"]},
+            "minItems": 1,
+            "uniqueItems": True,
+            "default": ["all"],
+            "description": "Which memory to recall: facts, episodes, procedures, or all.",
+        },
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+        "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+    },
+    "additionalProperties": False,
+}
+
+
+def build_recall(config, context):
+    options = RecallOptions.from_config({"memory_types": config.get("memory_types", ["all"]), **config})
+
+    def recall(state):
+        user = state.get("user") or {}
+        query = last_human_text(state)
+        scope = RecallScope(
+            agent_id=context.agent_id,
+            user_id=user.get("id"),
+            session_id=state.get("thread_id", ""),
+            channel=user.get("channel", ""),
+        )
+        try:
+            with transaction.atomic():
+                recalled = recall_for(query, scope, options)
+        except MEMORY_FAILURES as exc:
+            return {
+                "memories": {"query": query, "facts": [], "episodes": [], "procedures": []},
+                "memory_prompt": "",
+                "memory_errors": [_failure(context.node_id, "recall", exc)],
+            }
+        return {
+            "memories": recalled.as_dict(),
+            "memory_prompt": render_memory_prompt(recalled, state.get("user_context")),
+        }
+
+    return recall
+
+
+register(
+    NodeType(
+        name="recall",
+        category="memory",
+        description=(
+            "Recall facts, past conversations and matching procedures for the last message; sets "
+            "`memories` and `memory_prompt` (an untrusted-hints block plus learned procedures)."
+        ),
+        config_schema=RECALL_SCHEMA,
+        inputs=("messages", "user", "user_context"),
+        outputs=("memories", "memory_prompt", "memory_errors"),
+        build=build_recall,
+    )
+)
+
+
+# --------------------------------------------------------------------- remember
+
+REMEMBER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "scope": {"enum": list(Scope.values), "default": "user", "description": "Scope of facts given without one."},
+        "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
+        "overwrite": {"type": "boolean", "default": True},
+        "record_episode": {"type": "boolean", "default": True},
+    },
+    "additionalProperties": False,
+}
+
+
+def build_remember(config, context):
+    default_scope = config.get("scope", Scope.USER)
+    default_type = config.get("fact_type", FactType.WORLD_KNOWLEDGE)
+    overwrite = config.get("overwrite", True)
+    record = config.get("record_episode", True)
+
+    def remember(state):
+        service = MemoryService()
+        user = state.get("user") or {}
+        facts = state.get("facts_to_remember") or []
+        errors = list(state.get("memory_errors") or [])
+        reports, new_errors, episode_id = [], [], None
+        try:
+            with transaction.atomic():
+                if record:
+                    episode_id = _record_episode(service, state, context, user, errors).pk
+                for fact in facts:
+                    report = _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id)
+                    reports.append(report)
+                    if report["action"] == "failed":
+                        new_errors.append(_failure(context.node_id, f"remember {report['key']!r}", report["error"]))
+                if new_errors and episode_id is not None:
+                    service.mark_episode_failed(episode_id, "; ".join(e["error"] for e in new_errors))
+        except MEMORY_FAILURES as exc:
+            # Nothing of this node was committed: no fact is reported as written.
+            failure = _failure(context.node_id, "remember", exc)
+            return {
+                "remembered": [
+                    {"key": str(f.get("key", "")), "scope": str(f.get("scope", default_scope)), "action": "failed", "error": str(exc)}
+                    for f in facts
+                ],
+                "episode_id": None,
+                "memory_errors": [failure],
+            }
+        return {"remembered": reports, "episode_id": episode_id, "memory_errors": new_errors}
+
+    return remember
+
+
+def _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id):
+    key = fact.get("key") if isinstance(fact, dict) else None
+    scope = (fact.get("scope") if isinstance(fact, dict) else None) or default_scope
+    report = {"key": str(key or ""), "scope": scope}
+    if not isinstance(fact, dict) or "value" not in fact:
+        return {**report, "action": "failed", "error": "facts_to_remember: each item needs key and value"}
+    owners = {
+        Scope.USER: {"user_id": user.get("id")},
+        Scope.AGENT: {"agent_id": context.agent_id},
+        Scope.SESSION: {"session_id": state.get("thread_id") or ""},
+        Scope.GLOBAL: {},
+    }.get(scope)
+    if owners is None:
+        return {**report, "action": "failed", "error": f"scope: must be one of {', '.join(Scope.values)}"}
+    if scope == Scope.USER and owners["user_id"] is None:
+        return {**report, "action": "failed", "error": "scope: user scope needs an identified user"}
+    if scope == Scope.SESSION and not owners["session_id"]:
+        return {**report, "action": "failed", "error": "scope: session scope needs a conversation thread"}
+    try:
+        write = service.set_fact(
+            key,
+            fact["value"],
+            scope=scope,
+            fact_type=fact.get("fact_type") or default_type,
+            overwrite=overwrite,
+            source_episode_id=episode_id,
+            provenance=f"workflow {context.workflow_slug}",
+            **owners,
+        )
+    except MemoryServiceError as exc:  # bad arguments: this fact only; the others still go in
+        return {**report, "action": "failed", "error": str(exc)}
+    return {**report, "key": write.fact.key, "action": write.action}
+
+
+def _record_episode(service, state, context, user, errors):
+    text = last_human_text(state)
+    reply = state.get("reply", "")
+    trigger = state.get("trigger") or {}
+    started = state.get("run_started_at")
+    started_at = datetime.fromisoformat(started) if started else timezone.now()
+    conversation = [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
+    who = user.get("display_name") or user.get("canonical_id") or "someone"
+    return service.record_episode(
+        started_at=started_at,
+        agent_id=context.agent_id,
+        user_id=user.get("id"),
+        session_id=state.get("thread_id", ""),
+        workflow=context.workflow_slug,
+        trigger_type=trigger.get("type", ""),
+        trigger_input=trigger.get("payload") or {},
+        conversation=conversation,
+        actions=list(state.get("actions") or []),
+        final_output={"reply": reply} if reply else None,
+        success=bool(reply) and not errors,
+        error="; ".join(e["error"] for e in errors),
+        summary=f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}",
+    )
+
+
+def _short(text, size=120):
+    text = " ".join((text or "").split())
+    return text if len(text) <= size else text[: size - 1] + "…"
+
+
+register(
+    NodeType(
+        name="remember",
+        category="memory",
+        description=(
+            "Store `facts_to_remember` (key, value, fact_type, scope) for the identified user, the agent or "
+            "the session, record the run's episode, and report per fact what happened."
+        ),
+        config_schema=REMEMBER_SCHEMA,
+        inputs=("facts_to_remember", "user", "messages", "reply", "actions", "trigger"),
+        outputs=("remembered", "episode_id", "memory_errors"),
+        build=build_remember,
+    )
+)
+
+
+# ------------------------------------------------------------------------ agent
+
+AGENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "system_prompt": {"type": "string", "maxLength": 20000},
+        "conversation_memory": {"type": "boolean", "default": True},
+        "history_limit": {"type": "integer", "minimum": 2, "maximum": 1000, "default": 20},
+        "system_prompt_fallback": {
+            "type": "boolean",
+            "default": False,
+            "description": "Also send the system prompt as a stable-id human message (providers that ignore the system role).",
+        },
+        "tools": {
+            "type": "object",
+            "properties": {
+                "recall": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "memory_type": {"enum": [*MEMORY_TYPES, "all"], "default": "facts"},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                        "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+                    },
+                    "additionalProperties": False,
+                },
+                "remember": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
+                        "overwrite": {"type": "boolean", "default": True},
+                    },
+                    "additionalProperties": False,
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+def _check_agent(config):
+    if config.get("system_prompt_fallback") and not config.get("conversation_memory", True):
+        # Without a thread there is nothing to keep it stable across; it would only repeat the prompt.
+        raise InvalidDefinition("config.system_prompt_fallback needs conversation_memory")
+
+
+register(
+    NodeType(
+        name="agent",
+        category="agents",
+        description=(
+            "A ReAct agent with the chat model from settings (the offline responder if none), optional "
+            "recall/remember tools, and conversation memory per (user, conversation, workflow)."
+        ),
+        config_schema=AGENT_SCHEMA,
+        inputs=("messages", "user", "conversation_id", "memory_prompt", "memories"),
+        outputs=("reply", "messages", "actions", "thread_id", "facts_to_remember", "memory_errors"),
+        build=build_agent_node,
+        check=_check_agent,
+    )
+)

@@ -1,0 +1,196 @@
+"""Conversation threads: the public API to list, inspect and delete them (rows and checkpoints alike).
+
+A thread is one memory user's conversation with one workflow: thread id
+`<memory user id>:<conversation id>:<workflow id>`, the conversation being "direct" for one-to-one
+chats or the group's id. The checkpoints live in the shared saver and are only ever reached through
+its public methods (`list`, `delete_thread`); the `Thread` rows track them so they can be listed.
+
+Deleting a Thread row in any way (here, through its user or its workflow, in the admin) deletes its
+checkpoints once the transaction commits. When two users are merged, the merged user's threads move
+to the surviving user, so a person continues their conversation after the merge; where both had a
+thread for the same conversation and workflow, the more recently active one is kept.
+"""
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
+from django.utils import timezone
+
+from memory.signals import users_deleting, users_merged
+
+from .checkpointer import get_checkpointer
+from .conf import workflow_settings
+from .models import Thread
+
+logger = logging.getLogger("engram.workflows")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint of a thread, as `saver.list` describes it."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    created_at: datetime | None
+    step: int | None
+    source: str
+    message_count: int
+
+
+def thread_id_for(user_id, conversation_id, workflow_id):
+    return f"{user_id}:{conversation_id}:{workflow_id}"
+
+
+def _config(thread_id):
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+
+
+def thread_for(*, workflow_id, user_id, conversation_id):
+    """The thread id a user's conversation with a workflow continues (one query)."""
+    existing = (
+        Thread.objects.filter(user_id=user_id, workflow_id=workflow_id, conversation_id=conversation_id)
+        .values_list("thread_id", flat=True)
+        .first()
+    )
+    return existing or thread_id_for(user_id, conversation_id, workflow_id)
+
+
+def record_activity(thread_id, *, workflow_id, user_id, conversation_id, channel):
+    """Track a run on a thread: last activity, channel, checkpoints added since the last count."""
+    now = timezone.now()
+    with transaction.atomic():
+        row = Thread.objects.select_for_update().filter(thread_id=thread_id).first()
+        added, head = _count_new_checkpoints(thread_id, row.head_checkpoint_id if row else "")
+        if row is not None:
+            row.last_activity, row.channel = now, channel or row.channel
+            row.checkpoint_count += added
+            row.head_checkpoint_id = head or row.head_checkpoint_id
+            row.save(update_fields=["last_activity", "channel", "checkpoint_count", "head_checkpoint_id"])
+            return row
+        try:
+            with transaction.atomic():
+                row = Thread.objects.create(
+                    thread_id=thread_id,
+                    workflow_id=workflow_id,
+                    user_id=user_id,
+                    conversation_id=conversation_id,
+                    channel=channel,
+                    last_activity=now,
+                    checkpoint_count=added,
+                    head_checkpoint_id=head,
+                )
+        except IntegrityError:
+            # Another request tracked it first; count ours on its row.
+            Thread.objects.filter(thread_id=thread_id).update(last_activity=now, channel=channel)
+            return Thread.objects.get(thread_id=thread_id)
+    prune_threads(workflow_id)
+    return row
+
+
+def _count_new_checkpoints(thread_id, head):
+    added, newest = 0, ""
+    for item in get_checkpointer().list(_config(thread_id)):
+        checkpoint_id = item.config["configurable"]["checkpoint_id"]
+        if checkpoint_id == head:
+            break
+        newest = newest or checkpoint_id
+        added += 1
+    return added, newest
+
+
+def list_threads(*, workflow_id=None, user_ids=None):
+    """Tracked threads, most recently active first."""
+    qs = Thread.objects.select_related("workflow", "user")
+    if workflow_id is not None:
+        qs = qs.filter(workflow_id=workflow_id)
+    if user_ids is not None:
+        qs = qs.filter(user_id__in=list(user_ids))
+    return list(qs)
+
+
+def list_checkpoints(thread_id, *, limit=None):
+    """A thread's checkpoints, newest first, through the saver's public `list`."""
+    items = []
+    for item in get_checkpointer().list(_config(thread_id), limit=limit):
+        metadata = item.metadata or {}
+        messages = (item.checkpoint.get("channel_values") or {}).get("messages") or []
+        ts = item.checkpoint.get("ts")
+        items.append(
+            CheckpointInfo(
+                checkpoint_id=item.config["configurable"]["checkpoint_id"],
+                parent_checkpoint_id=(item.parent_config or {}).get("configurable", {}).get("checkpoint_id"),
+                created_at=datetime.fromisoformat(ts) if ts else None,
+                step=metadata.get("step"),
+                source=metadata.get("source", ""),
+                message_count=len(messages) if isinstance(messages, list) else 0,
+            )
+        )
+    return items
+
+
+def delete_threads(thread_ids):
+    """Delete threads by id: their rows now, their checkpoints when the transaction commits. Returns rows deleted."""
+    thread_ids = list(dict.fromkeys(thread_ids))
+    with transaction.atomic():
+        tracked = set(Thread.objects.filter(thread_id__in=thread_ids).values_list("thread_id", flat=True))
+        deleted, _ = Thread.objects.filter(thread_id__in=thread_ids).delete()
+        for thread_id in set(thread_ids) - tracked:  # checkpoints of threads no row tracks
+            _delete_checkpoints_on_commit(thread_id)
+    return deleted
+
+
+def delete_user_threads(user_ids):
+    """Delete every thread of the given memory users (rows now, checkpoints on commit)."""
+    with transaction.atomic():
+        deleted, _ = Thread.objects.filter(user_id__in=list(user_ids)).delete()
+    return deleted
+
+
+def prune_threads(workflow_id):
+    """Keep the MAX_THREADS_PER_WORKFLOW most recently active threads of a workflow; delete the rest."""
+    keep = workflow_settings.MAX_THREADS_PER_WORKFLOW
+    if not keep:
+        return 0
+    stale = list(
+        Thread.objects.filter(workflow_id=workflow_id)
+        .order_by("-last_activity", "-id")
+        .values_list("pk", flat=True)[keep:]
+    )
+    if not stale:
+        return 0
+    deleted, _ = Thread.objects.filter(pk__in=stale).delete()
+    return deleted
+
+
+def _delete_checkpoints_on_commit(thread_id):
+    def delete():
+        get_checkpointer().delete_thread(thread_id)
+
+    transaction.on_commit(delete, robust=True)
+
+
+@receiver(post_delete, sender=Thread, dispatch_uid="workflows_thread_checkpoints")
+def _thread_deleted(sender, instance, **kwargs):
+    _delete_checkpoints_on_commit(instance.thread_id)
+
+
+@receiver(users_deleting, dispatch_uid="workflows_threads_of_deleted_users")
+def _users_deleting(sender, user_ids, **kwargs):
+    delete_user_threads(user_ids)
+
+
+@receiver(users_merged, dispatch_uid="workflows_threads_follow_merge")
+def _users_merged(sender, source_id, target_id, **kwargs):
+    kept = {(t.workflow_id, t.conversation_id): t for t in Thread.objects.select_for_update().filter(user_id=target_id)}
+    for thread in Thread.objects.select_for_update().filter(user_id=source_id):
+        other = kept.get((thread.workflow_id, thread.conversation_id))
+        if other is None:
+            Thread.objects.filter(pk=thread.pk).update(user_id=target_id)
+        elif thread.last_activity > other.last_activity:
+            other.delete()
+            Thread.objects.filter(pk=thread.pk).update(user_id=target_id)
+        else:
+            thread.delete()

@@ -1,0 +1,127 @@
+"""Trigger payloads: who a run is for, in which conversation, and what they said.
+
+    telegram  a Bot API update: `message`, `edited_message` (from, chat, text or caption) or
+              `callback_query` (from, data, message.chat)
+    chat, webhook, manual
+              {"message": "...", one of "email" / "user_id" / "user_name", optional "display_name",
+               "channel" (for user_id / user_name; defaults to the trigger type), "conversation_id"}
+
+An email identifies the person on the `email` channel (so it links across channels); otherwise
+`user_id`, then `user_name`, on the payload's channel. Group chats are their own conversation;
+one-to-one conversations are "direct".
+"""
+from dataclasses import dataclass
+
+from .exceptions import InvalidTrigger
+
+TRIGGER_TYPES = ("telegram", "chat", "webhook", "manual")
+TELEGRAM_UPDATE_KINDS = ("message", "edited_message", "callback_query")
+DIRECT = "direct"
+
+
+@dataclass(frozen=True)
+class TriggerInfo:
+    type: str
+    channel: str
+    external_id: str
+    display_name: str
+    conversation_id: str
+    text: str
+    # Where a reply goes on the trigger's own channel (the Telegram chat id), if anywhere.
+    reply_to: str = ""
+
+
+def parse_trigger(trigger) -> TriggerInfo:
+    if not isinstance(trigger, dict):
+        raise InvalidTrigger("trigger", "must be an object with type and payload")
+    kind = trigger.get("type")
+    if kind not in TRIGGER_TYPES:
+        raise InvalidTrigger("trigger.type", f"must be one of {', '.join(TRIGGER_TYPES)}, got {kind!r}")
+    payload = trigger.get("payload")
+    if not isinstance(payload, dict):
+        raise InvalidTrigger("payload", "must be a JSON object")
+    if kind == "telegram":
+        return parse_telegram_update(payload)
+    return _parse_direct(kind, payload)
+
+
+def telegram_update_kind(update):
+    """Which handled part an update carries ('message', 'edited_message', 'callback_query'), or None."""
+    for kind in TELEGRAM_UPDATE_KINDS:
+        if isinstance(update.get(kind), dict):
+            return kind
+    return None
+
+
+def parse_telegram_update(update) -> TriggerInfo:
+    kind = telegram_update_kind(update)
+    if kind is None:
+        raise InvalidTrigger("update", f"carries none of {', '.join(TELEGRAM_UPDATE_KINDS)}")
+    part = update[kind]
+    sender = part.get("from")
+    if not isinstance(sender, dict) or not _is_id(sender.get("id")):
+        raise InvalidTrigger(f"{kind}.from.id", "is missing or not an integer")
+    if kind == "callback_query":
+        text = part.get("data") or ""
+        chat = (part.get("message") or {}).get("chat") or {}
+    else:
+        text = part.get("text") or part.get("caption") or ""
+        chat = part.get("chat") or {}
+    if not isinstance(text, str):
+        raise InvalidTrigger(f"{kind}.text", "must be a string")
+    chat_id = chat.get("id") if isinstance(chat, dict) else None
+    if chat_id is not None and not _is_id(chat_id):
+        raise InvalidTrigger(f"{kind}.chat.id", "must be an integer")
+    group = isinstance(chat, dict) and chat.get("type") in {"group", "supergroup", "channel"}
+    name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if isinstance(p, str) and p)
+    return TriggerInfo(
+        type="telegram",
+        channel="telegram",
+        external_id=str(sender["id"]),
+        display_name=name or (sender.get("username") if isinstance(sender.get("username"), str) else "") or "",
+        conversation_id=f"telegram-{chat_id}" if group and chat_id is not None else DIRECT,
+        text=text.strip(),
+        reply_to=str(chat_id if chat_id is not None else sender["id"]),
+    )
+
+
+def _parse_direct(kind, payload):
+    text = payload.get("message", payload.get("text", ""))
+    if not isinstance(text, str):
+        raise InvalidTrigger("message", "must be a string")
+    email, user_id, user_name = payload.get("email"), payload.get("user_id"), payload.get("user_name")
+    channel = payload.get("channel") or kind
+    if not isinstance(channel, str):
+        raise InvalidTrigger("channel", "must be a string")
+    if email not in (None, ""):
+        if not isinstance(email, str) or "@" not in email.strip():
+            raise InvalidTrigger("email", f"must be an email address, got {email!r}")
+        channel, external_id = "email", email.strip().lower()
+    elif user_id not in (None, ""):
+        if isinstance(user_id, bool) or not isinstance(user_id, (str, int)):
+            raise InvalidTrigger("user_id", "must be a string or an integer")
+        external_id = str(user_id).strip()
+    elif user_name not in (None, ""):
+        if not isinstance(user_name, str):
+            raise InvalidTrigger("user_name", "must be a string")
+        external_id = user_name.strip()
+    else:
+        raise InvalidTrigger("user_id", "one of email, user_id or user_name is required")
+    display_name = payload.get("display_name") or (user_name if isinstance(user_name, str) else "") or ""
+    if not isinstance(display_name, str):
+        raise InvalidTrigger("display_name", "must be a string")
+    conversation = payload.get("conversation_id") or DIRECT
+    if not isinstance(conversation, (str, int)) or isinstance(conversation, bool):
+        raise InvalidTrigger("conversation_id", "must be a string")
+    return TriggerInfo(
+        type=kind,
+        channel=channel.strip().lower(),
+        external_id=external_id,
+        display_name=display_name.strip(),
+        conversation_id=str(conversation),
+        text=text.strip(),
+    )
+
+
+def _is_id(value):
+    return isinstance(value, int) and not isinstance(value, bool)
