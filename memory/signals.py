@@ -8,6 +8,12 @@ from .access import access_counter
 # per-user rows (conversation threads) can move them to the surviving user.
 users_merged = Signal()
 
+# Sent inside the delete transaction, before memory users are deleted with `cascade=True`, with
+# `user_ids` (the users asked for and every user merged into them). Apps that keep per-user data
+# outside the memory tables (conversation threads and their checkpoints) delete it here; a receiver
+# that raises aborts the delete, and nothing is deleted.
+users_deleting = Signal()
+
 
 @receiver(request_finished, dispatch_uid="memory_flush_access_counts")
 def flush_access_counts(**kwargs):
