@@ -37,7 +37,9 @@ def delete_memories(modeladmin, request, queryset):
         "sample": list(queryset[:CONFIRM_SAMPLE]),
         "more": max(0, len(ids) - CONFIRM_SAMPLE),
         "summary": modeladmin.delete_summary(ids),
-        "ids": ids,
+        # With "select all", the rows are found again from the filters in the URL; Django still wants
+        # the rows ticked on the page, so those are posted back either way.
+        "ids": ids if request.POST.get("select_across") != "1" else request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
         "select_across": request.POST.get("select_across", "0"),
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "action_name": "delete_memories",
@@ -64,10 +66,10 @@ def merge_users(modeladmin, request, queryset):
                 for user in users:
                     if user.pk != target_id:
                         target = service.merge_users(user.pk, target_id)
+        except (InvalidMemoryArgument, MemoryNotFound) as exc:  # before ValueError: a subclass of it
+            error = str(exc)
         except ValueError:
             error = "target: pick the user who remains"
-        except (InvalidMemoryArgument, MemoryNotFound) as exc:
-            error = str(exc)
         else:
             modeladmin.message_user(request, f"Merged {len(users) - 1} users into {target}.", messages.SUCCESS)
             return None

@@ -137,14 +137,24 @@ class MemoriesTab:
     # --- the tab's own place: page, filters and search, kept per tab in the session
 
     def changelist_view(self, request, extra_context=None):
+        if request.method != "GET":
+            return super().changelist_view(request, extra_context)
+        label = self.model._meta.label_lower
+        state = request.session.get(TAB_STATE_SESSION_KEY, {})
+        before = state.get(label)
+        # Saved before rendering, so this page's own tab link carries its state too.
+        self._save_tab_state(request, label, request.GET.urlencode())
         response = super().changelist_view(request, extra_context)
-        if request.method == "GET" and getattr(response, "status_code", 200) == 200:
-            state = request.session.get(TAB_STATE_SESSION_KEY, {})
-            query = request.GET.urlencode()
-            if state.get(self.model._meta.label_lower) != query:
-                state[self.model._meta.label_lower] = query
-                request.session[TAB_STATE_SESSION_KEY] = state
+        if getattr(response, "status_code", 200) != 200:  # e.g. bad filters: keep the last good state
+            self._save_tab_state(request, label, before)
         return response
+
+    @staticmethod
+    def _save_tab_state(request, label, query):
+        state = request.session.get(TAB_STATE_SESSION_KEY, {})
+        if state.get(label) != query:
+            state[label] = query
+            request.session[TAB_STATE_SESSION_KEY] = state
 
     # --- deleting one object from its detail page
 
@@ -289,7 +299,13 @@ class ChannelIdentityInline(admin.TabularInline):
     readonly_fields = ["channel", "external_id", "created_at"]
     can_delete = False
 
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
     def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False
 
 
@@ -343,10 +359,10 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
             try:
                 target_id = int(target_value)
                 target = service.merge_users(user.pk, target_id)
+            except (InvalidMemoryArgument, MemoryNotFound) as exc:  # before ValueError: a subclass of it
+                error = str(exc)
             except ValueError:
                 error = "target: enter the id of the memory user to merge into"
-            except (InvalidMemoryArgument, MemoryNotFound) as exc:
-                error = str(exc)
             else:
                 self.message_user(request, f"Merged {user} into {target}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse(f"{self.admin_site.name}:memory_memoryuser_change", args=[target.pk]))
