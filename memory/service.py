@@ -23,7 +23,7 @@ from django.utils import timezone
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
+from .exceptions import InvalidMemoryArgument, MemoryInUse, MemoryNotFound
 from .models import (
     ChannelIdentity,
     Episode,
@@ -785,8 +785,8 @@ class MemoryService:
 
         With `cascade`, everything that names them goes too, in one transaction: their facts,
         episodes, channel identities, the users merged into them, and (through the `users_deleting`
-        signal) their conversation threads. Without it, a user who still holds any of those is an
-        error naming the `cascade` field, and nothing is deleted.
+        signal) their conversation threads. Without it, a user who still holds any of those raises
+        MemoryInUse naming the `cascade` field, and nothing is deleted.
         """
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
@@ -799,9 +799,7 @@ class MemoryService:
             footprint = self.user_footprint(found)
             if not cascade and any(footprint.values()):
                 held = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in footprint.items() if n)
-                raise InvalidMemoryArgument(
-                    "cascade", f"the users still hold {held}; pass cascade=true to delete them too"
-                )
+                raise MemoryInUse("cascade", f"the users still hold {held}; pass cascade=true to delete them too")
             merged = set()
             for chunk in _chunks(sorted(found)):
                 merged.update(MemoryUser.objects.filter(merged_into__in=chunk).values_list("pk", flat=True))
@@ -867,6 +865,8 @@ def _check_trigger_conditions(conditions):
 
 # Ids per statement: well under every database's bound-parameter limit.
 _ID_CHUNK = 900
+# The largest id a BigAutoField holds; a larger one cannot name a row (and would overflow the driver).
+MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -888,8 +888,8 @@ def _check_ids(ids, max_ids=None):
     if max_ids is not None and len(ids) > max_ids:
         raise InvalidMemoryArgument("ids", f"at most {max_ids} ids per call, got {len(ids)}")
     for n, ident in enumerate(ids):
-        if isinstance(ident, bool) or not isinstance(ident, int) or ident <= 0:
-            raise InvalidMemoryArgument(f"ids[{n}]", f"must be a positive integer id, got {ident!r}")
+        if isinstance(ident, bool) or not isinstance(ident, int) or not 0 < ident <= MAX_ID:
+            raise InvalidMemoryArgument(f"ids[{n}]", f"must be a positive integer id up to {MAX_ID}, got {ident!r}")
     return list(dict.fromkeys(ids))
 
 

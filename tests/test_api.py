@@ -164,6 +164,31 @@ def test_filters_with_bad_values_name_the_field(api, memories):
     assert "user" in response.json()
 
 
+@pytest.mark.parametrize(
+    "path,params,field",
+    [
+        ("facts", {"page_size": "abc"}, "page_size"),
+        ("facts", {"page_size": "0"}, "page_size"),
+        ("facts", {"user": str(2**63)}, "user"),
+        ("facts", {"user": "1.5"}, "user"),
+        ("episodes", {"success": "null"}, "success"),
+        ("procedures", {"is_active": "maybe"}, "is_active"),
+    ],
+)
+def test_malformed_query_parameters_are_refused_not_ignored(api, memories, path, params, field):
+    response = api.get(f"/api/v1/{path}/", params)
+    assert response.status_code == 400
+    assert field in response.json()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_malformed_id_in_the_url_is_a_json_404(api, kind):
+    for ident in ["0.5", "abc", str(2**70)]:
+        response = api.get(f"/api/v1/{kind}/{ident}/")
+        assert response.status_code == 404
+        assert response["Content-Type"] == "application/json"
+
+
 def test_episode_procedure_and_user_filters(api, memories):
     ann = memories["ann"]
     assert ids(api.get("/api/v1/episodes/", {"user": ann.pk})) == [memories["ep_ann"].pk]
@@ -265,6 +290,7 @@ def test_batch_delete_reports_unknown_ids_and_deletes_the_rest(api, memories):
         ({"ids": "1,2"}, "ids"),
         ({"ids": []}, "ids"),
         ({"ids": {"a": 1}}, "ids"),
+        ({"ids": [2**63]}, "ids"),
         ({}, "ids"),
     ],
 )
@@ -314,10 +340,10 @@ def test_batch_delete_of_procedures_keeps_their_children(api, memories):
 def test_deleting_users_who_hold_memories_needs_cascade(api, memories):
     ann = memories["ann"]
     response = api.post("/api/v1/memory-users/batch-delete/", {"ids": [ann.pk]}, format="json")
-    assert response.status_code == 400
-    assert "cascade" in response.json()
+    assert response.status_code == 409  # well-formed, but the users still hold memories
+    assert "2 facts, 1 episodes, 2 identities" in response.json()["cascade"][0]
     assert MemoryUser.objects.filter(pk=ann.pk).exists() and Fact.objects.filter(user=ann).count() == 2
-    assert api.delete(f"/api/v1/memory-users/{ann.pk}/").status_code == 400
+    assert api.delete(f"/api/v1/memory-users/{ann.pk}/").status_code == 409
     assert api.delete(f"/api/v1/memory-users/{ann.pk}/", QUERY_STRING="cascade=maybe").status_code == 400
     assert MemoryUser.objects.filter(pk=ann.pk).exists()
 
@@ -351,6 +377,15 @@ def test_delete_one_user_with_cascade_query_parameter(api, memories):
     assert api.delete(f"/api/v1/memory-users/{bob.pk}/?cascade=true").status_code == 204
     assert not MemoryUser.objects.filter(pk=bob.pk).exists()
     assert not Fact.objects.filter(user_id=bob.pk).exists()
+
+
+@pytest.mark.parametrize("cascade", [0, 1, "true", None])
+def test_cascade_must_be_a_json_boolean(api, memories, cascade):
+    ann = memories["ann"]
+    response = api.post("/api/v1/memory-users/batch-delete/", {"ids": [ann.pk], "cascade": cascade}, format="json")
+    assert response.status_code == 400
+    assert "cascade" in response.json()
+    assert MemoryUser.objects.filter(pk=ann.pk).exists()
 
 
 def test_a_user_who_holds_nothing_is_deleted_without_cascade(api, service, user_factory):

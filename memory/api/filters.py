@@ -1,9 +1,39 @@
 """Filters of the operators' API (django-filter): by owner, kind and text, on the service's querysets."""
 import django_filters
+from django import forms
 from django.db.models import Q
+from drf_spectacular.utils import extend_schema_field
 
 from ..models import Episode, Fact, FactType, MemoryUser, Procedure, ProcedureType, Scope
+from ..service import MAX_ID
 from ..text import search_tokens
+
+
+class _IdField(forms.IntegerField):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(**kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
+class IdFilter(django_filters.Filter):
+    """A row id: a positive integer that fits the id column (anything else is a 400 naming the filter)."""
+
+    field_class = _IdField
+
+
+class _StrictBooleanField(forms.TypedChoiceField):
+    def __init__(self, **kwargs):
+        kwargs.update(choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", empty_value=None)
+        super().__init__(**kwargs)
+
+
+@extend_schema_field({"type": "boolean"})
+class StrictBooleanFilter(django_filters.Filter):
+    """`true` or `false`; anything else is a 400 naming the filter (django-filter's own ignores it)."""
+
+    field_class = _StrictBooleanField
 
 
 def _every_word(queryset, fields, value):
@@ -21,7 +51,7 @@ class FactFilter(django_filters.FilterSet):
     fact_type = django_filters.ChoiceFilter(choices=FactType.choices)
     agent_id = django_filters.CharFilter()
     session_id = django_filters.CharFilter()
-    user = django_filters.NumberFilter(field_name="user_id", help_text="Memory user id (user-scoped facts).")
+    user = IdFilter(field_name="user_id", help_text="Memory user id (user-scoped facts).")
     search = django_filters.CharFilter(
         method="search_text",
         help_text="Every word must occur in the key or value; spaces, '_' and '-' are equivalent.",
@@ -40,11 +70,11 @@ class FactFilter(django_filters.FilterSet):
 
 class EpisodeFilter(django_filters.FilterSet):
     agent_id = django_filters.CharFilter()
-    user = django_filters.NumberFilter(field_name="user_id", help_text="Memory user id.")
+    user = IdFilter(field_name="user_id", help_text="Memory user id.")
     session_id = django_filters.CharFilter()
     workflow = django_filters.CharFilter()
     trigger_type = django_filters.CharFilter()
-    success = django_filters.BooleanFilter()
+    success = StrictBooleanFilter()
     search = django_filters.CharFilter(method="search_text", help_text="Words in the summary, agent or workflow.")
 
     class Meta:
@@ -58,7 +88,7 @@ class EpisodeFilter(django_filters.FilterSet):
 class ProcedureFilter(django_filters.FilterSet):
     agent_id = django_filters.CharFilter(help_text="Blank: procedures shared by every agent.")
     procedure_type = django_filters.ChoiceFilter(choices=ProcedureType.choices)
-    is_active = django_filters.BooleanFilter()
+    is_active = StrictBooleanFilter()
     search = django_filters.CharFilter(method="search_text", help_text="Words in the name or description.")
 
     class Meta:

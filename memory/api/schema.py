@@ -10,6 +10,7 @@ _ERRORS = {
     "403": ("Not staff, or a session request without its CSRF token.", _DETAIL),
     "404": ("No such row, or no such page.", _DETAIL),
 }
+_IN_USE = ("The users still hold memories and cascade was not asked for; nothing was deleted.", _FIELD_ERRORS)
 _BODY_ERRORS = {
     "413": ("Request body too large.", _DETAIL),
     "415": ("Only application/json bodies are accepted.", _DETAIL),
@@ -18,13 +19,15 @@ _BODY_ERRORS = {
 
 def add_error_responses(result, generator, request, public):
     """POSTPROCESSING_HOOKS entry: document 400/401/403/404 everywhere, 413/415 where a body is read."""
-    for operations in result.get("paths", {}).values():
+    for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():
             if method not in {"get", "post", "put", "patch", "delete"}:
                 continue
             errors = dict(_ERRORS)
             if "requestBody" in operation:
                 errors.update(_BODY_ERRORS)
+            if path.startswith("/api/v1/memory-users/") and method in {"delete", "post"}:
+                errors["409"] = _IN_USE
             responses = operation.setdefault("responses", {})
             for code, (description, schema) in errors.items():
                 responses.setdefault(

@@ -2,6 +2,7 @@
 from rest_framework import serializers
 
 from ..conf import memory_settings
+from ..service import MAX_ID
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
 
 
@@ -71,6 +72,7 @@ class StrictIdField(serializers.IntegerField):
 
     def __init__(self, **kwargs):
         kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
         super().__init__(**kwargs)
 
     def to_internal_value(self, data):
@@ -79,17 +81,27 @@ class StrictIdField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """JSON true or false only ("true", 1 and the like are refused)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class BatchDeleteSerializer(serializers.Serializer):
     ids = serializers.ListField(
         child=StrictIdField(),
         allow_empty=False,
+        min_length=1,
         max_length=memory_settings.API_MAX_BATCH_IDS,
         help_text=f"The ids to delete, at most {memory_settings.API_MAX_BATCH_IDS} per request.",
     )
 
 
 class UserBatchDeleteSerializer(BatchDeleteSerializer):
-    cascade = serializers.BooleanField(
+    cascade = StrictBooleanField(
         default=False,
         help_text="Also delete the users' facts, episodes, identities, merged aliases and conversation threads.",
     )

@@ -27,6 +27,9 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
     batch_delete_serializer_class = serializers.BatchDeleteSerializer
     batch_delete_result_serializer_class = serializers.BatchDeleteResultSerializer
     ordering = ["-id"]
+    # Any path segment reaches the view, so a malformed id is answered by the API (JSON 404), not
+    # by Django's HTML page for unmatched URLs.
+    lookup_value_regex = "[^/]+"
 
     @property
     def service(self):
