@@ -1,61 +1,432 @@
-"""The /memories/ admin site: staff browse and delete what agents remember."""
-from django.contrib import admin
+"""The /memories/ admin site: staff browse and delete what agents remember, one tab per kind of memory.
 
+The index is five tabs (Facts, Episodes, Checkpoints, Procedures, Users), each the change list of its
+ModelAdmin. A tab remembers its own page, filters and search in the session, so switching tabs never
+loses another tab's place. Reads come from `MemoryService` querysets; deletes and merges go through
+`MemoryService` (see memory/actions.py). Other apps add tabs with `memories_site.register(...)` and a
+ModelAdmin that mixes in `MemoriesTab` (the conversation checkpoints tab lives in workflows/admin.py),
+and add sections to a memory user's page with `memories_site.register_user_section(...)`.
+"""
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+
+from . import actions
+from .exceptions import InvalidMemoryArgument, MemoryNotFound
 from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
+from .service import MemoryService
+
+TAB_STATE_SESSION_KEY = "memories_tabs"
+
+
+@dataclass(frozen=True)
+class Tab:
+    """One tab of the index: its label, the change list URL (with the tab's remembered query)."""
+
+    label: str
+    model: str  # "app_label.model_name"
+    url: str
+
+
+@dataclass(frozen=True)
+class UserSection:
+    """A block on a memory user's detail page, rendered by `render(user) -> safe HTML`."""
+
+    title: str
+    render: object
 
 
 class MemoriesAdminSite(admin.AdminSite):
     site_header = "Engram memories"
     site_title = "Engram"
     index_title = "What agents remember"
+    enable_nav_sidebar = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._user_sections = []
+        # Bulk deletes go through MemoryService (memory/actions.py), never Django's per-object collector.
+        self.disable_action("delete_selected")
+
+    def register_user_section(self, title, render):
+        """Show `render(user)` (safe HTML) under `title` on every memory user's detail page."""
+        self._user_sections.append(UserSection(title, render))
+
+    @property
+    def user_sections(self):
+        return list(self._user_sections)
+
+    def tabs(self, request):
+        """The tabs, ordered by each tab ModelAdmin's `tab_position`, each with its remembered query."""
+        state = request.session.get(TAB_STATE_SESSION_KEY, {}) if hasattr(request, "session") else {}
+        entries = []
+        for model, model_admin in self._registry.items():
+            if not isinstance(model_admin, MemoriesTab):
+                continue
+            label = model._meta.label_lower
+            url = reverse(f"{self.name}:{model._meta.app_label}_{model._meta.model_name}_changelist")
+            query = state.get(label, "")
+            entries.append((model_admin.tab_position, Tab(model_admin.tab_label, label, f"{url}?{query}" if query else url)))
+        return [tab for _, tab in sorted(entries, key=lambda e: e[0])]
+
+    def each_context(self, request):
+        context = super().each_context(request)
+        if getattr(request, "user", None) is not None and request.user.is_active and request.user.is_staff:
+            context["memories_tabs"] = self.tabs(request)
+        return context
+
+    def index(self, request, extra_context=None):
+        """The index is the tab view: open the first tab, where the operator left it."""
+        tabs = self.tabs(request)
+        if not tabs:
+            return super().index(request, extra_context)
+        return HttpResponseRedirect(tabs[0].url)
+
+    def has_permission(self, request):
+        return request.user.is_active and request.user.is_staff
 
 
 memories_site = MemoriesAdminSite(name="memories")
 
 
+class MemoriesTab:
+    """Mixin for a ModelAdmin shown as a tab of the /memories/ index.
+
+    Staff may view, change and delete (nobody adds memories by hand: agents write them). Deletes
+    from the detail page and the bulk action call `delete_memories(ids)`, which the tab provides
+    through MemoryService.
+    """
+
+    tab_label = ""
+    tab_position = 100
+    list_per_page = 50
+    list_max_show_all = 500
+    actions = [actions.delete_memories]
+    change_list_template = "admin/memories/change_list.html"
+
+    def delete_memories(self, ids):
+        """Delete these ids through the service; returns memory.service.BatchDelete."""
+        raise NotImplementedError(f"{type(self).__name__} must provide delete_memories(ids)")
+
+    def delete_summary(self, ids):
+        """Extra lines for the confirmation page: what else goes with these rows."""
+        return []
+
+    # --- permissions: every active staff member, nobody else
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request):
+        return False
+
+    # --- the tab's own place: page, filters and search, kept per tab in the session
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method != "GET":
+            return super().changelist_view(request, extra_context)
+        label = self.model._meta.label_lower
+        state = request.session.get(TAB_STATE_SESSION_KEY, {})
+        before = state.get(label)
+        # Saved before rendering, so this page's own tab link carries its state too.
+        self._save_tab_state(request, label, request.GET.urlencode())
+        response = super().changelist_view(request, extra_context)
+        if getattr(response, "status_code", 200) != 200:  # e.g. bad filters: keep the last good state
+            self._save_tab_state(request, label, before)
+        return response
+
+    @staticmethod
+    def _save_tab_state(request, label, query):
+        state = request.session.get(TAB_STATE_SESSION_KEY, {})
+        if state.get(label) != query:
+            state[label] = query
+            request.session[TAB_STATE_SESSION_KEY] = state
+
+    # --- deleting one object from its detail page
+
+    def get_deleted_objects(self, objs, request):
+        """What the confirmation page lists: the rows themselves and a summary of what goes with them."""
+        objs = list(objs)
+        summary = self.delete_summary([o.pk for o in objs])
+        listed = [str(o) for o in objs[:20]] + ([f"… and {len(objs) - 20} more"] if len(objs) > 20 else [])
+        counts = {self.model._meta.verbose_name_plural: len(objs)}
+        counts.update(dict(summary))
+        return listed, counts, set(), []
+
+    def delete_model(self, request, obj):
+        self.delete_memories([obj.pk])
+
+    def delete_queryset(self, request, queryset):
+        self.delete_memories(list(queryset.values_list("pk", flat=True)))
+
+
+def _badge(kind, value, label=None):
+    return format_html('<span class="badge badge-{} badge-{}-{}">{}</span>', kind, kind, value, label or value)
+
+
+def _truncate(text, length=60):
+    text = str(text)
+    return text if len(text) <= length else text[: length - 3] + "..."
+
+
+def _percent(value):
+    return f"{round(value * 100)}%"
+
+
+def _duration(ms):
+    if ms is None:
+        return "–"
+    if ms < 1000:
+        return f"{ms} ms"
+    return f"{ms / 1000:.1f} s"
+
+
 @admin.register(Fact, site=memories_site)
-class FactAdmin(admin.ModelAdmin):
-    list_display = ["key", "short_value", "scope", "fact_type", "confidence", "access_count", "last_accessed", "updated_at"]
+class FactAdmin(MemoriesTab, admin.ModelAdmin):
+    tab_label, tab_position = "Facts", 10
+    list_display = ["key", "short_value", "scope_badge", "type_badge", "confidence_percent", "last_accessed", "updated_at"]
+    list_display_links = ["key"]
     list_filter = ["scope", "fact_type"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
-    list_select_related = ["user"]
-    readonly_fields = ["scope_key", "search_text", "created_at", "updated_at"]
+    readonly_fields = ["scope_key", "search_text", "access_count", "last_accessed", "created_at", "updated_at"]
     raw_id_fields = ["user", "source_episode"]
-    list_per_page = 50
+
+    def get_queryset(self, request):
+        return MemoryService().fact_list()
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # The user page links to "this user's facts" (?user__id__exact=<id>).
+        return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    def delete_memories(self, ids):
+        return MemoryService().delete_facts(ids)
 
     @admin.display(description="value")
     def short_value(self, obj):
-        text = str(obj.value)
-        return text if len(text) <= 60 else text[:57] + "..."
+        return _truncate(obj.value)
+
+    @admin.display(description="scope", ordering="scope")
+    def scope_badge(self, obj):
+        return _badge("scope", obj.scope)
+
+    @admin.display(description="type", ordering="fact_type")
+    def type_badge(self, obj):
+        return _badge("type", obj.fact_type, obj.get_fact_type_display())
+
+    @admin.display(description="confidence", ordering="confidence")
+    def confidence_percent(self, obj):
+        return _percent(obj.confidence)
 
 
 @admin.register(Episode, site=memories_site)
-class EpisodeAdmin(admin.ModelAdmin):
-    list_display = ["id", "agent_id", "trigger_type", "success", "summary", "started_at", "duration_ms"]
+class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
+    tab_label, tab_position = "Episodes", 20
+    list_display = ["id", "agent_id", "trigger_type", "success", "short_summary", "started_at", "duration"]
     list_filter = ["success", "trigger_type", "processed_for_facts"]
-    search_fields = ["agent_id", "summary", "workflow"]
+    search_fields = ["agent_id", "summary", "workflow", "session_id"]
+    readonly_fields = ["started_at", "ended_at", "duration_ms"]
     raw_id_fields = ["user"]
-    list_per_page = 50
+
+    def get_queryset(self, request):
+        episodes = MemoryService().episode_list()
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name and match.url_name.endswith("_changelist"):
+            # The list shows none of the large JSON columns; leave them in the database.
+            episodes = episodes.defer("trigger_input", "conversation", "actions", "final_output")
+        return episodes
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    def delete_memories(self, ids):
+        return MemoryService().delete_episodes(ids)
+
+    @admin.display(description="summary")
+    def short_summary(self, obj):
+        return _truncate(obj.summary, 80)
+
+    @admin.display(description="duration", ordering="duration_ms")
+    def duration(self, obj):
+        return _duration(obj.duration_ms)
 
 
 @admin.register(Procedure, site=memories_site)
-class ProcedureAdmin(admin.ModelAdmin):
-    list_display = ["name", "agent_id", "procedure_type", "times_used", "success_rate", "is_active"]
+class ProcedureAdmin(MemoriesTab, admin.ModelAdmin):
+    tab_label, tab_position = "Procedures", 40
+    list_display = ["name", "agent", "type_badge", "times_used", "success_percent", "is_active"]
     list_filter = ["procedure_type", "is_active", "source"]
     search_fields = ["name", "description", "agent_id"]
+    readonly_fields = ["times_used", "times_succeeded", "times_failed", "success_rate", "avg_duration_ms", "last_used", "created_at", "updated_at"]
     raw_id_fields = ["parent"]
-    list_per_page = 50
+
+    def get_queryset(self, request):
+        return MemoryService().procedure_list()
+
+    def delete_memories(self, ids):
+        return MemoryService().delete_procedures(ids)
+
+    @admin.display(description="agent", ordering="agent_id")
+    def agent(self, obj):
+        return obj.agent_id or "(shared)"
+
+    @admin.display(description="type", ordering="procedure_type")
+    def type_badge(self, obj):
+        return _badge("type", obj.procedure_type, obj.get_procedure_type_display())
+
+    @admin.display(description="success rate", ordering="success_rate")
+    def success_percent(self, obj):
+        return _percent(obj.success_rate) if obj.times_used else "–"
 
 
 class ChannelIdentityInline(admin.TabularInline):
     model = ChannelIdentity
     extra = 0
+    fields = ["channel", "external_id", "created_at"]
+    readonly_fields = ["channel", "external_id", "created_at"]
+    can_delete = False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+SECTION_ROWS = 50
 
 
 @admin.register(MemoryUser, site=memories_site)
-class MemoryUserAdmin(admin.ModelAdmin):
-    list_display = ["display_name", "canonical_id", "total_conversations", "last_seen", "merged_into"]
+class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
+    tab_label, tab_position = "Users", 50
+    list_display = ["name", "canonical_id", "identity_list", "email", "total_conversations", "last_seen"]
+    list_display_links = ["name", "canonical_id"]
+    list_filter = ["identities__channel"]
     search_fields = ["display_name", "canonical_id", "identities__external_id"]
-    raw_id_fields = ["merged_into"]
+    fields = ["display_name", "canonical_id", "total_conversations", "merged_into", "merged_at", "created_at", "last_seen", "memory_sections"]
+    readonly_fields = ["canonical_id", "total_conversations", "merged_into", "merged_at", "created_at", "last_seen", "memory_sections"]
     inlines = [ChannelIdentityInline]
-    list_per_page = 50
+    actions = [actions.delete_memories, actions.merge_users]
+    change_form_template = "admin/memories/memoryuser_change_form.html"
+
+    def get_queryset(self, request):
+        return MemoryService().memory_user_list()
+
+    def delete_memories(self, ids):
+        return MemoryService().delete_users(ids, cascade=True)
+
+    def delete_summary(self, ids):
+        footprint = MemoryService().user_footprint(ids)
+        return [(what.replace("_", " "), n) for what, n in footprint.items() if n]
+
+    def get_urls(self):
+        opts = self.model._meta
+        return [
+            path(
+                "<int:object_id>/merge/",
+                self.admin_site.admin_view(self.merge_view),
+                name=f"{opts.app_label}_{opts.model_name}_merge",
+            ),
+            *super().get_urls(),
+        ]
+
+    def merge_view(self, request, object_id):
+        """Merge this user into another one (the detail page's "Merge into…" button)."""
+        service = MemoryService()
+        try:
+            user = service.resolve_user(object_id)
+        except MemoryNotFound:
+            return self._get_obj_does_not_exist_redirect(request, self.model._meta, str(object_id))
+        error = None
+        target_value = request.POST.get("target", "")
+        if request.method == "POST":
+            try:
+                target_id = int(target_value)
+                target = service.merge_users(user.pk, target_id)
+            except (InvalidMemoryArgument, MemoryNotFound) as exc:  # before ValueError: a subclass of it
+                error = str(exc)
+            except ValueError:
+                error = "target: enter the id of the memory user to merge into"
+            else:
+                self.message_user(request, f"Merged {user} into {target}.", messages.SUCCESS)
+                return HttpResponseRedirect(reverse(f"{self.admin_site.name}:memory_memoryuser_change", args=[target.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Merge {user} into another user",
+            "opts": self.model._meta,
+            "user_to_merge": user,
+            "target_value": target_value,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/memories/merge_user.html", context)
+
+    @admin.display(description="name", ordering="display_name")
+    def name(self, obj):
+        return obj.display_name or "–"
+
+    @admin.display(description="identities")
+    def identity_list(self, obj):
+        return ", ".join(str(i) for i in obj.identities.all())
+
+    @admin.display(description="email")
+    def email(self, obj):
+        return next((i.external_id for i in obj.identities.all() if i.channel == "email"), "–")
+
+    @admin.display(description="memories")
+    def memory_sections(self, obj):
+        """The user's facts, episodes and the sections other apps register (threads)."""
+        if obj is None or obj.pk is None:
+            return "–"
+        service = MemoryService()
+        footprint = service.user_footprint([obj.pk])
+        facts_url = reverse(f"{self.admin_site.name}:memory_fact_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
+        episodes_url = reverse(f"{self.admin_site.name}:memory_episode_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
+        fact_rows = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (reverse(f"{self.admin_site.name}:memory_fact_change", args=[f.pk]), f.key, _truncate(f.value), f.fact_type, _percent(f.confidence))
+                for f in service.user_facts(obj.pk, limit=SECTION_ROWS)
+            ),
+        )
+        episode_rows = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (reverse(f"{self.admin_site.name}:memory_episode_change", args=[e.pk]), e.pk, e.agent_id, e.trigger_type, e.success, _truncate(e.summary, 80))
+                for e in service.recent_episodes(user_id=obj.pk, limit=SECTION_ROWS)
+            ),
+        )
+        parts = [
+            format_html(
+                '<h3 id="user-facts">Facts ({})</h3><p><a href="{}">All facts of this user</a></p>'
+                '<table class="memories-section"><thead><tr><th>key</th><th>value</th><th>type</th><th>confidence</th></tr></thead><tbody>{}</tbody></table>',
+                footprint["facts"], facts_url, fact_rows,
+            ),
+            format_html(
+                '<h3 id="user-episodes">Episodes ({})</h3><p><a href="{}">All episodes of this user</a></p>'
+                '<table class="memories-section"><thead><tr><th>id</th><th>agent</th><th>trigger</th><th>success</th><th>summary</th></tr></thead><tbody>{}</tbody></table>',
+                footprint["episodes"], episodes_url, episode_rows,
+            ),
+        ]
+        for section in self.admin_site.user_sections:
+            parts.append(format_html("<h3>{}</h3>{}", section.title, section.render(obj)))
+        if not self.admin_site.user_sections:
+            parts.append(format_html("<h3>{}</h3><p>{}</p>", "Threads", "No conversation threads are tracked on this site."))
+        return format_html_join("", "{}", ((p,) for p in parts))

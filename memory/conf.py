@@ -19,6 +19,12 @@ DEFAULTS = {
     # Access counts are buffered in memory and written in one statement when this many facts are
     # pending, at the end of each request, at exit, or on MemoryService.flush_access_counts().
     "ACCESS_FLUSH_PENDING": 5000,
+    # Operators' REST API: most ids one batch-delete request may name, the largest request body
+    # accepted (bytes), and the page size of list endpoints (a client may ask for up to MAX).
+    "API_MAX_BATCH_IDS": 1000,
+    "API_MAX_BODY_BYTES": 256 * 1024,
+    "API_PAGE_SIZE": 50,
+    "API_MAX_PAGE_SIZE": 500,
 }
 
 BACKENDS_BY_VENDOR = {

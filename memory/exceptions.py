@@ -21,3 +21,7 @@ class MemoryNotFound(MemoryServiceError, LookupError):
         self.kind = kind
         self.ident = ident
         super().__init__(f"{kind} {ident!r} does not exist")
+
+
+class MemoryInUse(InvalidMemoryArgument):
+    """The rows still hold other memory; `field` names the option that would delete it too. Nothing changed."""

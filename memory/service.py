@@ -14,7 +14,7 @@ from django.db.models import (
     F,
     FloatField,
     OuterRef,
-    Q,
+    Prefetch,
     Subquery,
     Value,
 )
@@ -24,7 +24,7 @@ from django.utils import timezone
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
+from .exceptions import InvalidMemoryArgument, MemoryInUse, MemoryNotFound
 from .models import (
     ChannelIdentity,
     Episode,
@@ -36,9 +36,8 @@ from .models import (
     ProcedureType,
     Scope,
 )
-from .signals import users_merged
+from .signals import users_deleting, users_merged
 from .text import fact_search_text, search_tokens
-from .signals import users_deleting
 
 
 class WriteAction:
@@ -833,26 +832,6 @@ class MemoryService:
         ):
             raise MemoryNotFound("episode", episode_id)
 
-    def delete_users(self, user_ids):
-        """Delete memory users (and users merged into them) with everything they own; returns how many.
-
-        Sends `users_deleting` with every id first, inside the same transaction, so other apps delete
-        what they keep per user; a receiver that raises leaves everything in place.
-        """
-        if not isinstance(user_ids, (list, tuple, set)) or not user_ids:
-            raise InvalidMemoryArgument("user_ids", "must be a non-empty list of user ids")
-        ids = sorted({_check_user_id("user_ids", i, required=True) for i in user_ids})
-        with transaction.atomic():
-            doomed = list(
-                MemoryUser.objects.filter(Q(pk__in=ids) | Q(merged_into__in=ids)).values_list("pk", flat=True)
-            )
-            missing = sorted(set(ids) - set(doomed))
-            if missing:
-                raise InvalidMemoryArgument("user_ids", f"no memory user with id(s) {missing}")
-            users_deleting.send(sender=MemoryUser, user_ids=doomed)
-            MemoryUser.objects.filter(pk__in=doomed).delete()
-        return len(doomed)
-
     # ------------------------------------------------------------- procedures
 
     def save_procedure(
@@ -951,6 +930,95 @@ class MemoryService:
             qs = qs.filter(is_active=True)
         return list(qs.order_by("name", "agent_id"))
 
+    # ------------------------------------------------- operators: lists and batch deletes
+    # Querysets for the /memories/ admin and the REST API (read only: filter, order, paginate them),
+    # and deletes by id that are all-or-nothing and report the ids that did not exist.
+
+    def fact_list(self):
+        """Every fact, for operators (no visibility rules: staff see all owners)."""
+        return Fact.objects.all()
+
+    def episode_list(self):
+        return Episode.objects.all()
+
+    def procedure_list(self):
+        return Procedure.objects.all()
+
+    def memory_user_list(self):
+        """Every memory user with `fact_count` and `episode_count`, identities prefetched."""
+        return MemoryUser.objects.annotate(
+            fact_count=Coalesce(Subquery(_count_by_user(Fact)), 0),
+            episode_count=Coalesce(Subquery(_count_by_user(Episode)), 0),
+        ).prefetch_related(Prefetch("identities", queryset=ChannelIdentity.objects.order_by("channel", "external_id")))
+
+    def delete_facts(self, ids, *, max_ids=None):
+        """Delete the facts with these ids in one transaction; returns BatchDelete(deleted, not_found)."""
+        return self._batch_delete(Fact, ids, max_ids)
+
+    def delete_episodes(self, ids, *, max_ids=None):
+        """Delete episodes; facts derived from them stay, their `source_episode` cleared."""
+        return self._batch_delete(Episode, ids, max_ids)
+
+    def delete_procedures(self, ids, *, max_ids=None):
+        """Delete procedures; procedures evolved from them stay, their `parent` cleared."""
+        return self._batch_delete(Procedure, ids, max_ids)
+
+    def delete_users(self, ids, *, cascade=False, max_ids=None):
+        """Delete memory users: "forget this person" with `cascade=True`.
+
+        With `cascade`, everything that names them goes too, in one transaction: their facts,
+        episodes, channel identities, the users merged into them, and (through the `users_deleting`
+        signal) their conversation threads. Without it, a user who still holds any of those raises
+        MemoryInUse naming the `cascade` field, and nothing is deleted.
+        """
+        if not isinstance(cascade, bool):
+            raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
+        ids = _check_ids(ids, max_ids)
+        with transaction.atomic():
+            found = _existing_ids(MemoryUser, ids)
+            not_found = [i for i in ids if i not in found]
+            if not found:
+                return BatchDelete(0, not_found)
+            footprint = self.user_footprint(found)
+            if not cascade and any(footprint.values()):
+                held = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in footprint.items() if n)
+                raise MemoryInUse("cascade", f"the users still hold {held}; pass cascade=true to delete them too")
+            merged = set()
+            for chunk in _chunks(sorted(found)):
+                merged.update(MemoryUser.objects.filter(merged_into__in=chunk).values_list("pk", flat=True))
+            everyone = sorted(found | merged)
+            # Always: without cascade the users hold no memories, but may still have threads.
+            users_deleting.send(sender=MemoryUser, user_ids=everyone)
+            for chunk in _chunks(everyone):
+                Fact.objects.filter(user__in=chunk).delete()
+                Episode.objects.filter(user__in=chunk).delete()  # derived facts of others keep, unlinked
+                ChannelIdentity.objects.filter(user__in=chunk).delete()
+            for chunk in _chunks(everyone):
+                MemoryUser.objects.filter(merged_into__in=chunk).update(merged_into=None)
+            for chunk in _chunks(everyone):
+                MemoryUser.objects.filter(pk__in=chunk).delete()
+        return BatchDelete(len(found), not_found, cascaded=footprint if cascade else {})
+
+    def user_footprint(self, ids):
+        """How much of each kind of memory these users (and users merged into them) hold. Four queries."""
+        ids = sorted(set(ids))
+        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0}
+        for chunk in _chunks(ids):
+            totals["facts"] += Fact.objects.filter(user__in=chunk).count()
+            totals["episodes"] += Episode.objects.filter(user__in=chunk).count()
+            totals["identities"] += ChannelIdentity.objects.filter(user__in=chunk).count()
+            totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()
+        return totals
+
+    def _batch_delete(self, model, ids, max_ids):
+        ids = _check_ids(ids, max_ids)
+        with transaction.atomic():
+            found = _existing_ids(model, ids)
+            # One set-based DELETE per chunk: a model nothing points at (facts) is deleted without
+            # loading rows; rows that point here with SET_NULL are cleared by one UPDATE per chunk.
+            for chunk in _chunks(sorted(found)):
+                model.objects.filter(pk__in=chunk).delete()
+        return BatchDelete(len(found), [i for i in ids if i not in found])
 
 def _same_json(a, b):
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
@@ -974,3 +1042,52 @@ def _check_trigger_conditions(conditions):
         if items:
             cleaned[name] = [i.strip().lower() if name == "goal_contains" else i.strip() for i in items]
     return cleaned
+
+
+# ------------------------------------------------- operators: batch delete helpers
+
+# Ids per statement: well under every database's bound-parameter limit.
+_ID_CHUNK = 900
+# The largest id a BigAutoField holds; a larger one cannot name a row (and would overflow the driver).
+MAX_ID = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class BatchDelete:
+    """What a batch delete did: how many rows went, which requested ids did not exist."""
+
+    deleted: int
+    not_found: list[int]
+    cascaded: dict[str, int] = field(default_factory=dict)
+
+
+def _check_ids(ids, max_ids=None):
+    """A list of positive integer ids (duplicates dropped, order kept); errors name `ids` or `ids[i]`."""
+    if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+        raise InvalidMemoryArgument("ids", f"must be a list of ids, got {type(ids).__name__}")
+    ids = list(ids)
+    if not ids:
+        raise InvalidMemoryArgument("ids", "must name at least one id")
+    if max_ids is not None and len(ids) > max_ids:
+        raise InvalidMemoryArgument("ids", f"at most {max_ids} ids per call, got {len(ids)}")
+    for n, ident in enumerate(ids):
+        if isinstance(ident, bool) or not isinstance(ident, int) or not 0 < ident <= MAX_ID:
+            raise InvalidMemoryArgument(f"ids[{n}]", f"must be a positive integer id up to {MAX_ID}, got {ident!r}")
+    return list(dict.fromkeys(ids))
+
+
+def _chunks(items, size=_ID_CHUNK):
+    items = list(items)
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _existing_ids(model, ids):
+    found = set()
+    for chunk in _chunks(ids):
+        found.update(model._base_manager.filter(pk__in=chunk).values_list("pk", flat=True))
+    return found
+
+
+def _count_by_user(model):
+    return model.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")

@@ -8,10 +8,10 @@ from .access import access_counter
 # per-user rows (conversation threads) can move them to the surviving user.
 users_merged = Signal()
 
-# Sent inside the delete transaction with `user_ids` (every user about to be deleted, including users
-# merged into them) BEFORE the rows go, so apps that keep per-user data outside the memory tables
-# (conversation threads and their checkpoints) can delete it too. A receiver that raises aborts the
-# delete: nothing is deleted.
+# Sent inside the delete transaction, before memory users are deleted with `cascade=True`, with
+# `user_ids` (the users asked for and every user merged into them). Apps that keep per-user data
+# outside the memory tables (conversation threads and their checkpoints) delete it here; a receiver
+# that raises aborts the delete, and nothing is deleted.
 users_deleting = Signal()
 
 

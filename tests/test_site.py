@@ -38,7 +38,7 @@ def test_a_non_staff_user_is_sent_to_the_login(client, django_user_model):
 
 
 def test_staff_see_the_index(staff_client):
-    response = staff_client.get("/memories/")
+    response = staff_client.get("/memories/", follow=True)  # the index opens its first tab, Facts
     assert response.status_code == 200
     content = response.content.decode()
     assert "Engram memories" in content

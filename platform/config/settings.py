@@ -30,6 +30,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "memory",
     "workflows",
 ]
@@ -116,11 +120,42 @@ WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "memories:login"
 
+# The operators' REST API (memory/api/, /api/v1/): staff only, by token ("Authorization: Token <key>",
+# `manage.py drf_create_token <username>`) or by the admin's session (with its CSRF token).
 REST_FRAMEWORK = {
+    # Token first: an anonymous request is answered 401 with a WWW-Authenticate header.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # JSON bodies only, at most MEMORY["API_MAX_BODY_BYTES"] (DRF reads past DATA_UPLOAD_MAX_MEMORY_SIZE).
+    "DEFAULT_PARSER_CLASSES": ["memory.api.parsers.LimitedJSONParser"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "memory.api.pagination.MemoryPagination",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "memory.api.exceptions.exception_handler",
+}
+
+# OpenAPI 3 schema at /api/schema/, Swagger UI at /api/docs/ (assets served locally), staff only.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Engram API",
+    "DESCRIPTION": "What agents remember: list, inspect and delete facts, episodes, procedures, memory users "
+    "and conversation checkpoints. Staff only.",
+    "VERSION": "1",
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",  # tags by kind: facts, episodes, ...
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "memory.api.schema.add_error_responses",
+    ],
 }
 
 LOGGING = {

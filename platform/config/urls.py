@@ -1,11 +1,15 @@
 """URL routes of the Engram site."""
 from django.urls import include, path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memory.admin import memories_site
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
     path("memories/", memories_site.urls),
+    path("api/v1/", include("memory.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("workflows.urls")),
 ]

@@ -1,0 +1,122 @@
+"""Filters of the operators' API (django-filter): by owner, kind and text, on the service's querysets."""
+import django_filters
+from django import forms
+from django.db.models import Q
+from drf_spectacular.utils import extend_schema_field
+
+from ..models import Episode, Fact, FactType, MemoryUser, Procedure, ProcedureType, Scope
+from ..service import MAX_ID
+from ..text import search_tokens
+
+
+class _IdField(forms.IntegerField):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(**kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
+class IdFilter(django_filters.Filter):
+    """A row id: a positive integer that fits the id column (anything else is a 400 naming the filter)."""
+
+    field_class = _IdField
+
+
+class _StrictBooleanField(forms.TypedChoiceField):
+    def __init__(self, **kwargs):
+        kwargs.update(choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", empty_value=None)
+        super().__init__(**kwargs)
+
+
+@extend_schema_field({"type": "boolean"})
+class StrictBooleanFilter(django_filters.Filter):
+    """`true` or `false`; anything else is a 400 naming the filter (django-filter's own ignores it)."""
+
+    field_class = _StrictBooleanField
+
+
+def _every_word(queryset, fields, value):
+    """Rows where each word of `value` occurs (case-insensitively) in one of `fields`."""
+    for word in value.split():
+        match = Q()
+        for field in fields:
+            match |= Q(**{f"{field}__icontains": word})
+        queryset = queryset.filter(match)
+    return queryset
+
+
+class FactFilter(django_filters.FilterSet):
+    scope = django_filters.ChoiceFilter(choices=Scope.choices)
+    fact_type = django_filters.ChoiceFilter(choices=FactType.choices)
+    agent_id = django_filters.CharFilter()
+    session_id = django_filters.CharFilter()
+    user = IdFilter(field_name="user_id", help_text="Memory user id (user-scoped facts).")
+    search = django_filters.CharFilter(
+        method="search_text",
+        help_text="Every word must occur in the key or value; spaces, '_' and '-' are equivalent.",
+    )
+
+    class Meta:
+        model = Fact
+        fields = ["scope", "fact_type", "agent_id", "session_id", "user"]
+
+    def search_text(self, queryset, name, value):
+        # The same normalisation as MemoryService.search_facts (search_text is stored lower-cased).
+        for token in search_tokens(value):
+            queryset = queryset.filter(search_text__contains=token)
+        return queryset
+
+
+class EpisodeFilter(django_filters.FilterSet):
+    agent_id = django_filters.CharFilter()
+    user = IdFilter(field_name="user_id", help_text="Memory user id.")
+    session_id = django_filters.CharFilter()
+    workflow = django_filters.CharFilter()
+    trigger_type = django_filters.CharFilter()
+    success = StrictBooleanFilter()
+    search = django_filters.CharFilter(method="search_text", help_text="Words in the summary, agent or workflow.")
+
+    class Meta:
+        model = Episode
+        fields = ["agent_id", "user", "session_id", "workflow", "trigger_type", "success"]
+
+    def search_text(self, queryset, name, value):
+        return _every_word(queryset, ["summary", "agent_id", "workflow"], value)
+
+
+class ProcedureFilter(django_filters.FilterSet):
+    agent_id = django_filters.CharFilter(help_text="Blank: procedures shared by every agent.")
+    procedure_type = django_filters.ChoiceFilter(choices=ProcedureType.choices)
+    is_active = StrictBooleanFilter()
+    search = django_filters.CharFilter(method="search_text", help_text="Words in the name or description.")
+
+    class Meta:
+        model = Procedure
+        fields = ["agent_id", "procedure_type", "is_active"]
+
+    def search_text(self, queryset, name, value):
+        return _every_word(queryset, ["name", "description"], value)
+
+
+class MemoryUserFilter(django_filters.FilterSet):
+    channel = django_filters.CharFilter(method="with_channel", help_text="Users with an identity on this channel.")
+    search = django_filters.CharFilter(
+        method="search_text", help_text="Words in the display name, canonical id or an identity's external id."
+    )
+
+    class Meta:
+        model = MemoryUser
+        fields = ["channel"]
+
+    def with_channel(self, queryset, name, value):
+        return queryset.filter(pk__in=MemoryUser.objects.filter(identities__channel=value).values("pk"))
+
+    def search_text(self, queryset, name, value):
+        for word in value.split():
+            queryset = queryset.filter(
+                pk__in=MemoryUser.objects.filter(
+                    Q(display_name__icontains=word) | Q(canonical_id__icontains=word) | Q(identities__external_id__icontains=word)
+                ).values("pk")
+            )
+        return queryset

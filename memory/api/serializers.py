@@ -1,0 +1,123 @@
+"""Serializers of the operators' API: one read-only shape per kind of memory, and the batch delete."""
+from rest_framework import serializers
+
+from ..conf import memory_settings
+from ..service import MAX_ID
+from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
+
+
+class FactSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Fact
+        fields = [
+            "id", "key", "value", "fact_type", "scope", "scope_key", "agent_id", "user", "session_id",
+            "confidence", "times_confirmed", "times_contradicted", "source_episode", "provenance",
+            "access_count", "last_accessed", "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class EpisodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Episode
+        fields = [
+            "id", "agent_id", "user", "session_id", "workflow", "trigger_type", "trigger_input", "conversation",
+            "actions", "final_output", "success", "error", "human_feedback", "human_rating", "started_at",
+            "ended_at", "duration_ms", "summary", "processed_for_facts",
+        ]
+        read_only_fields = fields
+
+
+class ProcedureSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Procedure
+        fields = [
+            "id", "name", "agent_id", "description", "trigger_conditions", "procedure_type", "content",
+            "times_used", "times_succeeded", "times_failed", "success_rate", "avg_duration_ms", "source",
+            "parent", "is_active", "last_used", "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ChannelIdentitySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ChannelIdentity
+        fields = ["channel", "external_id", "created_at"]
+        read_only_fields = fields
+
+
+class MemoryUserSerializer(serializers.ModelSerializer):
+    identities = ChannelIdentitySerializer(many=True, read_only=True)
+    email = serializers.SerializerMethodField()
+    fact_count = serializers.IntegerField(read_only=True)
+    episode_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = MemoryUser
+        fields = [
+            "id", "canonical_id", "display_name", "email", "identities", "total_conversations", "fact_count",
+            "episode_count", "merged_into", "merged_at", "created_at", "last_seen",
+        ]
+        read_only_fields = fields
+
+    def get_email(self, obj) -> str | None:
+        """The external id of the user's email identity, if any (identities are prefetched)."""
+        return next((i.external_id for i in obj.identities.all() if i.channel == "email"), None)
+
+
+class StrictIdField(serializers.IntegerField):
+    """A positive integer id given as a JSON integer: "12", 12.0 and true are refused."""
+
+    default_error_messages = {"type": "Must be an integer id (a JSON number without a fraction), got {kind}."}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("type", kind=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """JSON true or false only ("true", 1 and the like are refused)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class BatchDeleteSerializer(serializers.Serializer):
+    ids = serializers.ListField(
+        child=StrictIdField(),
+        allow_empty=False,
+        min_length=1,
+        max_length=memory_settings.API_MAX_BATCH_IDS,
+        help_text=f"The ids to delete, at most {memory_settings.API_MAX_BATCH_IDS} per request.",
+    )
+
+
+class UserBatchDeleteSerializer(BatchDeleteSerializer):
+    cascade = StrictBooleanField(
+        default=False,
+        help_text="Also delete the users' facts, episodes, identities, merged aliases and conversation threads.",
+    )
+
+
+class BatchDeleteResultSerializer(serializers.Serializer):
+    deleted = serializers.IntegerField(help_text="How many rows were deleted.")
+    not_found = serializers.ListField(child=serializers.IntegerField(), help_text="Requested ids that did not exist.")
+
+
+class CascadedSerializer(serializers.Serializer):
+    facts = serializers.IntegerField()
+    episodes = serializers.IntegerField()
+    identities = serializers.IntegerField()
+    merged_users = serializers.IntegerField()
+
+
+class UserBatchDeleteResultSerializer(BatchDeleteResultSerializer):
+    cascaded = CascadedSerializer(required=False, help_text="What went with the users (cascade only).")

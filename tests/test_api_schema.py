@@ -1,0 +1,44 @@
+"""The whole API against its own OpenAPI schema: schemathesis, as a staff token, over a real HTTP server.
+
+Every operation gets a fixed number of generated requests (positive and negative, plus stateful
+sequences) with a fixed seed; any 5xx, undocumented status or content type, or response that does
+not match the schema fails the test. `scripts/api_fuzz.sh` runs the same check longer, by hand.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+pytestmark = [pytest.mark.schemathesis, pytest.mark.django_db(transaction=True)]
+
+EXAMPLES = os.environ.get("ENGRAM_FUZZ_EXAMPLES", "10")
+
+
+def test_every_operation_conforms_to_the_schema(live_server, django_user_model, service, user_factory):
+    cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
+    assert cli, "schemathesis is a dev dependency: pip install -e '.[dev]'"
+    token = Token.objects.create(user=django_user_model.objects.create_user("fuzz", is_staff=True)).key
+    for n in range(3):
+        user = user_factory(f"user-{n}")
+        service.link_identity(user.pk, "email", f"user{n}@example.org")
+        service.set_fact(f"colour_{n}", "green", scope="user", user_id=user.pk, fact_type="user_preference")
+        service.set_fact(f"office_{n}", {"city": "Lyon"}, scope="agent", agent_id="support")
+        episode = service.start_episode(agent_id="support", user_id=user.pk)
+        service.complete_episode(episode.pk, success=True, summary=f"run {n}")
+        service.save_procedure(f"procedure_{n}")
+    result = subprocess.run(
+        [
+            cli, "run", f"{live_server.url}/api/schema/?format=json",
+            "--header", f"Authorization: Token {token}",
+            "--checks", "all", "--max-examples", EXAMPLES, "--seed", "1", "--workers", "1",
+            "--generation-database", "none", "--no-color",
+        ],
+        capture_output=True, text=True, timeout=600,
+    )
+    summary = result.stdout[-3000:]
+    assert result.returncode == 0, summary
+    assert "passed" in summary and "failure" not in summary.split("SUMMARY")[-1], summary
