@@ -25,6 +25,7 @@ from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
 from .models import (
     ChannelIdentity,
+    ConsolidationRun,
     Episode,
     Fact,
     FactType,
@@ -745,6 +746,64 @@ class MemoryService:
         if active_only:
             qs = qs.filter(is_active=True)
         return list(qs.order_by("name", "agent_id"))
+
+    # ---------------------------------------------------------- consolidation
+
+    def consolidate(self, **kwargs):
+        """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation."""
+        from .consolidation import run_consolidation
+
+        return run_consolidation(service=self, **kwargs)
+
+    def unconsolidated_episodes(self, *, limit, agent_id=None, episode_ids=None):
+        """Finished episodes not yet processed for facts, oldest first (one agent's, or the given ids)."""
+        limit = _check_limit(limit, None)
+        qs = Episode.objects.filter(processed_for_facts=False, ended_at__isnull=False)
+        if agent_id is not None:
+            qs = qs.filter(agent_id=_check_text("agent_id", agent_id, required=False, max_length=128))
+        if episode_ids is not None:
+            qs = qs.filter(pk__in=[_check_user_id("episode_ids", pk, required=True) for pk in episode_ids])
+        return list(qs.order_by("started_at", "id")[:limit])
+
+    def store_consolidated_facts(self, episode_id, facts, *, overwrite=True, provenance="consolidation"):
+        """Write the facts distilled from one episode, then mark it processed, in one transaction.
+
+        `facts`: set_fact keyword dicts (key, value, scope and owner, fact_type, confidence). Returns
+        the writes, or None when the episode was processed by someone else meanwhile (nothing is then
+        written). Any failing write rolls everything back and leaves the episode unprocessed.
+        """
+        with transaction.atomic():
+            writes = [
+                self.set_fact(**fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance)
+                for fact in facts
+            ]
+            marked = Episode.objects.filter(pk=episode_id, processed_for_facts=False).update(processed_for_facts=True)
+            if not marked:
+                transaction.set_rollback(True)
+                return None
+        return writes
+
+    def record_consolidation_run(self, report):
+        """Store a run's outcome (what /healthz shows as the last consolidation); returns its id."""
+        run = ConsolidationRun.objects.create(
+            started_at=report.started_at,
+            finished_at=report.finished_at or timezone.now(),
+            extractor=report.extractor[:200],
+            agent_id=report.agent_id,
+            episodes_seen=report.episodes_seen,
+            episodes_processed=len(report.processed),
+            episodes_failed=len(report.failed),
+            facts_created=report.actions.get(WriteAction.CREATED, 0),
+            facts_confirmed=report.actions.get(WriteAction.CONFIRMED, 0),
+            facts_updated=report.actions.get(WriteAction.UPDATED, 0),
+            facts_skipped=report.actions.get(WriteAction.SKIPPED, 0),
+            errors=[*report.errors, *(f"episode {pk}: {err}" for pk, err in report.failed.items())],
+        )
+        return run.pk
+
+    def last_consolidation(self):
+        """The latest recorded consolidation run, or None."""
+        return ConsolidationRun.objects.order_by("-started_at", "-id").first()
 
 
 def _same_json(a, b):
