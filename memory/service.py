@@ -19,6 +19,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
+from . import pruning
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
@@ -228,7 +229,10 @@ class MemoryService:
         )
         try:
             with transaction.atomic():
-                return self._upsert_fact(fact, overwrite)
+                write = self._upsert_fact(fact, overwrite)
+                if write.action == WriteAction.CREATED:
+                    pruning.enforce_after_create(pruning.FACTS, write.fact)
+                return write
         except IntegrityError as exc:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
@@ -395,14 +399,17 @@ class MemoryService:
         user_id = _check_user_id("user_id", user_id, required=False)
         if user_id is not None:
             user_id = self.resolve_user(user_id).pk
-        return Episode.objects.create(
-            agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
-            user_id=user_id,
-            session_id=_check_text("session_id", session_id, required=False, max_length=128),
-            workflow=_check_text("workflow", workflow, required=False, max_length=128),
-            trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
-            trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
-        )
+        with transaction.atomic():
+            episode = Episode.objects.create(
+                agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
+                user_id=user_id,
+                session_id=_check_text("session_id", session_id, required=False, max_length=128),
+                workflow=_check_text("workflow", workflow, required=False, max_length=128),
+                trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
+                trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
+            )
+            pruning.enforce_after_create(pruning.EPISODES, episode)
+        return episode
 
     def _append_to_episode(self, episode_id, field_name, item):
         with transaction.atomic():
@@ -680,7 +687,9 @@ class MemoryService:
         if parent is not None and not Procedure.objects.filter(pk=parent).exists():
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
-            procedure, _ = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            if created:
+                pruning.enforce_after_create(pruning.PROCEDURES, procedure)
         return procedure
 
     def get_procedure(self, name, *, agent_id=""):
@@ -804,6 +813,17 @@ class MemoryService:
     def last_consolidation(self):
         """The latest recorded consolidation run, or None."""
         return ConsolidationRun.objects.order_by("-started_at", "-id").first()
+
+    # ------------------------------------------------------ limits and pruning
+
+    def prune(self, *, agent_id=None, dry_run=False):
+        """Bring memory within MEMORY["LIMITS"] (every agent, or one), let other apps prune, reclaim space.
+
+        Returns a PruneReport; see memory.pruning for what goes first.
+        """
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        return pruning.prune_all(agent_id=agent_id, dry_run=bool(dry_run))
 
 
 def _same_json(a, b):
