@@ -825,6 +825,46 @@ class MemoryService:
             agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
         return pruning.prune_all(agent_id=agent_id, dry_run=bool(dry_run))
 
+    # ------------------------------------------------- export, import, clear
+
+    def export_memories(self, out, *, on_progress=None):
+        """Write every memory row as JSON Lines to the text stream `out`; returns {kind: rows}.
+
+        See memory.transfer for the format. `on_progress(kind, done, total)` is called as rows go out.
+        """
+        from . import transfer
+
+        self.flush_access_counts()  # the export carries the counts recalls have noted so far
+        return transfer.export(out, on_progress=on_progress)
+
+    def import_memories(self, stream, *, dry_run=False, on_progress=None):
+        """Validate a whole export, then add its new rows in one transaction; returns an ImportReport.
+
+        `stream`: a seekable text stream. Raises ImportRejected (naming line and field) and writes
+        nothing when anything is wrong. Rows whose id exists are left as stored.
+        """
+        from . import transfer
+
+        return transfer.import_(stream, dry_run=dry_run, on_progress=on_progress)
+
+    def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None):
+        """Delete memory by kind (facts, episodes, procedures, users), scope, agent or user, atomically.
+
+        Returns {kind: rows deleted}. See memory.clearing for what each filter selects.
+        """
+        from . import clearing
+
+        if scope is not None:
+            scope = _check_choice("scope", scope, Scope)
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, max_length=128)
+        if user_id is not None:
+            user_id = self.resolve_user(user_id).pk
+        if kinds is not None and (isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds)):
+            raise InvalidMemoryArgument("kinds", "must be a list of kind names")
+        self.flush_access_counts()
+        return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id)
+
 
 def _same_json(a, b):
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
