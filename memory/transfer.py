@@ -27,6 +27,7 @@ operational logs, not memory: neither exported nor cleared.
 
 More kinds (another app's tables) join with `register_kind(TransferKind(...))`.
 """
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from datetime import datetime
 from typing import Callable
 
 from django.core.management.color import no_style
-from django.db import IntegrityError, connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.utils import timezone
 
 from .exceptions import ImportRejected
@@ -291,6 +292,7 @@ class _KindPlan:
     natural: dict = field(default_factory=dict)  # (label, value) -> (id, line)
     refs: dict = field(default_factory=dict)  # referenced id -> (line, field)
     rows: int = 0
+    references: dict = field(default_factory=dict)  # attname -> kind name
 
 
 @dataclass
@@ -305,20 +307,27 @@ class ImportReport:
         return {"added": dict(self.added), "present": dict(self.present), "dry_run": self.dry_run}
 
 
+def _plans_defaults(kind):
+    """attname -> function giving the value of a column a row leaves out (columns without one are required)."""
+    defaults = {}
+    for f in kind.fields:
+        if f.has_default():
+            defaults[f.attname] = f.get_default
+        elif f.null:
+            defaults[f.attname] = lambda: None
+        elif isinstance(f, (models.CharField, models.TextField)) and f.blank:
+            defaults[f.attname] = str
+    return defaults
+
+
 def _plans():
-    plans = {}
-    for kind in KINDS:
-        checkers, defaults = {}, {}
-        for f in kind.fields:
-            checkers[f.attname] = _field_checker(f)
-            if f.has_default():
-                defaults[f.attname] = f.get_default
-            elif f.null:
-                defaults[f.attname] = lambda: None
-            elif isinstance(f, (models.CharField, models.TextField)) and f.blank:
-                defaults[f.attname] = str
-        plans[kind.name] = _KindPlan(kind=kind, checkers=checkers, defaults=defaults)
-    return plans
+    return {
+        kind.name: _KindPlan(
+            kind=kind, checkers={f.attname: _field_checker(f) for f in kind.fields}, defaults=_plans_defaults(kind),
+            references=kind.references,
+        )
+        for kind in KINDS
+    }
 
 
 def _parse_line(text, lineno):
@@ -331,8 +340,10 @@ def _parse_line(text, lineno):
     return data
 
 
-def _read_header(stream):
+def _read_header(stream, fingerprint=None):
     first = stream.readline()
+    if fingerprint is not None:
+        fingerprint.update(first.encode())
     if not first.strip():
         raise ImportRejected([(1, "(header)", "the file is empty")])
     header = _parse_line(first, 1)
@@ -346,9 +357,11 @@ def _read_header(stream):
     return header
 
 
-def _rows(stream):
+def _rows(stream, fingerprint=None):
     """(line number, parsed object) of each non-blank line after the header."""
     for lineno, text in enumerate(stream, start=2):
+        if fingerprint is not None:
+            fingerprint.update(text.encode())
         if text.strip():
             yield lineno, _parse_line(text, lineno)
 
@@ -384,13 +397,13 @@ def _clean_row(data, lineno, plans, errors):
     return (plan, row) if ok else (None, None)
 
 
-def validate(stream, *, on_progress=None):
+def validate(stream, *, on_progress=None, fingerprint=None):
     """Pass 1: check every line; returns {kind: ids already in the database}. Raises ImportRejected."""
-    header = _read_header(stream)
+    header = _read_header(stream, fingerprint)
     plans = _plans()
     errors = []
     last_line = 1
-    for lineno, data in _rows(stream):
+    for lineno, data in _rows(stream, fingerprint):
         last_line = lineno
         plan, row = _clean_row(data, lineno, plans, errors)
         if plan is not None:
@@ -427,7 +440,7 @@ def _note_identity(plan, row, lineno, errors):
             )
         else:
             plan.natural[(natural_key, value)] = (pk, lineno)
-    for attname, target in plan.kind.references.items():
+    for attname, target in plan.references.items():
         ref = row[attname]
         if ref is not None:
             plan.refs.setdefault((target, ref), (lineno, attname))
@@ -493,11 +506,15 @@ def _check_natural_keys(plan, present, errors):
 def import_(stream, *, dry_run=False, on_progress=None):
     """Validate the whole stream, then insert its new rows in one transaction. Returns an ImportReport.
 
-    `stream` must be seekable (it is read twice); ImportRejected names the line and field of each problem.
+    `stream` must be seekable: pass 1 validates every line (and fingerprints the file), pass 2
+    converts and inserts; if the file changed in between, the transaction is rolled back.
+    ImportRejected names the line and field of each problem.
     """
-    present = validate(stream, on_progress=on_progress)
+    fingerprint = hashlib.sha256()
+    present = validate(stream, on_progress=on_progress, fingerprint=fingerprint)
     stream.seek(0)
-    stream.readline()
+    again = hashlib.sha256()
+    again.update(stream.readline().encode())
     added = {k.name: 0 for k in KINDS}
     report = ImportReport(added=added, present={k: len(v) for k, v in present.items()}, dry_run=dry_run)
     if dry_run:
@@ -505,60 +522,87 @@ def import_(stream, *, dry_run=False, on_progress=None):
             if data["id"] not in present[data["kind"]]:
                 added[data["kind"]] += 1
         return report
-    plans = _plans()
-    conn = connection
+    conn = connections[DEFAULT_DB_ALIAS]
+    inserters = {kind.name: _Inserter(kind, conn) for kind in KINDS}
     kinds = kinds_by_name()
-    sql = {}
-    for kind in KINDS:
-        columns = [f for f in kind.fields] + [kind.model._meta.get_field(d) for d in kind.derived]
-        sql[kind.name] = (
-            f"INSERT INTO {conn.ops.quote_name(kind.model._meta.db_table)} "
-            f"({', '.join(conn.ops.quote_name(f.column) for f in columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
-            columns,
-        )
-    pending = {k.name: [] for k in KINDS}
-    lines = {k.name: [] for k in KINDS}
 
-    def flush(name):
-        if not pending[name]:
-            return
-        statement, _ = sql[name]
-        try:
-            with conn.cursor() as cursor:
-                cursor.executemany(statement, pending[name])
-        except IntegrityError as exc:
-            span = f"{lines[name][0]}-{lines[name][-1]}"
-            raise ImportRejected([(span, name, f"the database refused these rows: {exc}")]) from exc
-        added[name] += len(pending[name])
-        if on_progress:
-            on_progress(name, added[name])
-        pending[name].clear()
-        lines[name].clear()
+    def flush(inserter):
+        count = inserter.flush()
+        if count:
+            added[inserter.kind.name] += count
+            if on_progress:
+                on_progress(inserter.kind.name, added[inserter.kind.name])
 
-    errors = []
     with transaction.atomic():
-        for lineno, data in _rows(stream):
-            plan, row = _clean_row(data, lineno, plans, errors)
-            if plan is None:  # the file changed between the two passes
-                raise ImportRejected(errors)
-            name = plan.kind.name
-            if row["id"] in present[name]:
+        for lineno, data in _rows(stream, fingerprint=again):
+            inserter = inserters[data["kind"]]
+            if data["id"] in present[data["kind"]]:
                 continue
-            if plan.kind.prepare:
-                plan.kind.prepare(row)
-            _, columns = sql[name]
-            pending[name].append([f.get_db_prep_save(row[f.attname], conn) for f in columns])
-            lines[name].append(lineno)
-            if len(pending[name]) >= _BATCH:
-                flush(name)
-        for name in pending:
-            flush(name)
+            inserter.add(data, lineno)
+            if len(inserter.pending) >= _BATCH:
+                flush(inserter)
+        for inserter in inserters.values():
+            flush(inserter)
+        if again.digest() != fingerprint.digest():
+            raise ImportRejected([(0, "(file)", "the file changed while it was imported; nothing was written")])
         _reset_sequences([kinds[name].model for name, n in added.items() if n])
         if added.get("fact"):
             from .backends import get_backend
 
             get_backend().optimize()
     return report
+
+
+class _Inserter:
+    """Batches of one kind's rows, converted from validated JSON to database parameters."""
+
+    def __init__(self, kind, conn):
+        self.kind, self.conn = kind, conn
+        self.fields = kind.fields
+        self.columns = [*self.fields, *(kind.model._meta.get_field(d) for d in kind.derived)]
+        self.sql = (
+            f"INSERT INTO {conn.ops.quote_name(kind.model._meta.db_table)} "
+            f"({', '.join(conn.ops.quote_name(f.column) for f in self.columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(self.columns))})"
+        )
+        self.defaults = _plans_defaults(kind)
+        self.adapters = [self._adapter(f) for f in self.fields]
+        self.pending, self.lines = [], []
+
+    def _adapter(self, f):
+        ops = self.conn.ops
+        if isinstance(f, models.DateTimeField):
+            return lambda v: None if v is None else ops.adapt_datetimefield_value(datetime.fromisoformat(v))
+        if isinstance(f, models.JSONField):
+            return lambda v: None if v is None else ops.adapt_json_value(v, f.encoder)
+        return None  # strings, numbers, booleans and ids go to the driver as they are
+
+    def add(self, data, lineno):
+        row = {}
+        for f in self.fields:
+            name = f.attname
+            row[name] = data[name] if name in data else self.defaults[name]()
+        if self.kind.prepare:
+            self.kind.prepare(row)
+        params = [
+            row[f.attname] if adapt is None else adapt(row[f.attname]) for f, adapt in zip(self.fields, self.adapters)
+        ]
+        params += [row[d] for d in self.kind.derived]
+        self.pending.append(params)
+        self.lines.append(lineno)
+
+    def flush(self):
+        if not self.pending:
+            return 0
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.executemany(self.sql, self.pending)
+        except IntegrityError as exc:
+            span = f"{self.lines[0]}-{self.lines[-1]}"
+            raise ImportRejected([(span, self.kind.name, f"the database refused these rows: {exc}")]) from exc
+        count = len(self.pending)
+        self.pending, self.lines = [], []
+        return count
 
 
 def _reset_sequences(models_):
