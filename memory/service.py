@@ -13,6 +13,7 @@ from django.db.models import (
     F,
     FloatField,
     OuterRef,
+    Q,
     Subquery,
     Value,
 )
@@ -864,6 +865,40 @@ class MemoryService:
             raise InvalidMemoryArgument("kinds", "must be a list of kind names")
         self.flush_access_counts()
         return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id)
+
+    # ------------------------------------------------------------------ health
+
+    def memory_health(self, *, agent_id=None, fresh=True):
+        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.health.
+
+        `fresh=False` may return a result up to HEALTH["CACHE_SECONDS"] old.
+        """
+        from . import health
+
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, max_length=128)
+        self.flush_access_counts()
+        return health.compute(agent_id) if fresh else health.cached(agent_id)
+
+    def memory_counts(self):
+        """Rows per memory kind, facts per scope, episodes waiting for consolidation. One query per table."""
+        by_scope = dict(Fact.objects.order_by().values_list("scope").annotate(n=Count("id")))
+        episodes = Episode.objects.aggregate(
+            n=Count("id"), waiting=Count("id", filter=Q(processed_for_facts=False, ended_at__isnull=False))
+        )
+        procedures = Procedure.objects.aggregate(n=Count("id"), active=Count("id", filter=Q(is_active=True)))
+        users = MemoryUser.objects.aggregate(n=Count("id"), merged=Count("id", filter=Q(merged_into__isnull=False)))
+        return {
+            "facts": sum(by_scope.values()),
+            "facts_by_scope": {scope: by_scope.get(scope, 0) for scope in Scope.values},
+            "episodes": episodes["n"],
+            "episodes_unconsolidated": episodes["waiting"],
+            "procedures": procedures["n"],
+            "procedures_active": procedures["active"],
+            "users": users["n"] - users["merged"],
+            "users_merged": users["merged"],
+            "identities": ChannelIdentity.objects.count(),
+        }
 
 
 def _same_json(a, b):

@@ -3,8 +3,10 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from memory.admin import memories_site
+from memory.views import healthz
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
     path("memories/", memories_site.urls),
+    path("healthz", healthz, name="healthz"),
 ]
