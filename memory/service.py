@@ -866,6 +866,58 @@ class MemoryService:
         self.flush_access_counts()
         return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id)
 
+    # ------------------------------------------------------------ operators
+
+    LIST_KINDS = ("facts", "episodes", "procedures", "users")
+
+    def list_memories(self, kind="facts", *, scope=None, agent_id=None, user_id=None, category=None, limit=20):
+        """Rows of one kind for operators, newest first, filtered; `category` is the fact type, the
+        episode's trigger type, the procedure type or the user's channel. Returns model instances."""
+        if kind not in self.LIST_KINDS:
+            raise InvalidMemoryArgument("kind", f"must be one of {', '.join(self.LIST_KINDS)}; got {kind!r}")
+        limit = _check_limit(limit, 20)
+        given = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
+        allowed = {"facts": {"scope", "agent_id", "user_id"}, "episodes": {"agent_id", "user_id"},
+                   "procedures": {"agent_id"}, "users": {"user_id"}}[kind]
+        for name, value in given.items():
+            if value is not None and name not in allowed:
+                raise InvalidMemoryArgument(name, f"does not apply to {kind}")
+        if user_id is not None:
+            user_id = self.resolve_user(user_id).pk
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        if kind == "facts":
+            qs = Fact.objects.select_related("user").order_by("-updated_at", "-id")
+            if scope is not None:
+                qs = qs.filter(scope=_check_choice("scope", scope, Scope))
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if user_id is not None:
+                qs = qs.filter(user_id=user_id)
+            if category is not None:
+                qs = qs.filter(fact_type=_check_choice("category", category, FactType))
+        elif kind == "episodes":
+            qs = Episode.objects.order_by("-started_at", "-id")
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if user_id is not None:
+                qs = qs.filter(user_id=user_id)
+            if category is not None:
+                qs = qs.filter(trigger_type=category)
+        elif kind == "procedures":
+            qs = Procedure.objects.order_by("-updated_at", "-id")
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if category is not None:
+                qs = qs.filter(procedure_type=_check_choice("category", category, ProcedureType))
+        else:
+            qs = MemoryUser.objects.filter(merged_into__isnull=True).order_by("-last_seen", "-id")
+            if user_id is not None:
+                qs = qs.filter(pk=user_id)
+            if category is not None:
+                qs = qs.filter(identities__channel=category).distinct()
+        return list(qs[:limit])
+
     # ------------------------------------------------------------------ health
 
     def memory_health(self, *, agent_id=None, fresh=True):
