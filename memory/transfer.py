@@ -533,12 +533,17 @@ def import_(stream, *, dry_run=False, on_progress=None):
             if on_progress:
                 on_progress(inserter.kind.name, added[inserter.kind.name])
 
-    with transaction.atomic():
+    from .backends import get_backend
+
+    backend = get_backend()
+    with transaction.atomic(), backend.bulk_fact_load() as new_fact_ids:
         for lineno, data in _rows(stream, fingerprint=again):
             inserter = inserters[data["kind"]]
             if data["id"] in present[data["kind"]]:
                 continue
             inserter.add(data, lineno)
+            if data["kind"] == "fact":
+                new_fact_ids.append(data["id"])
             if len(inserter.pending) >= _BATCH:
                 flush(inserter)
         for inserter in inserters.values():
@@ -546,10 +551,8 @@ def import_(stream, *, dry_run=False, on_progress=None):
         if again.digest() != fingerprint.digest():
             raise ImportRejected([(0, "(file)", "the file changed while it was imported; nothing was written")])
         _reset_sequences([kinds[name].model for name, n in added.items() if n])
-        if added.get("fact"):
-            from .backends import get_backend
-
-            get_backend().optimize()
+    if added.get("fact"):
+        backend.optimize()
     return report
 
 

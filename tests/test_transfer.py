@@ -84,6 +84,7 @@ def test_export_clear_import_reproduces_every_row(service, store):
     # new rows get ids after the imported ones (PostgreSQL sequences were moved on)
     new = service.set_fact("after_import", True).fact
     assert new.pk > max(row[0] for row in before["Fact"])
+    assert [f.key for f in service.search_facts("after import")] == ["after_import"]  # indexing still per row
     user, _ = service.get_or_create_user("test", "zed")
     assert user.pk > max(row[0] for row in before["MemoryUser"])
 
@@ -288,3 +289,27 @@ def test_clear_refuses_filters_that_do_not_apply(service, store, kwargs, field):
         service.clear_memories(kinds, **kwargs)
     assert info.value.field == field
     assert snapshot() == before
+
+
+class ChangingFile(io.StringIO):
+    """A file someone edits between the validation pass and the insert pass."""
+
+    def __init__(self, first, second):
+        super().__init__(first)
+        self.second = second
+
+    def seek(self, *args):
+        if self.second is not None:
+            self.__init__(self.second, None)
+        return super().seek(*args)
+
+
+def test_a_file_changed_between_the_passes_writes_nothing(service, exported):
+    n = line_of(exported, "fact", key="timezone")
+    changed = edit(exported, n, set_field("value", "edited"))
+    with pytest.raises(ImportRejected, match="the file changed while it was imported"):
+        service.import_memories(ChangingFile(exported, changed))
+    assert all(model.objects.count() == 0 for model in MODELS)
+    # the search index keeps indexing new facts row by row
+    service.set_fact("written_after", "a rolled back import")
+    assert [f.key for f in service.search_facts("rolled back")] == ["written_after"]
