@@ -929,8 +929,10 @@ class MemoryService:
 
         if agent_id is not None:
             agent_id = _check_text("agent_id", agent_id, max_length=128)
-        self.flush_access_counts()
-        return health.compute(agent_id) if fresh else health.cached(agent_id)
+        if not fresh:
+            return health.cached(agent_id)
+        self.flush_access_counts()  # efficiency counts recalls still buffered
+        return health.compute(agent_id)
 
     def memory_counts(self):
         """Rows per memory kind, facts per scope, episodes waiting for consolidation. One query per table."""

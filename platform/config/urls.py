@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from memory.admin import memories_site
-from memory.views import healthz
+from memory.healthz import healthz
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
