@@ -25,6 +25,45 @@ DEFAULTS = {
     "API_MAX_BODY_BYTES": 256 * 1024,
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
+    # ---- lifecycle: consolidation, limits and pruning, health (nested dicts merge with these defaults)
+    "CONSOLIDATION": {
+        # Dotted path of the extractor: the built-in rules (no model needed) or the LLM extractor.
+        "EXTRACTOR": "memory.consolidation.RuleExtractor",
+        # For the LLM extractor: dotted path of a LangChain chat model class or factory, and its kwargs.
+        "MODEL": None,
+        "MODEL_KWARGS": {},
+        # Unprocessed episodes taken per run, oldest first.
+        "MAX_EPISODES_PER_RUN": 20,
+        # Characters of an episode's transcript shown to the LLM extractor.
+        "MAX_TRANSCRIPT_CHARS": 8000,
+        # Confidence of facts the built-in rules extract.
+        "RULE_CONFIDENCE": 0.6,
+        # A consolidated fact with a different value than the stored one replaces it (counted as a
+        # contradiction); False keeps the stored value and lowers its confidence instead.
+        "OVERWRITE": True,
+        # Read by workflows: consolidate the run's episode when a run ends.
+        "AFTER_EACH_RUN": False,
+    },
+    "LIMITS": {
+        # Facts per owner (each agent, user, session, and global); None: no limit. Facts are upserted
+        # per key, so they grow with distinct keys only; a limit costs one COUNT per created fact.
+        "MAX_FACTS": None,
+        # Episodes per agent ("" counts as one agent) and procedures per agent ("" = shared ones).
+        "MAX_EPISODES": 10_000,
+        "MAX_PROCEDURES": 1_000,
+        # Per-agent overrides: {"support-bot": {"MAX_FACTS": 500, "MAX_EPISODES": 200}}.
+        "PER_AGENT": {},
+        # SQLite: after a prune deletes rows, give free pages back to the file system.
+        "VACUUM_AFTER_PRUNE": True,
+    },
+    "HEALTH": {
+        # Freshness halves every this many days of median fact age.
+        "FRESHNESS_HALF_LIFE_DAYS": 30,
+        # Efficiency looks at facts at least this old (younger ones had no chance to be recalled).
+        "EFFICIENCY_MIN_AGE_DAYS": 1,
+        # How long /healthz and `memory health` reuse a computed score.
+        "CACHE_SECONDS": 60,
+    },
 }
 
 BACKENDS_BY_VENDOR = {
@@ -45,7 +84,10 @@ class MemorySettings:
             raise AttributeError(f"Unknown MEMORY setting: {name!r}")
         if name not in self._cache:
             user = getattr(settings, "MEMORY", {}) or {}
-            self._cache[name] = user.get(name, self._defaults[name])
+            value = user.get(name, self._defaults[name])
+            if isinstance(self._defaults[name], dict) and isinstance(value, dict):
+                value = {**self._defaults[name], **value}  # nested settings keep their other defaults
+            self._cache[name] = value
         return self._cache[name]
 
     def reload(self):

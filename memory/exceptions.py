@@ -25,3 +25,25 @@ class MemoryNotFound(MemoryServiceError, LookupError):
 
 class MemoryInUse(InvalidMemoryArgument):
     """The rows still hold other memory; `field` names the option that would delete it too. Nothing changed."""
+
+
+class ConsolidationFailed(MemoryServiceError):
+    """A consolidation run could not process every episode it took; `report` says which and why."""
+
+    def __init__(self, report):
+        self.report = report
+        problems = [*report.errors, *(f"episode {pk}: {err}" for pk, err in report.failed.items())]
+        super().__init__("consolidation failed: " + "; ".join(problems))
+
+
+class ImportRejected(MemoryServiceError, ValueError):
+    """An import file is malformed or conflicts with the database; nothing was written.
+
+    `errors` lists (line, field, message), line 1 being the header.
+    """
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        line, field, message = self.errors[0]
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"line {line}: {field}: {message}{more}")

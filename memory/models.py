@@ -225,3 +225,34 @@ class Procedure(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class ConsolidationRun(models.Model):
+    """One consolidation pass over unprocessed episodes: what it took, what it stored, what failed.
+
+    An operational record (shown on /healthz as the last consolidation), not memory: export and
+    clear leave it alone.
+    """
+
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField()
+    extractor = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=128, blank=True, default="", help_text="Blank: every agent.")
+    episodes_seen = models.PositiveIntegerField(default=0)
+    episodes_processed = models.PositiveIntegerField(default=0)
+    episodes_failed = models.PositiveIntegerField(default=0)
+    facts_created = models.PositiveIntegerField(default=0)
+    facts_confirmed = models.PositiveIntegerField(default=0)
+    facts_updated = models.PositiveIntegerField(default=0)
+    facts_skipped = models.PositiveIntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    @property
+    def ok(self):
+        return self.episodes_failed == 0
+
+    def __str__(self):
+        return f"Consolidation {self.pk} at {self.started_at:%Y-%m-%d %H:%M}"

@@ -15,18 +15,21 @@ from django.db.models import (
     FloatField,
     OuterRef,
     Prefetch,
+    Q,
     Subquery,
     Value,
 )
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
+from . import pruning
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryInUse, MemoryNotFound
 from .models import (
     ChannelIdentity,
+    ConsolidationRun,
     Episode,
     Fact,
     FactType,
@@ -237,7 +240,10 @@ class MemoryService:
         )
         try:
             with transaction.atomic():
-                return self._upsert_fact(fact, overwrite)
+                write = self._upsert_fact(fact, overwrite)
+                if write.action == WriteAction.CREATED:
+                    pruning.enforce_after_create(pruning.FACTS, write.fact)
+                return write
         except IntegrityError as exc:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
@@ -404,14 +410,17 @@ class MemoryService:
         user_id = _check_user_id("user_id", user_id, required=False)
         if user_id is not None:
             user_id = self.resolve_user(user_id).pk
-        return Episode.objects.create(
-            agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
-            user_id=user_id,
-            session_id=_check_text("session_id", session_id, required=False, max_length=128),
-            workflow=_check_text("workflow", workflow, required=False, max_length=128),
-            trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
-            trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
-        )
+        with transaction.atomic():
+            episode = Episode.objects.create(
+                agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
+                user_id=user_id,
+                session_id=_check_text("session_id", session_id, required=False, max_length=128),
+                workflow=_check_text("workflow", workflow, required=False, max_length=128),
+                trigger_type=_check_text("trigger_type", trigger_type, required=False, max_length=50),
+                trigger_input=_check_json("trigger_input", {} if trigger_input is None else trigger_input),
+            )
+            pruning.enforce_after_create(pruning.EPISODES, episode)
+        return episode
 
     def _append_to_episode(self, episode_id, field_name, item):
         with transaction.atomic():
@@ -863,7 +872,9 @@ class MemoryService:
         if parent is not None and not Procedure.objects.filter(pk=parent).exists():
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
-            procedure, _ = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            if created:
+                pruning.enforce_after_create(pruning.PROCEDURES, procedure)
         return procedure
 
     def get_procedure(self, name, *, agent_id=""):
@@ -1019,6 +1030,204 @@ class MemoryService:
             for chunk in _chunks(sorted(found)):
                 model.objects.filter(pk__in=chunk).delete()
         return BatchDelete(len(found), [i for i in ids if i not in found])
+
+    # ---------------------------------------------------------- consolidation
+
+    def consolidate(self, **kwargs):
+        """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation."""
+        from .consolidation import run_consolidation
+
+        return run_consolidation(service=self, **kwargs)
+
+    def unconsolidated_episodes(self, *, limit, agent_id=None, episode_ids=None):
+        """Finished episodes not yet processed for facts, oldest first (one agent's, or the given ids)."""
+        limit = _check_limit(limit, None)
+        qs = Episode.objects.filter(processed_for_facts=False, ended_at__isnull=False)
+        if agent_id is not None:
+            qs = qs.filter(agent_id=_check_text("agent_id", agent_id, required=False, max_length=128))
+        if episode_ids is not None:
+            qs = qs.filter(pk__in=[_check_user_id("episode_ids", pk, required=True) for pk in episode_ids])
+        return list(qs.order_by("started_at", "id")[:limit])
+
+    def store_consolidated_facts(self, episode_id, facts, *, overwrite=True, provenance="consolidation"):
+        """Write the facts distilled from one episode, then mark it processed, in one transaction.
+
+        `facts`: set_fact keyword dicts (key, value, scope and owner, fact_type, confidence). Returns
+        the writes, or None when the episode was processed by someone else meanwhile (nothing is then
+        written). Any failing write rolls everything back and leaves the episode unprocessed.
+        """
+        with transaction.atomic():
+            writes = [
+                self.set_fact(**fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance)
+                for fact in facts
+            ]
+            marked = Episode.objects.filter(pk=episode_id, processed_for_facts=False).update(processed_for_facts=True)
+            if not marked:
+                transaction.set_rollback(True)
+                return None
+        return writes
+
+    def record_consolidation_run(self, report):
+        """Store a run's outcome (what /healthz shows as the last consolidation); returns its id."""
+        run = ConsolidationRun.objects.create(
+            started_at=report.started_at,
+            finished_at=report.finished_at or timezone.now(),
+            extractor=report.extractor[:200],
+            agent_id=report.agent_id,
+            episodes_seen=report.episodes_seen,
+            episodes_processed=len(report.processed),
+            episodes_failed=len(report.failed),
+            facts_created=report.actions.get(WriteAction.CREATED, 0),
+            facts_confirmed=report.actions.get(WriteAction.CONFIRMED, 0),
+            facts_updated=report.actions.get(WriteAction.UPDATED, 0),
+            facts_skipped=report.actions.get(WriteAction.SKIPPED, 0),
+            errors=[*report.errors, *(f"episode {pk}: {err}" for pk, err in report.failed.items())],
+        )
+        return run.pk
+
+    def last_consolidation(self):
+        """The latest recorded consolidation run, or None."""
+        return ConsolidationRun.objects.order_by("-started_at", "-id").first()
+
+    # ------------------------------------------------------ limits and pruning
+
+    def prune(self, *, agent_id=None, dry_run=False):
+        """Bring memory within MEMORY["LIMITS"] (every agent, or one), let other apps prune, reclaim space.
+
+        Returns a PruneReport; see memory.pruning for what goes first.
+        """
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        return pruning.prune_all(agent_id=agent_id, dry_run=bool(dry_run))
+
+    # ------------------------------------------------- export, import, clear
+
+    def export_memories(self, out, *, on_progress=None):
+        """Write every memory row as JSON Lines to the text stream `out`; returns {kind: rows}.
+
+        See memory.transfer for the format. `on_progress(kind, done, total)` is called as rows go out.
+        """
+        from . import transfer
+
+        self.flush_access_counts()  # the export carries the counts recalls have noted so far
+        return transfer.export(out, on_progress=on_progress)
+
+    def import_memories(self, stream, *, dry_run=False, on_progress=None):
+        """Validate a whole export, then add its new rows in one transaction; returns an ImportReport.
+
+        `stream`: a seekable text stream. Raises ImportRejected (naming line and field) and writes
+        nothing when anything is wrong. Rows whose id exists are left as stored.
+        """
+        from . import transfer
+
+        return transfer.import_(stream, dry_run=dry_run, on_progress=on_progress)
+
+    def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None):
+        """Delete memory by kind (facts, episodes, procedures, users), scope, agent or user, atomically.
+
+        Returns {kind: rows deleted}. See memory.clearing for what each filter selects.
+        """
+        from . import clearing
+
+        if scope is not None:
+            scope = _check_choice("scope", scope, Scope)
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, max_length=128)
+        if user_id is not None:
+            user_id = self.resolve_user(user_id).pk
+        if kinds is not None and (isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds)):
+            raise InvalidMemoryArgument("kinds", "must be a list of kind names")
+        self.flush_access_counts()
+        return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id)
+
+    # ------------------------------------------------------------ operators
+
+    LIST_KINDS = ("facts", "episodes", "procedures", "users")
+
+    def list_memories(self, kind="facts", *, scope=None, agent_id=None, user_id=None, category=None, limit=20):
+        """Rows of one kind for operators, newest first, filtered; `category` is the fact type, the
+        episode's trigger type, the procedure type or the user's channel. Returns model instances."""
+        if kind not in self.LIST_KINDS:
+            raise InvalidMemoryArgument("kind", f"must be one of {', '.join(self.LIST_KINDS)}; got {kind!r}")
+        limit = _check_limit(limit, 20)
+        given = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
+        allowed = {"facts": {"scope", "agent_id", "user_id"}, "episodes": {"agent_id", "user_id"},
+                   "procedures": {"agent_id"}, "users": {"user_id"}}[kind]
+        for name, value in given.items():
+            if value is not None and name not in allowed:
+                raise InvalidMemoryArgument(name, f"does not apply to {kind}")
+        if user_id is not None:
+            user_id = self.resolve_user(user_id).pk
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
+        if kind == "facts":
+            qs = Fact.objects.select_related("user").order_by("-updated_at", "-id")
+            if scope is not None:
+                qs = qs.filter(scope=_check_choice("scope", scope, Scope))
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if user_id is not None:
+                qs = qs.filter(user_id=user_id)
+            if category is not None:
+                qs = qs.filter(fact_type=_check_choice("category", category, FactType))
+        elif kind == "episodes":
+            qs = Episode.objects.order_by("-started_at", "-id")
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if user_id is not None:
+                qs = qs.filter(user_id=user_id)
+            if category is not None:
+                qs = qs.filter(trigger_type=category)
+        elif kind == "procedures":
+            qs = Procedure.objects.order_by("-updated_at", "-id")
+            if agent_id is not None:
+                qs = qs.filter(agent_id=agent_id)
+            if category is not None:
+                qs = qs.filter(procedure_type=_check_choice("category", category, ProcedureType))
+        else:
+            qs = MemoryUser.objects.filter(merged_into__isnull=True).order_by("-last_seen", "-id")
+            if user_id is not None:
+                qs = qs.filter(pk=user_id)
+            if category is not None:
+                qs = qs.filter(identities__channel=category).distinct()
+        return list(qs[:limit])
+
+    # ------------------------------------------------------------------ health
+
+    def memory_health(self, *, agent_id=None, fresh=True):
+        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.health.
+
+        `fresh=False` may return a result up to HEALTH["CACHE_SECONDS"] old.
+        """
+        from . import health
+
+        if agent_id is not None:
+            agent_id = _check_text("agent_id", agent_id, max_length=128)
+        if not fresh:
+            return health.cached(agent_id)
+        self.flush_access_counts()  # efficiency counts recalls still buffered
+        return health.compute(agent_id)
+
+    def memory_counts(self):
+        """Rows per memory kind, facts per scope, episodes waiting for consolidation. One query per table."""
+        by_scope = dict(Fact.objects.order_by().values_list("scope").annotate(n=Count("id")))
+        episodes = Episode.objects.aggregate(
+            n=Count("id"), waiting=Count("id", filter=Q(processed_for_facts=False, ended_at__isnull=False))
+        )
+        procedures = Procedure.objects.aggregate(n=Count("id"), active=Count("id", filter=Q(is_active=True)))
+        users = MemoryUser.objects.aggregate(n=Count("id"), merged=Count("id", filter=Q(merged_into__isnull=False)))
+        return {
+            "facts": sum(by_scope.values()),
+            "facts_by_scope": {scope: by_scope.get(scope, 0) for scope in Scope.values},
+            "episodes": episodes["n"],
+            "episodes_unconsolidated": episodes["waiting"],
+            "procedures": procedures["n"],
+            "procedures_active": procedures["active"],
+            "users": users["n"] - users["merged"],
+            "users_merged": users["merged"],
+            "identities": ChannelIdentity.objects.count(),
+        }
+
 
 def _same_json(a, b):
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

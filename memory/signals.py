@@ -18,3 +18,9 @@ users_deleting = Signal()
 @receiver(request_finished, dispatch_uid="memory_flush_access_counts")
 def flush_access_counts(**kwargs):
     access_counter.flush()
+
+# Sent by MemoryService.prune() (the `memory prune` command) with `agent_id` (None: every agent) and
+# `dry_run`, after the memory tables are pruned, so apps that keep their own growing rows
+# (conversation threads and checkpoints, recall events) prune them with the same command.
+# A receiver returns {what: rows deleted (or that would be, on a dry run)}; the counts join the report.
+prune_requested = Signal()

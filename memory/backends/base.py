@@ -3,6 +3,7 @@
 The hot reads (get, search, list) are hand-written SQL built once per query shape: compiling the
 equivalent ORM expression costs more than running the query.
 """
+import contextlib
 from functools import lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -102,6 +103,15 @@ class MemoryBackend:
 
     def optimize(self):
         """Compact the search index after a bulk load (a no-op where the database needs none)."""
+
+    @contextlib.contextmanager
+    def bulk_fact_load(self):
+        """Inside a transaction, around inserts of many facts: yields a list to append the new ids to.
+
+        Backends whose search index is kept by per-row triggers index the listed rows in one
+        statement on exit instead; the default keeps the database's own indexing as it is.
+        """
+        yield []
 
     # ---- shared SQL
 

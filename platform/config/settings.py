@@ -93,6 +93,9 @@ def sqlite_options():
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
         "init_command": (
+            # Set before a new file's first table exists; lets pruning return pages to the file system
+            # (migration 0004 converts files created without it).
+            "PRAGMA auto_vacuum=INCREMENTAL; "
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
             "PRAGMA cache_size=-65536;"  # 64 MiB of page cache per connection
         ),

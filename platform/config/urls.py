@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memory.admin import memories_site
+from memory.healthz import healthz
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
@@ -12,4 +13,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("workflows.urls")),
+    path("healthz", healthz, name="healthz"),
 ]

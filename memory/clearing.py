@@ -1,0 +1,109 @@
+"""Clearing memory by kind, scope, agent or user, in one transaction; internal to MemoryService.clear_memories().
+
+Kinds: facts, episodes, procedures, users (a user goes with its channel identities, facts and
+episodes, and with the users merged into it). Filters narrow each kind they apply to: `scope` facts
+only; `agent_id` an agent's own facts, its episodes and procedures; `user_id` a user's facts and
+episodes, and the user. Without kinds, every kind the filters apply to. Facts distilled from a
+deleted episode stay, without their source episode.
+"""
+from django.db import connection, transaction
+
+from .exceptions import InvalidMemoryArgument
+from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, Scope
+from .signals import users_deleting
+
+FACTS, EPISODES, PROCEDURES, USERS = "facts", "episodes", "procedures", "users"
+KINDS = (FACTS, EPISODES, PROCEDURES, USERS)
+# Which filters each kind understands.
+_APPLIES = {
+    FACTS: {"scope", "agent_id", "user_id"},
+    EPISODES: {"agent_id", "user_id"},
+    PROCEDURES: {"agent_id"},
+    USERS: {"user_id"},
+}
+
+
+def _delete(qs):
+    """DELETE the rows of a queryset in one statement (relations are handled by the caller)."""
+    model = qs.model
+    inner, params = qs.order_by().values("pk").query.sql_with_params()
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE {pk} IN (SELECT * FROM ({inner}) AS doomed)", params)
+        return cursor.rowcount
+
+
+def plan_kinds(kinds, filters):
+    """The kinds to clear, checked against the filters given; InvalidMemoryArgument names the misfit."""
+    given = {name for name, value in filters.items() if value not in (None, "")}
+    if kinds is None:
+        chosen = [k for k in KINDS if given <= _APPLIES[k]] if given else list(KINDS)
+        if not chosen:
+            raise InvalidMemoryArgument("scope", "scope applies to facts only and cannot be combined with user_id and agent_id")
+        return chosen
+    chosen = []
+    for kind in kinds:
+        if kind not in KINDS:
+            raise InvalidMemoryArgument("kinds", f"unknown kind {kind!r}; use {', '.join(KINDS)}")
+        misfit = given - _APPLIES[kind]
+        if misfit:
+            raise InvalidMemoryArgument(sorted(misfit)[0], f"does not apply to {kind}")
+        chosen.append(kind)
+    return chosen
+
+
+def clear(kinds, *, scope=None, agent_id=None, user_id=None):
+    """Delete what the filters select; returns {kind: rows deleted} (identities counted apart)."""
+    filters = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
+    chosen = plan_kinds(kinds, filters)
+    if scope and (agent_id and scope != Scope.AGENT or user_id is not None and scope != Scope.USER):
+        raise InvalidMemoryArgument("scope", f"{scope} facts have no {'agent' if agent_id else 'user'}; leave scope out")
+    if agent_id and user_id is not None and FACTS in chosen:
+        raise InvalidMemoryArgument("user_id", "a fact belongs to an agent or a user, not both; clear them apart")
+    deleted = {}
+    with transaction.atomic():
+        if FACTS in chosen:
+            facts = Fact.objects.all()
+            if scope:
+                facts = facts.filter(scope=scope)
+            if agent_id:
+                facts = facts.filter(scope=Scope.AGENT, agent_id=agent_id)
+            if user_id is not None:
+                facts = facts.filter(user_id=user_id)
+            deleted[FACTS] = _delete(facts)
+        if EPISODES in chosen:
+            episodes = Episode.objects.all()
+            if agent_id:
+                episodes = episodes.filter(agent_id=agent_id)
+            if user_id is not None:
+                episodes = episodes.filter(user_id=user_id)
+            deleted[EPISODES] = _clear_episodes(episodes)
+        if PROCEDURES in chosen:
+            procedures = Procedure.objects.filter(agent_id=agent_id) if agent_id else Procedure.objects.all()
+            Procedure.objects.filter(parent__in=procedures).exclude(pk__in=procedures).update(parent=None)
+            deleted[PROCEDURES] = _delete(procedures)
+        if USERS in chosen:
+            users = MemoryUser.objects.all()
+            if user_id is not None:
+                users = users.filter(pk=user_id) | users.filter(merged_into_id=user_id)
+            ids = list(users.values_list("pk", flat=True)) if user_id is not None else None
+            scoped = (lambda qs: qs.filter(user_id__in=ids)) if ids is not None else (lambda qs: qs.exclude(user_id=None))
+            # Other apps (workflows: threads and checkpoints) forget these users too, or nothing goes.
+            doomed = ids if ids is not None else list(MemoryUser.objects.values_list("pk", flat=True))
+            users_deleting.send(sender=MemoryUser, user_ids=doomed)
+            deleted[FACTS] = deleted.get(FACTS, 0) + _delete(scoped(Fact.objects.all()))
+            deleted[EPISODES] = deleted.get(EPISODES, 0) + _clear_episodes(scoped(Episode.objects.all()))
+            deleted["identities"] = _delete(scoped(ChannelIdentity.objects.all()))
+            if ids is None:
+                MemoryUser.objects.update(merged_into=None)
+                deleted[USERS] = _delete(MemoryUser.objects.all())
+            else:
+                MemoryUser.objects.filter(merged_into_id__in=ids).exclude(pk__in=ids).update(merged_into=None)
+                deleted[USERS] = _delete(MemoryUser.objects.filter(pk__in=ids))
+    return deleted
+
+
+def _clear_episodes(episodes):
+    Fact.objects.filter(source_episode__in=episodes).update(source_episode=None)
+    return _delete(episodes)

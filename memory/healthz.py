@@ -1,0 +1,53 @@
+"""GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content)."""
+import logging
+
+from django.db import DatabaseError
+from django.http import JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from . import health
+from .service import MemoryService
+
+logger = logging.getLogger("engram.memory")
+
+
+@never_cache
+@require_GET
+def healthz(request):
+    """Database, checkpointer (and other registered components), recall mode, last consolidation, health band.
+
+    200 with "status": "ok" (or "degraded" when a component reports a problem or the band is red);
+    503 with "status": "unavailable" when the database does not answer.
+    """
+    database = health.database_status()
+    body = {"status": "ok", "database": database}
+    for name, check in health.components().items():
+        try:
+            body[name] = check()
+        except Exception as exc:  # noqa: BLE001  (a registered check of another app; report, don't crash the probe)
+            logger.warning("healthz: %s check failed: %s", name, exc)
+            body[name] = "error"
+    body["recall"] = health.recall_mode()
+    if database != "ok":
+        body.update(status="unavailable", last_consolidation=None, health=None)
+        return JsonResponse(body, status=503)
+    service = MemoryService()
+    try:
+        run = service.last_consolidation()
+        report = service.memory_health(fresh=False)
+    except DatabaseError as exc:  # the database went away between the check and these reads
+        logger.warning("healthz: memory unreadable: %s", exc)
+        body.update(status="unavailable", database="unreachable", last_consolidation=None, health=None)
+        return JsonResponse(body, status=503)
+    body["last_consolidation"] = None if run is None else {
+        "finished_at": run.finished_at.isoformat(),
+        "ok": run.ok,
+        "episodes_processed": run.episodes_processed,
+        "episodes_failed": run.episodes_failed,
+    }
+    body["health"] = {"band": report.band, "score": None if report.score is None else round(report.score, 1)}
+    problems = [name for name in health.components() if body[name] not in ("ok", "unknown")]
+    if problems or report.band == health.RED:
+        body["status"] = "degraded"
+    return JsonResponse(body)

@@ -1,0 +1,365 @@
+"""`python manage.py memory <subcommand>`: list, stats, export, import, clear, consolidate, prune, health.
+
+Tables (rich) for people; `--json` prints exactly one JSON object for programs. Each subcommand
+is one class with `add_arguments(parser)` and `handle(command, options)`, listed in SUBCOMMANDS:
+another app's subcommand (recall's `reindex`) joins by adding its class there.
+"""
+import json
+import shutil
+import sys
+import tempfile
+
+from django.core.management.base import BaseCommand, CommandError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from memory.exceptions import ImportRejected, MemoryServiceError
+from memory.service import MemoryService
+
+BAND_STYLE = {"green": "green", "yellow": "yellow", "red": "red", "unknown": "dim"}
+
+
+def _short(value, width=60):
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _when(value):
+    return value.strftime("%Y-%m-%d %H:%M") if value else ""
+
+
+class Subcommand:
+    """One `memory` subcommand."""
+
+    name = ""
+    help = ""
+
+    def add_arguments(self, parser):
+        pass
+
+    def handle(self, command, options):
+        raise NotImplementedError("Subcommand classes must provide handle(command, options)")
+
+
+def _json_flag(parser):
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+
+class ListSubcommand(Subcommand):
+    name = "list"
+    help = "List facts, episodes, procedures or users, newest first."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--type", dest="kind", choices=MemoryService.LIST_KINDS, default="facts")
+        parser.add_argument("--scope", help="facts only: session, user, agent or global")
+        parser.add_argument("--agent", dest="agent_id")
+        parser.add_argument("--user", dest="user_id", type=int, help="memory user id")
+        parser.add_argument("--category", help="fact type, episode trigger type, procedure type or user channel")
+        parser.add_argument("--limit", type=int, default=20)
+        _json_flag(parser)
+
+    COLUMNS = {
+        "facts": ["id", "key", "value", "scope", "owner", "fact_type", "confidence", "confirmed", "updated_at"],
+        "episodes": ["id", "agent_id", "user_id", "trigger_type", "success", "processed", "summary", "started_at"],
+        "procedures": ["id", "name", "agent_id", "procedure_type", "active", "used", "success_rate", "updated_at"],
+        "users": ["id", "display_name", "canonical_id", "identities", "conversations", "last_seen"],
+    }
+
+    @staticmethod
+    def row(kind, obj):
+        if kind == "facts":
+            return {
+                "id": obj.pk, "key": obj.key, "value": obj.value, "scope": obj.scope, "owner": obj.scope_key,
+                "fact_type": obj.fact_type, "confidence": round(obj.confidence, 3), "confirmed": obj.times_confirmed,
+                "updated_at": obj.updated_at,
+            }
+        if kind == "episodes":
+            return {
+                "id": obj.pk, "agent_id": obj.agent_id, "user_id": obj.user_id, "trigger_type": obj.trigger_type,
+                "success": obj.success, "processed": obj.processed_for_facts, "summary": obj.summary, "started_at": obj.started_at,
+            }
+        if kind == "procedures":
+            return {
+                "id": obj.pk, "name": obj.name, "agent_id": obj.agent_id, "procedure_type": obj.procedure_type,
+                "active": obj.is_active, "used": obj.times_used, "success_rate": round(obj.success_rate, 3),
+                "updated_at": obj.updated_at,
+            }
+        return {
+            "id": obj.pk, "display_name": obj.display_name, "canonical_id": obj.canonical_id,
+            "identities": [f"{i.channel}:{i.external_id}" for i in obj.identities.all()],
+            "conversations": obj.total_conversations, "last_seen": obj.last_seen,
+        }
+
+    def handle(self, command, options):
+        kind = options["kind"]
+        found = command.service.list_memories(
+            kind, scope=options["scope"], agent_id=options["agent_id"], user_id=options["user_id"],
+            category=options["category"], limit=options["limit"],
+        )
+        if kind == "users":
+            from django.db.models import prefetch_related_objects
+
+            prefetch_related_objects(found, "identities")
+        rows = [self.row(kind, obj) for obj in found]
+        if options["json"]:
+            for row in rows:
+                for k, v in row.items():
+                    if hasattr(v, "isoformat"):
+                        row[k] = v.isoformat()
+            return command.print_json({"type": kind, "count": len(rows), "items": rows})
+        table = Table(title=f"{kind} ({len(rows)} shown, newest first)")
+        for column in self.COLUMNS[kind]:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            cells = []
+            for column in self.COLUMNS[kind]:
+                value = row[column]
+                if hasattr(value, "strftime"):
+                    value = _when(value)
+                elif isinstance(value, list):
+                    value = ", ".join(value)
+                cells.append("" if value is None else _short(value) if not isinstance(value, (int, float, bool)) else str(value))
+            table.add_row(*cells)
+        command.console.print(table)
+
+
+class StatsSubcommand(Subcommand):
+    name = "stats"
+    help = "Counts per kind and scope, episodes waiting for consolidation, the last consolidation."
+
+    def add_arguments(self, parser):
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        counts = command.service.memory_counts()
+        run = command.service.last_consolidation()
+        last = None if run is None else {
+            "finished_at": run.finished_at.isoformat(), "ok": run.ok, "episodes_processed": run.episodes_processed,
+            "facts_created": run.facts_created, "facts_confirmed": run.facts_confirmed,
+        }
+        if options["json"]:
+            return command.print_json({**counts, "last_consolidation": last})
+        table = Table(title="Memory")
+        table.add_column("what")
+        table.add_column("rows", justify="right")
+        table.add_row("facts", f"{counts['facts']:,}")
+        for scope, n in counts["facts_by_scope"].items():
+            table.add_row(f"  {scope} facts", f"{n:,}")
+        table.add_row("episodes", f"{counts['episodes']:,}")
+        table.add_row("  waiting for consolidation", f"{counts['episodes_unconsolidated']:,}")
+        table.add_row("procedures", f"{counts['procedures']:,}")
+        table.add_row("  active", f"{counts['procedures_active']:,}")
+        table.add_row("users", f"{counts['users']:,}")
+        table.add_row("  merged into others", f"{counts['users_merged']:,}")
+        table.add_row("channel identities", f"{counts['identities']:,}")
+        command.console.print(table)
+        if last:
+            state = "[green]ok[/green]" if last["ok"] else "[red]with failures[/red]"
+            command.console.print(
+                f"Last consolidation {last['finished_at']}: {state}, {last['episodes_processed']} episodes, "
+                f"{last['facts_created']} facts created, {last['facts_confirmed']} confirmed."
+            )
+        else:
+            command.console.print("No consolidation has run yet.")
+
+
+class ExportSubcommand(Subcommand):
+    name = "export"
+    help = "Write every memory (users, identities, episodes, procedures, facts) as JSON Lines."
+
+    def add_arguments(self, parser):
+        parser.add_argument("-o", "--output", default="-", help="file to write; '-' (default) for standard output")
+
+    def handle(self, command, options):
+        path = options["output"]
+        with command.progress() as progress:
+            task = progress.add_task("exporting", total=None)
+            done = {}
+
+            def advance(kind, count, total):
+                done[kind] = (count, total)
+                progress.update(task, completed=sum(c for c, _ in done.values()))
+
+            if path == "-":
+                counts = command.service.export_memories(command.stdout, on_progress=advance)
+            else:
+                with open(path, "w", encoding="utf-8") as out:
+                    counts = command.service.export_memories(out, on_progress=advance)
+        summary = ", ".join(f"{n:,} {kind}" for kind, n in counts.items())
+        command.err_console.print(f"exported {summary}" + ("" if path == "-" else f" to {path}"))
+
+
+class ImportSubcommand(Subcommand):
+    name = "import"
+    help = "Validate an export, then add its new rows in one transaction (rows already present are kept)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("path", help="an export file; '-' for standard input")
+        parser.add_argument("--dry-run", action="store_true", help="validate and count, write nothing")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        path = options["path"]
+        with tempfile.TemporaryFile("w+", encoding="utf-8") if path == "-" else open(path, encoding="utf-8") as stream:
+            if path == "-":  # import reads the file twice: keep standard input in a temporary file
+                shutil.copyfileobj(sys.stdin, stream)
+                stream.seek(0)
+            with command.progress() as progress:
+                task = progress.add_task("validating, importing", total=None)
+                done = {}
+
+                def advance(kind, count):
+                    done[kind] = count
+                    progress.update(task, completed=sum(done.values()))
+
+                try:
+                    report = command.service.import_memories(stream, dry_run=options["dry_run"], on_progress=advance)
+                except ImportRejected as exc:
+                    lines = "\n".join(f"  line {line}: {field}: {message}" for line, field, message in exc.errors)
+                    raise CommandError(f"import refused, nothing was written:\n{lines}") from None
+        if options["json"]:
+            return command.print_json(report.as_dict())
+        table = Table(title="Import" + (" (dry run: nothing written)" if report.dry_run else ""))
+        table.add_column("kind")
+        table.add_column("added" if not report.dry_run else "would add", justify="right")
+        table.add_column("already present", justify="right")
+        for kind, n in report.added.items():
+            table.add_row(kind, f"{n:,}", f"{report.present.get(kind, 0):,}")
+        command.console.print(table)
+
+
+class ClearSubcommand(Subcommand):
+    name = "clear"
+    help = "Delete memory by type, scope, agent or user (asks for confirmation unless --force)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--type", dest="kinds", action="append", choices=["facts", "episodes", "procedures", "users"],
+                            help="repeat for several; default: every type the filters apply to")
+        parser.add_argument("--scope", help="facts of this scope only")
+        parser.add_argument("--agent", dest="agent_id")
+        parser.add_argument("--user", dest="user_id", type=int, help="memory user id")
+        parser.add_argument("--force", action="store_true", help="do not ask for confirmation")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        filters = {k: options[k] for k in ("scope", "agent_id", "user_id") if options[k] is not None}
+        what = ", ".join(options["kinds"] or ["every memory type"])
+        where = " and ".join(f"{k} = {v}" for k, v in filters.items()) or "everything"
+        if not options["force"]:
+            if not sys.stdin.isatty():
+                raise CommandError("clear asks for confirmation; on a non-interactive run pass --force")
+            answer = input(f"Delete {what} matching {where}? This cannot be undone. Type 'yes' to continue: ")
+            if answer.strip().lower() != "yes":
+                raise CommandError("nothing deleted")
+        deleted = command.service.clear_memories(options["kinds"], **filters)
+        if options["json"]:
+            return command.print_json({"deleted": deleted})
+        command.console.print("deleted " + (", ".join(f"{n:,} {k}" for k, n in deleted.items()) or "nothing"))
+
+
+class ConsolidateSubcommand(Subcommand):
+    name = "consolidate"
+    help = "Distil unprocessed episodes into facts (exit status 1 when any episode failed)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--limit", type=int, help="episodes to take (default CONSOLIDATION['MAX_EPISODES_PER_RUN'])")
+        parser.add_argument("--agent", dest="agent_id")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        report = command.service.consolidate(limit=options["limit"], agent_id=options["agent_id"])
+        data = report.as_dict()
+        if options["json"]:
+            command.print_json(data)
+        else:
+            facts = ", ".join(f"{n} {action}" for action, n in data["facts"].items())
+            command.console.print(
+                f"consolidation ({report.extractor}): {data['episodes_processed']} of {data['episodes_seen']} episodes "
+                f"processed; facts: {facts}"
+            )
+            for pk, error in report.failed.items():
+                command.console.print(f"[red]episode {pk}[/red]: {error}")
+            for error in report.errors:
+                command.console.print(f"[red]{error}[/red]")
+        if not report.ok:
+            raise CommandError("consolidation finished with failures", returncode=1)
+
+
+class PruneSubcommand(Subcommand):
+    name = "prune"
+    help = "Bring memory within MEMORY['LIMITS'] and let other apps prune; reclaim SQLite space."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", dest="agent_id")
+        parser.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        report = command.service.prune(agent_id=options["agent_id"], dry_run=options["dry_run"])
+        if options["json"]:
+            return command.print_json(report.as_dict())
+        table = Table(title="Prune" + (" (dry run: nothing deleted)" if report.dry_run else ""))
+        table.add_column("kind")
+        table.add_column("would delete" if report.dry_run else "deleted", justify="right")
+        for kind, n in report.deleted.items():
+            table.add_row(kind, f"{n:,}")
+        command.console.print(table)
+        if report.reclaimed_pages:
+            command.console.print(f"{report.reclaimed_pages:,} free pages given back to the file system")
+
+
+class HealthSubcommand(Subcommand):
+    name = "health"
+    help = "Seed 001's five health metrics, the weighted score and its colour band."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", dest="agent_id")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        report = command.service.memory_health(agent_id=options["agent_id"])
+        data = report.as_dict()
+        if options["json"]:
+            return command.print_json(data)
+        style = BAND_STYLE[report.band]
+        table = Table(title=f"Memory health: [{style}]{report.band}[/{style}]"
+                      + ("" if report.score is None else f" ({report.score:.1f})"))
+        table.add_column("metric")
+        table.add_column("weight", justify="right")
+        table.add_column("score", justify="right")
+        for name, weight in data["weights"].items():
+            value = data["metrics"][name]
+            table.add_row(name, f"{weight}%", "n/a" if value is None else f"{value:.1f}")
+        command.console.print(table)
+
+
+SUBCOMMANDS = [
+    ListSubcommand(), StatsSubcommand(), ExportSubcommand(), ImportSubcommand(), ClearSubcommand(),
+    ConsolidateSubcommand(), PruneSubcommand(), HealthSubcommand(),
+]
+
+
+class Command(BaseCommand):
+    help = "Operate the memory: list, stats, export, import, clear, consolidate, prune, health."
+
+    def add_arguments(self, parser):
+        subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
+        for sub in SUBCOMMANDS:
+            sub.add_arguments(subparsers.add_parser(sub.name, help=sub.help, description=sub.help))
+
+    def handle(self, *args, subcommand, **options):
+        self.service = MemoryService()
+        self.console = Console(file=self.stdout, soft_wrap=False, width=shutil.get_terminal_size((140, 24)).columns)
+        self.err_console = Console(file=self.stderr)
+        try:
+            next(s for s in SUBCOMMANDS if s.name == subcommand).handle(self, options)
+        except MemoryServiceError as exc:  # a bad filter or argument: say which, change nothing
+            raise CommandError(str(exc)) from None
+
+    def print_json(self, data):
+        self.stdout.write(json.dumps(data, ensure_ascii=False, default=str))
+
+    def progress(self):
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        return Progress(*columns, console=self.err_console, transient=True)

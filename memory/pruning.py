@@ -1,0 +1,216 @@
+"""Limits and pruning: keep each owner's facts and each agent's episodes and procedures within LIMITS.
+
+Internal to the memory service: call `MemoryService.prune()` (the `memory prune` command); the
+service's writes call `enforce_after_create()` when they add a row.
+
+Limits (MEMORY["LIMITS"], None = no limit), overridable per agent in LIMITS["PER_AGENT"]:
+- MAX_FACTS per owner: each agent's own facts (the agent's override applies), each user's, each
+  session's, and the global ones;
+- MAX_EPISODES per agent (episodes without an agent count together);
+- MAX_PROCEDURES per agent (shared procedures, agent "", count together).
+
+What goes first (the row just written is never evicted by its own write):
+- facts: the lowest confidence tier first (tiers of 0.1: a confirmed, confident fact outlives every
+  doubtful one), then the one unused longest (last recalled, else last written), then the one
+  confirmed least, then the oldest;
+- episodes: already consolidated ones before unconsolidated ones (those still hold facts not yet
+  distilled), each oldest first;
+- procedures: inactive before active, then the lowest smoothed success rate (successes + 1) /
+  (uses + 2), then the one unused longest, then the oldest.
+
+After a prune that deleted rows, SQLite gives free pages back with `PRAGMA incremental_vacuum`
+(the file's auto_vacuum mode is INCREMENTAL; see migration 0004). Other apps join a prune through
+the `prune_requested` signal (conversation threads and checkpoints, recall events).
+"""
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+from django.db.models import Count, F, FloatField
+from django.db.models.functions import Cast, Coalesce, Floor
+
+from .access import access_counter
+from .conf import memory_settings
+from .models import Episode, Fact, Procedure, Scope
+from .signals import prune_requested
+
+FACTS, EPISODES, PROCEDURES = "facts", "episodes", "procedures"
+_SETTING = {FACTS: "MAX_FACTS", EPISODES: "MAX_EPISODES", PROCEDURES: "MAX_PROCEDURES"}
+_CHUNK = 500
+
+
+@dataclass
+class PruneReport:
+    """Rows deleted per kind (or, on a dry run, that would be) and SQLite pages given back."""
+
+    dry_run: bool = False
+    deleted: dict[str, int] = field(default_factory=dict)
+    reclaimed_pages: int | None = 0  # None: SQLite reclaims them when the caller's transaction commits
+
+    @property
+    def total(self):
+        return sum(self.deleted.values())
+
+    def as_dict(self):
+        return {"dry_run": self.dry_run, "deleted": dict(self.deleted), "reclaimed_pages": self.reclaimed_pages}
+
+
+def limit_for(kind, agent_id=""):
+    """The limit of one kind for an agent ("" and non-agent owners: the default); None: unlimited."""
+    limits = memory_settings.LIMITS
+    override = (limits["PER_AGENT"] or {}).get(agent_id, {}) if agent_id else {}
+    value = override.get(_SETTING[kind], limits[_SETTING[kind]])
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"MEMORY['LIMITS'] {_SETTING[kind]} for agent {agent_id!r} must be a non-negative integer or None")
+    return value
+
+
+def _fact_limit(scope_key):
+    scope, _, owner = scope_key.partition(":")
+    return limit_for(FACTS, owner if scope == Scope.AGENT else "")
+
+
+def _fact_eviction():
+    last_used = Coalesce("last_accessed", "updated_at")
+    return [Floor(F("confidence") * 10.0).asc(), last_used.asc(), F("times_confirmed").asc(), F("id").asc()]
+
+
+def _episode_eviction():
+    return [F("processed_for_facts").desc(), F("started_at").asc(), F("id").asc()]
+
+
+def _procedure_eviction():
+    smoothed = (Cast(F("times_succeeded"), FloatField()) + 1.0) / (Cast(F("times_used"), FloatField()) + 2.0)
+    return [F("is_active").asc(), smoothed.asc(), Coalesce("last_used", "created_at").asc(), F("id").asc()]
+
+
+def _group(kind, key):
+    """Queryset of one group (an owner's facts, an agent's episodes or procedures) and its eviction order."""
+    if kind == FACTS:
+        return Fact.objects.filter(scope_key=key), _fact_eviction()
+    model = Episode if kind == EPISODES else Procedure
+    order = _episode_eviction() if kind == EPISODES else _procedure_eviction()
+    return model.objects.filter(agent_id=key), order
+
+
+def prune_group(kind, key, limit, *, keep_id=None, dry_run=False, count=None):
+    """Delete the rows of one group beyond `limit`, in eviction order; returns how many (would) go."""
+    qs, order = _group(kind, key)
+    if count is None:
+        count = qs.count()
+    excess = count - limit
+    if excess <= 0:
+        return 0
+    if dry_run:
+        return excess
+    if kind == FACTS:
+        access_counter.flush()  # recency must include recalls still buffered
+    candidates = qs.exclude(pk=keep_id) if keep_id is not None else qs
+    doomed = list(candidates.order_by(*order).values_list("pk", flat=True)[:excess])
+    model = qs.model
+    with transaction.atomic():
+        for start in range(0, len(doomed), _CHUNK):
+            model.objects.filter(pk__in=doomed[start : start + _CHUNK]).delete()
+    return len(doomed)
+
+
+def enforce_after_create(kind, row):
+    """After a write added `row`: if its group crossed its limit, evict down to it (never `row`). Returns rows deleted.
+
+    No limit, no query; otherwise one COUNT, and the deletes only when the limit is crossed.
+    """
+    if kind == FACTS:
+        key = _scope_key(row)
+        limit = _fact_limit(key)
+    else:
+        key, limit = row.agent_id, limit_for(kind, row.agent_id)
+    if limit is None:
+        return 0
+    qs, _ = _group(kind, key)
+    # Counting past limit + 1 tells nothing more; on a big group this stops early.
+    count = qs.order_by()[: limit + 1].count()
+    if count <= limit:
+        return 0
+    return prune_group(kind, key, limit, keep_id=row.pk, count=qs.count())
+
+
+def _scope_key(fact):
+    """The owner of a fact object just written (its generated column is not read back after an insert)."""
+    if fact.scope == Scope.SESSION:
+        return f"session:{fact.session_id}"
+    if fact.scope == Scope.USER:
+        return f"user:{fact.user_id}"
+    if fact.scope == Scope.AGENT:
+        return f"agent:{fact.agent_id}"
+    return "global"
+
+
+def _limited_fact_owners(agent_id):
+    """(scope_key, limit) of every fact owner that has a limit (one agent's only, if given)."""
+    limits = memory_settings.LIMITS
+    per_agent = {a: o["MAX_FACTS"] for a, o in (limits["PER_AGENT"] or {}).items() if "MAX_FACTS" in o}
+    if agent_id is not None:
+        limit = limit_for(FACTS, agent_id) if agent_id else None
+        return [(f"agent:{agent_id}", limit)] if limit is not None else []
+    if limits["MAX_FACTS"] is None and not any(v is not None for v in per_agent.values()):
+        return []
+    qs = Fact.objects.order_by().values("scope_key").annotate(n=Count("id"))
+    smallest = min(v for v in [limits["MAX_FACTS"], *per_agent.values()] if v is not None)
+    owners = []
+    for row in qs.filter(n__gt=smallest):
+        limit = _fact_limit(row["scope_key"])
+        if limit is not None and row["n"] > limit:
+            owners.append((row["scope_key"], limit))
+    return owners
+
+
+def _limited_agents(kind, agent_id):
+    model = Episode if kind == EPISODES else Procedure
+    qs = model.objects.order_by().values("agent_id").annotate(n=Count("id"))
+    if agent_id is not None:
+        qs = qs.filter(agent_id=agent_id)
+    result = []
+    for row in qs:
+        limit = limit_for(kind, row["agent_id"])
+        if limit is not None and row["n"] > limit:
+            result.append((row["agent_id"], limit))
+    return result
+
+
+def prune_all(*, agent_id=None, dry_run=False):
+    """Bring every group (or one agent's) within its limits, let other apps prune, reclaim space."""
+    report = PruneReport(dry_run=dry_run)
+    report.deleted[FACTS] = sum(prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id))
+    for kind in (EPISODES, PROCEDURES):
+        report.deleted[kind] = sum(
+            prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
+        )
+    for receiver, result in prune_requested.send(sender=PruneReport, agent_id=agent_id, dry_run=dry_run):
+        for name, count in (result or {}).items():
+            report.deleted[name] = report.deleted.get(name, 0) + count
+    if report.total and not dry_run and memory_settings.LIMITS["VACUUM_AFTER_PRUNE"]:
+        report.reclaimed_pages = reclaim_space()
+    return report
+
+
+def reclaim_space():
+    """SQLite: return free pages to the file system (incremental vacuum); returns how many were freed.
+
+    Python's sqlite3 steps `execute("PRAGMA incremental_vacuum")` once, which frees one page; its
+    `executescript` runs the pragma to the end, but commits any open transaction first. So inside a
+    transaction the vacuum waits for the commit (`on_commit`) and this returns None. 0 on PostgreSQL,
+    whose autovacuum reclaims dead rows itself.
+    """
+    if connection.vendor != "sqlite":
+        return 0
+    if connection.in_atomic_block:
+        transaction.on_commit(_incremental_vacuum)
+        return None
+    return _incremental_vacuum()
+
+
+def _incremental_vacuum():
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.execute("PRAGMA freelist_count").fetchone()[0]
+    raw.executescript("PRAGMA incremental_vacuum;")
+    return before - raw.execute("PRAGMA freelist_count").fetchone()[0]
