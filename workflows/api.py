@@ -19,11 +19,8 @@ from rest_framework.response import Response
 from memory.api.filters import IdFilter
 from memory.conf import memory_settings
 
-from .checkpoints import MAX_THREAD_ID_LENGTH, delete_checkpoints, is_valid_thread_id, thread_checkpoints, tracked_threads
+from .checkpoints import CHECKPOINT_ID_PATTERN, MAX_THREAD_ID_LENGTH, delete_checkpoints, is_valid_thread_id, thread_checkpoints, tracked_threads
 from .models import Thread
-
-# LangGraph checkpoint ids are UUIDs (version 6) in their text form.
-CHECKPOINT_ID_PATTERN = r"^[0-9a-fA-F-]{1,64}$"
 
 
 # ------------------------------------------------------------------ serializers

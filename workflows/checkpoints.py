@@ -22,6 +22,8 @@ from .checkpointer import get_checkpointer
 from .models import Thread
 from .threads import delete_threads
 
+# LangGraph checkpoint ids are UUIDs (version 6) in their text form.
+CHECKPOINT_ID_PATTERN = r"^[0-9a-fA-F-]{1,64}$"
 # The longest thread id a Thread row holds (Thread.thread_id).
 MAX_THREAD_ID_LENGTH = Thread._meta.get_field("thread_id").max_length
 
