@@ -273,3 +273,10 @@ def test_forgetting_a_person_leaves_no_checkpoint_or_write_of_theirs(api, servic
     assert saved(threads["bob"])
     assert thread_ids(api.get("/api/v1/checkpoints/")) == [threads["bob"]]
     assert api.get(f"/api/v1/checkpoints/{thread_id}/").status_code == 404
+
+
+@pytest.mark.parametrize("params", [{"before": ""}, {"limit": ""}])
+def test_blank_page_parameters_are_refused_not_ignored(api, threads, params):
+    response = api.get(f"/api/v1/checkpoints/{threads['ann']}/", params)
+    assert response.status_code == 400 and set(params) <= set(response.json())
+    assert api.get("/api/v1/checkpoints/", {"page": ""}).status_code == 400

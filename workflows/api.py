@@ -10,7 +10,7 @@ and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 import django_filters
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -22,6 +22,9 @@ from memory.conf import memory_settings
 from .checkpoints import CHECKPOINT_ID_PATTERN, MAX_THREAD_ID_LENGTH, delete_checkpoints, is_valid_thread_id, thread_checkpoints, tracked_threads
 from .models import Thread
 
+
+# Any characters but NUL (which no database column holds).
+THREAD_ID_PATTERN = r"^[^\x00]+$"
 
 # ------------------------------------------------------------------ serializers
 
@@ -72,6 +75,7 @@ class CheckpointPageSerializer(serializers.Serializer):
         return value
 
 
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": THREAD_ID_PATTERN})
 class ThreadIdField(serializers.CharField):
     """A thread id given as a JSON string (numbers and the like are refused, not converted)."""
 
@@ -119,15 +123,17 @@ class CheckpointFilter(django_filters.FilterSet):
 # ------------------------------------------------------------------ views
 
 _THREAD_ID = OpenApiParameter(
-    "thread_id", OpenApiTypes.STR, OpenApiParameter.PATH,
+    "thread_id", {"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": r"^[^/\x00]+$"},
+    OpenApiParameter.PATH,
     description="The thread id, <memory user id>:<conversation id>:<workflow id>.",
 )
 _LIMIT = OpenApiParameter(
-    "limit", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+    "limit", {"type": "integer", "minimum": 1, "maximum": memory_settings.API_MAX_PAGE_SIZE}, OpenApiParameter.QUERY,
+    required=False,
     description="How many checkpoints (default API_PAGE_SIZE, at most API_MAX_PAGE_SIZE).",
 )
 _BEFORE = OpenApiParameter(
-    "before", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False, pattern=CHECKPOINT_ID_PATTERN,
+    "before", {"type": "string", "maxLength": 64, "pattern": CHECKPOINT_ID_PATTERN}, OpenApiParameter.QUERY, required=False,
     description="Only checkpoints older than this checkpoint id (the last one of the previous answer).",
 )
 
@@ -174,6 +180,9 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
         return super().get_object()
 
     def retrieve(self, request, *args, **kwargs):
+        for name in ("limit", "before"):  # a form-style serializer would take `?limit=` for "not given"
+            if request.query_params.get(name) == "":
+                raise ValidationError({name: ["May not be blank."]})
         page = CheckpointPageSerializer(data=request.query_params)
         page.is_valid(raise_exception=True)
         thread = self.get_object()
