@@ -20,7 +20,7 @@ trap cleanup EXIT
 export ENGRAM_DATA_DIR="$data_dir"
 unset DATABASE_URL
 .venv/bin/python manage.py migrate --no-input -v 0
-# A staff user with a token, and a few memories of each kind written through the service.
+# A staff user with a token, a few memories of each kind written through the service, and threads.
 token="$(.venv/bin/python manage.py shell -v 0 -c '
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
@@ -35,6 +35,15 @@ for n in range(5):
     episode = memory.start_episode(agent_id="support", user_id=user.pk, trigger_type="telegram")
     memory.complete_episode(episode.pk, success=n % 2 == 0, summary=f"run {n}")
     memory.save_procedure(f"procedure_{n}", trigger_conditions={"goal_contains": ["weather"]})
+# Conversation threads with checkpoints, through a real run of the demo workflow.
+from workflows.demo import ensure_demo_workflow
+from workflows.runtime import run_workflow
+demo, _ = ensure_demo_workflow()
+for n in range(3):
+    run_workflow(demo, {"type": "chat", "payload": {"user_id": f"chat-{n}", "message": "my name is Ann"}})
+# The threads stay; the workflow is switched off so its run endpoint is left out, as with no workflow.
+demo.is_active = False
+demo.save()
 print(Token.objects.create(user=staff).key)
 ')"
 .venv/bin/python manage.py runserver "127.0.0.1:${port}" --noreload --nothreading >"$data_dir/server.log" 2>&1 &

@@ -30,6 +30,15 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
         episode = service.start_episode(agent_id="support", user_id=user.pk)
         service.complete_episode(episode.pk, success=True, summary=f"run {n}")
         service.save_procedure(f"procedure_{n}")
+    from workflows.demo import ensure_demo_workflow
+    from workflows.runtime import run_workflow
+
+    demo, _ = ensure_demo_workflow()
+    for n in range(2):  # conversation threads with checkpoints, for the checkpoints endpoints
+        run_workflow(demo, {"type": "chat", "payload": {"user_id": f"chat-{n}", "message": "hello"}})
+    # The threads stay; the workflow is switched off so its run endpoint is left out, as with no workflow.
+    demo.is_active = False
+    demo.save()
     result = subprocess.run(
         [
             cli, "run", f"{live_server.url}/api/schema/?format=json",

@@ -2,7 +2,7 @@
 
 Needs Debian's `chromium` and `chromium-driver` (found on PATH, or CHROMIUM_BINARY / CHROMEDRIVER).
 Skipped when they are missing, unless ENGRAM_REQUIRE_BROWSER=1 (CI), where a missing browser fails.
-Screenshots of every tab go to test-artifacts/ at the repository root (git-ignored).
+Screenshots of every tab (and of a thread's checkpoints) go to test-artifacts/ at the repository root (git-ignored).
 """
 import os
 import shutil
@@ -60,7 +60,7 @@ def log_in(browser, live_server):
     assert browser.find_element(By.CSS_SELECTOR, "a.active[role=tab]").text == "Facts"
 
 
-def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, operator, service, user_factory):
+def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, operator, service, user_factory, demo_workflow):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -72,12 +72,18 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
     episode = service.start_episode(agent_id="planner", user_id=ann.pk, trigger_type="telegram")
     service.complete_episode(episode.pk, success=True, summary="booked a table")
     service.save_procedure("weather", trigger_conditions={"goal_contains": ["weather"]})
+    from workflows.runtime import run_workflow
+
+    thread_id = run_workflow(demo_workflow, {"type": "chat", "payload": {"user_id": "bea", "message": "hello"}}).thread_id
 
     log_in(browser, live_server)
     ARTIFACTS.mkdir(exist_ok=True)
     labels = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "a[role=tab]")]
-    assert [label for label in labels if label != "Checkpoints"] == ["Facts", "Episodes", "Procedures", "Users"]
-    expected_text = {"Facts": "note_0", "Episodes": "booked a table", "Procedures": "weather", "Users": "ann@example.org"}
+    assert labels == ["Facts", "Episodes", "Checkpoints", "Procedures", "Users"]
+    expected_text = {
+        "Facts": "note_0", "Episodes": "booked a table", "Checkpoints": thread_id, "Procedures": "weather",
+        "Users": "ann@example.org",
+    }
     for label in labels:
         browser.find_element(By.ID, f"tab-{label.lower()}").click()
         active = browser.find_element(By.CSS_SELECTOR, "a.active[role=tab]")
@@ -85,6 +91,13 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
         if label in expected_text:
             assert expected_text[label] in browser.find_element(By.ID, "result_list").text
         browser.save_screenshot(str(ARTIFACTS / f"memories-tab-{label.lower()}.png"))
+
+    # A thread's page lists its checkpoints, newest first.
+    browser.find_element(By.ID, "tab-checkpoints").click()
+    browser.find_element(By.LINK_TEXT, thread_id).click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#thread-checkpoints tbody tr")
+    assert rows and all(row.text.startswith(thread_id) for row in rows)
+    browser.save_screenshot(str(ARTIFACTS / "memories-thread-checkpoints.png"))
 
     browser.find_element(By.ID, "tab-facts").click()
     button = browser.find_element(By.ID, "delete-selected")

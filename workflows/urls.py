@@ -3,11 +3,13 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from . import views
+from .api import CheckpointViewSet
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
 router.register("node-types", views.NodeTypeViewSet, basename="node-type")
 router.register("workflows", views.WorkflowViewSet, basename="workflow")
+router.register("checkpoints", CheckpointViewSet, basename="checkpoint")
 
 app_name = "workflows"
 

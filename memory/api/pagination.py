@@ -27,6 +27,12 @@ class MemoryPagination(PageNumberPagination):
             raise ValidationError({self.page_size_query_param: ["Must be one positive integer."]})
         return min(int(raw[0]), self.max_page_size)
 
+    def get_page_number(self, request, paginator):
+        """The asked page; `?page=` with nothing is a 400 (DRF would serve page 1), anything else not a page a 404."""
+        if request.query_params.get(self.page_query_param) == "":
+            raise ValidationError({self.page_query_param: ["May not be blank."]})
+        return super().get_page_number(request, paginator)
+
     def get_schema_operation_parameters(self, view):
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:
