@@ -115,12 +115,13 @@ def build_agent_node(config, context):
         if fallback_on:
             messages.insert(0, HumanMessage(content=f"[system]\n{system_prompt}", id=FALLBACK_MESSAGE_ID))
         update = {"memory_errors": []}
-        thread_id = ""
+        thread_id, thread_ref = "", None
         if memory_on and user:
             try:
-                thread_id = threads.thread_for(
+                thread_ref = threads.thread_for(
                     workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
                 )
+                thread_id = thread_ref.thread_id
             except DatabaseError as exc:
                 logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
                 update["memory_errors"].append(_error(context, "thread lookup", exc))
@@ -137,7 +138,8 @@ def build_agent_node(config, context):
             system_prompt=system_prompt,
             memories=state.get("memories") or {},
         )
-        result = graph.invoke({"messages": messages}, run_config, context=agent_context)
+        durability = {"durability": workflow_settings.CHECKPOINT_DURABILITY} if memory_on else {}
+        result = graph.invoke({"messages": messages}, run_config, context=agent_context, **durability)
         if memory_on and not thread_id:
             get_checkpointer().delete_thread(run_config["configurable"]["thread_id"])
         produced = _this_turn(result["messages"], turn.id)
@@ -153,7 +155,7 @@ def build_agent_node(config, context):
         if thread_id:
             try:
                 threads.record_activity(
-                    thread_id,
+                    thread_ref,
                     workflow_id=context.workflow_id,
                     user_id=user["id"],
                     conversation_id=conversation_id,

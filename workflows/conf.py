@@ -8,6 +8,9 @@ DEFAULTS = {
     "CHECKPOINTER": None,
     # Path of the SQLite checkpoint file; None: checkpoints.db in the site's data folder.
     "CHECKPOINT_PATH": None,
+    # When an agent's conversation is checkpointed (LangGraph durability): "exit" saves it once per
+    # turn, when the agent is done; "async"/"sync" save after every step (tool calls included).
+    "CHECKPOINT_DURABILITY": "exit",
     # Threads kept per workflow (the most recently active); None keeps all.
     "MAX_THREADS_PER_WORKFLOW": None,
     # Messages of a conversation an agent keeps (and sends to its model) by default.

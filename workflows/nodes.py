@@ -1,7 +1,7 @@
 """The built-in node types: identify_user, recall, remember and agent, registered for the palette.
 
 Nodes are plain callables over WorkflowState returning partial updates; they reach memory only
-through MemoryService, each in one transaction. A memory failure is logged and added to
+through MemoryService, each node that writes in one transaction (recall only reads: no transaction). A memory failure is logged and added to
 `memory_errors` in the state; it never raises out of the run and is never reported as success.
 """
 import logging
@@ -116,8 +116,8 @@ def build_recall(config, context):
             channel=user.get("channel", ""),
         )
         try:
-            with transaction.atomic():
-                recalled = recall_for(query, scope, options)
+            # Reads only: no transaction (on SQLite it would take the write lock), nothing to commit.
+            recalled = recall_for(query, scope, options)
         except MEMORY_FAILURES as exc:
             return {
                 "memories": {"query": query, "facts": [], "episodes": [], "procedures": []},
