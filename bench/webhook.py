@@ -45,20 +45,11 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def server_command(kind, port, workers):
-    if kind == "waitress":
-        return [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", f"--threads={SERVER_THREADS}", "config.wsgi:application"]
-    return [
-        sys.executable, "-m", "gunicorn", f"--bind=127.0.0.1:{port}", "--worker-class=gthread",
-        f"--workers={workers}", f"--threads={SERVER_THREADS // workers}", "--log-level=warning", "config.wsgi:application",
-    ]
-
-
-def start_server(kind, port, workers):
-    """The site in a child process with this process's environment (the scratch database)."""
+def start_server(port):
+    """The site under waitress in a child process with this process's environment (the scratch database)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
     server = subprocess.Popen(
-        server_command(kind, port, workers),
+        [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", f"--threads={SERVER_THREADS}", "config.wsgi:application"],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
@@ -83,7 +74,7 @@ def wait_until_serving(server, port, timeout=60):
     raise RuntimeError("the server did not start within a minute")
 
 
-def run(updates, users, concurrency, progress, server_kind, workers):
+def run(updates, users, concurrency, progress):
     import httpx
     from django.db import connections
 
@@ -93,7 +84,7 @@ def run(updates, users, concurrency, progress, server_kind, workers):
     workflow, _ = ensure_demo_workflow()
     connections.close_all()
     port = free_port()
-    server = start_server(server_kind, port, workers)
+    server = start_server(port)
     url = f"http://127.0.0.1:{port}/telegram/{workflow.slug}/webhook/"
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
     local = threading.local()
@@ -155,8 +146,6 @@ def main(argv=None):
     parser.add_argument("--updates", type=int, default=500, help="updates to send (default 500)")
     parser.add_argument("--users", type=int, default=50, help="Telegram users sending them (default 50)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
-    parser.add_argument("--server", choices=["gunicorn", "waitress"], default="gunicorn", help="threaded WSGI server (default gunicorn gthread)")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2: one per core)")
     parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     args = parser.parse_args(argv)
@@ -173,7 +162,7 @@ def main(argv=None):
             from django.db import connection
 
             database = connection.vendor
-            results = run(args.updates, args.users, args.concurrency, progress, args.server, args.workers)
+            results = run(args.updates, args.users, args.concurrency, progress)
         sent = len(bot.sent_messages()) - WARMUP
     if sent != args.updates - results["errors"]:
         results["errors"] = max(results["errors"], args.updates - sent)
@@ -181,12 +170,7 @@ def main(argv=None):
         keys = ["updates", "per_s", "p50_ms", "p95_ms", "errors"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
-    shape = (
-        f"gunicorn gthread, {args.workers} workers x {SERVER_THREADS // args.workers} threads"
-        if args.server == "gunicorn"
-        else f"waitress, {SERVER_THREADS} threads"
-    )
-    table = Table(title=f"Telegram webhook -> demo workflow ({database}; {shape})")
+    table = Table(title=f"Telegram webhook -> demo workflow ({database}; waitress, {SERVER_THREADS} threads, own process)")
     table.add_column("updates", justify="right")
     table.add_column("per second", justify="right")
     table.add_column("p50 ms", justify="right")

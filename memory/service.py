@@ -17,6 +17,7 @@ from django.db.models import (
     Q,
     Subquery,
     Value,
+    Window,
 )
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
@@ -716,22 +717,8 @@ class MemoryService:
             .annotate(survivor=Coalesce("user__merged_into_id", "user_id"))
             .values("survivor")[:1]
         )
-        counts = {
-            "fact_count": Fact.objects.filter(user=OuterRef("user_id")),
-            "episode_count": Episode.objects.filter(user=OuterRef("user_id")),
-        }
         identities = list(
-            ChannelIdentity.objects.filter(user_id=survivor)
-            .select_related("user")
-            .annotate(
-                **{
-                    name: Coalesce(
-                        Subquery(qs.order_by().values("user").annotate(n=Count("id")).values("n")), 0
-                    )
-                    for name, qs in counts.items()
-                }
-            )
-            .order_by("channel", "external_id")
+            ChannelIdentity.objects.filter(user_id=survivor).select_related("user").order_by("channel", "external_id")
         )
         if not identities:
             return None
@@ -741,8 +728,20 @@ class MemoryService:
         if display_name and not user.display_name:
             changes["display_name"] = user.display_name = display_name
         MemoryUser.objects.filter(pk=user.pk).update(**changes)
-        facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
-        episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
+        # Each list carries its total (a window count over the user's rows), so no separate count.
+        total = Window(Count("id"))
+        facts = list(
+            Fact.objects.filter(user=user)
+            .only("key", "value", "fact_type", "confidence")
+            .annotate(total=total)
+            .order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS]
+        )
+        episodes = list(
+            Episode.objects.filter(user=user)
+            .only("summary", "success", "started_at", "trigger_type")
+            .annotate(total=total)
+            .order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
+        )
         context = UserContext(
             user_id=user.pk,
             canonical_id=user.canonical_id,
@@ -763,8 +762,8 @@ class MemoryService:
                 }
                 for e in episodes
             ],
-            fact_count=identities[0].fact_count,
-            episode_count=identities[0].episode_count,
+            fact_count=facts[0].total if facts else 0,
+            episode_count=episodes[0].total if episodes else 0,
             total_conversations=user.total_conversations + 1,
             last_seen=now,
         )

@@ -59,10 +59,16 @@ def test_run_workflow_command(demo_workflow, capsys):
         call_command("run_workflow", "missing", "--user", "x", "--message", "hi")
 
 
-def test_setup_demo_is_idempotent(db, capsys):
-    call_command("setup_demo")
-    call_command("setup_demo")
+def test_setup_demo_keeps_an_edited_demo_unless_reset(db, capsys):
     from workflows.models import Workflow
 
-    assert Workflow.objects.get().slug == "demo"
-    assert "updated workflow 'demo'" in capsys.readouterr().out
+    call_command("setup_demo")
+    demo = Workflow.objects.get(slug="demo")
+    demo.name = "my edit"
+    demo.save()
+    call_command("setup_demo")
+    assert Workflow.objects.get().name == "my edit"
+    call_command("setup_demo", "--reset")
+    assert Workflow.objects.get().name != "my edit"
+    out = capsys.readouterr().out
+    assert "created workflow 'demo'" in out and "kept the existing workflow 'demo'" in out and "restored" in out
