@@ -57,7 +57,8 @@ def build_agent_graph(config, model):
     from langgraph.prebuilt import create_react_agent
 
     tools = []
-    tool_config = config.get("tools") or {}
+    # The offline responder never calls tools: leave them (and LangGraph's tool node) out.
+    tool_config = (config.get("tools") or {}) if model is not None else {}
     if "recall" in tool_config:
         tools.append(make_recall_tool(tool_config["recall"] or {}))
     if "remember" in tool_config:
