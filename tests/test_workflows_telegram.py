@@ -127,6 +127,13 @@ def test_a_failed_reply_is_reported_without_the_token(live_server, demo_workflow
     assert Episode.objects.count() == 1
 
 
+def test_bot_api_requests_are_logged_without_the_token(post, fake_bot, caplog):
+    with caplog.at_level(logging.DEBUG):
+        assert post(telegram_update(1, 42, "hello")).json()["reply_sent"] is True
+    assert "/bot<token>/sendMessage" in caplog.text  # httpx logs the request, redacted
+    assert BOT_TOKEN not in caplog.text
+
+
 def test_an_unknown_workflow_is_404(live_server, db):
     response = httpx.post(f"{live_server.url}/telegram/nope/webhook/", json={"update_id": 1}, headers=SECRET)
     assert response.status_code == 404

@@ -5,6 +5,7 @@ TELEGRAM_BOT_TOKEN environment variable). The token is part of every Bot API URL
 or client exception is ever logged or raised as is: errors are rebuilt without it.
 """
 import logging
+import re
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +21,21 @@ from .triggers import telegram_update_kind
 logger = logging.getLogger("engram.workflows")
 
 MAX_MESSAGE_LENGTH = 4096
+_BOT_PATH = re.compile(r"/bot[^/\s\"']+/")
+
+
+class RedactBotToken(logging.Filter):
+    """Rewrites Bot API URLs in a log record (httpx logs each request's URL at INFO) to hide the token."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        if "/bot" in message:
+            record.msg, record.args = _BOT_PATH.sub("/bot<token>/", message), ()
+        return True
+
+
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).addFilter(RedactBotToken())
 
 
 class BotAPI:
