@@ -255,3 +255,50 @@ def test_conversation_memory_survives_a_restart(tmp_path):
         capture_output=True, text=True, check=True, timeout=60,
     )
     assert json.loads(third.stdout) == ["hello from the first process", "and from the second"]
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ({"class": "no.such.Model"}, "CHAT_MODEL.class"),
+        ({"class": f"{__name__}.ToolCallingFake", "kwargs": ["x"]}, "CHAT_MODEL.kwargs"),
+        ({"temperature": 0}, "needs 'class'"),
+        ("gpt", "must be a dict"),
+    ],
+)
+def test_a_bad_chat_model_setting_names_the_key(spec, fragment):
+    from workflows.chat_models import build_chat_model
+    from workflows.exceptions import ChatModelConfigError
+
+    with pytest.raises(ChatModelConfigError, match=fragment):
+        build_chat_model(spec)
+
+
+def test_a_chat_model_from_an_import_string_with_kwargs():
+    from workflows.chat_models import build_chat_model
+
+    model = build_chat_model({"class": f"{__name__}.ToolCallingFake", "kwargs": {"responses": [AIMessage(content="hi")]}})
+    assert isinstance(model, ToolCallingFake) and model.invoke("hello").content == "hi"
+
+
+def test_an_openai_compatible_server_by_base_url():
+    from workflows.chat_models import build_chat_model
+    from workflows.exceptions import ChatModelConfigError
+
+    spec = {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "model": "local-model"}
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:
+        with pytest.raises(ChatModelConfigError, match=r"engram\[openai\]"):
+            build_chat_model(spec)
+    else:
+        model = build_chat_model(spec)
+        assert isinstance(model, ChatOpenAI) and model.model_name == "local-model"
+
+
+def test_the_demo_uses_a_configured_model_instead_of_the_offline_responder(demo_workflow, fake_model):
+    fake_model([AIMessage(content="Hello from the model.")])
+    result = chat(demo_workflow, "hi")
+    assert result.reply == "Hello from the model." and len(MODEL_CALLS) == 1
+    # With a model, the tools are offered and facts come from its remember calls, not from parsing.
+    assert result.remembered == []
