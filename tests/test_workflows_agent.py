@@ -302,3 +302,27 @@ def test_the_demo_uses_a_configured_model_instead_of_the_offline_responder(demo_
     assert result.reply == "Hello from the model." and len(MODEL_CALLS) == 1
     # With a model, the tools are offered and facts come from its remember calls, not from parsing.
     assert result.remembered == []
+
+
+def test_a_failing_checkpointer_is_reported_and_the_turn_still_answered(db, fake_model, monkeypatch, caplog):
+    import sqlite3
+
+    import psycopg
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    fake_model([AIMessage(content="answered anyway")])
+    workflow = make_workflow()
+    saver_class = type(get_checkpointer())
+    error = sqlite3.OperationalError if saver_class is SqliteSaver else psycopg.OperationalError
+
+    def locked(self, config):
+        raise error("database is locked")
+
+    monkeypatch.setattr(saver_class, "get_tuple", locked)  # the library's saver fails, not our code
+    with caplog.at_level(logging.ERROR, logger="engram.workflows"):
+        result = chat(workflow, "hello")
+    assert result.reply == "answered anyway" and result.thread_id == ""
+    assert result.memory_errors == [{"node": "agent", "operation": "conversation memory", "error": "database is locked"}]
+    assert "conversation memory failed" in caplog.text
+    assert Episode.objects.get(pk=result.episode_id).success is False
+    assert not Thread.objects.exists()
