@@ -112,13 +112,13 @@ def _count_new_checkpoints(thread_id, head):
 
 
 def list_threads(*, workflow_id=None, user_ids=None):
-    """Tracked threads, most recently active first."""
+    """Tracked threads (with workflow and user), most recently active first: a QuerySet, to filter or page."""
     qs = Thread.objects.select_related("workflow", "user")
     if workflow_id is not None:
         qs = qs.filter(workflow_id=workflow_id)
     if user_ids is not None:
         qs = qs.filter(user_id__in=list(user_ids))
-    return list(qs)
+    return qs
 
 
 def list_checkpoints(thread_id, *, limit=None):
