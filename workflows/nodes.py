@@ -1,8 +1,9 @@
 """The built-in node types: identify_user, recall, remember and agent, registered for the palette.
 
 Nodes are plain callables over WorkflowState returning partial updates; they reach memory only
-through MemoryService, each node that writes in one transaction (recall only reads: no transaction). A memory failure is logged and added to
-`memory_errors` in the state; it never raises out of the run and is never reported as success.
+through MemoryService, each node that writes in one transaction (recall only reads: none). A memory
+failure is logged and added to `memory_errors` in the state; it never raises out of the run and is
+never reported as success.
 """
 import logging
 from datetime import datetime
