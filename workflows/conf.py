@@ -30,6 +30,9 @@ DEFAULTS = {
     # Seconds to wait for the Bot API (sendMessage); getUpdates adds its long-poll timeout.
     "TELEGRAM_TIMEOUT": 10.0,
     "TELEGRAM_POLL_TIMEOUT": 25,
+    # Seen update_ids are kept this long (Telegram gives up redelivering after 24 hours); the
+    # older ones are deleted every 1,000th update.
+    "TELEGRAM_UPDATE_RETENTION_HOURS": 48,
 }
 
 

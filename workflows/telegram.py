@@ -8,9 +8,11 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 
 import httpx
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from .conf import workflow_settings
 from .exceptions import TelegramError
@@ -129,6 +131,13 @@ class UpdateOutcome:
         return data
 
 
+def forget_old_updates():
+    """Delete seen update_ids older than TELEGRAM_UPDATE_RETENTION_HOURS; returns how many."""
+    cutoff = timezone.now() - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
+    deleted, _ = TelegramUpdate.objects.filter(received_at__lt=cutoff).delete()
+    return deleted
+
+
 def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     """Run `workflow` for one Telegram update, once per update_id, and send the reply.
 
@@ -143,6 +152,8 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
             seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
     except IntegrityError:
         return UpdateOutcome("duplicate")
+    if update["update_id"] % 1000 == 0:
+        forget_old_updates()
     try:
         result = run_workflow(workflow, {"type": "telegram", "payload": update})
     except Exception:  # released, then re-raised: Telegram retries and the retry runs
