@@ -89,7 +89,6 @@ def build_agent_graph(config, model, checkpointer=None):
         # create_react_agent is LangGraph's prebuilt ReAct agent; newer releases point to langchain's
         # create_agent, a package this project does not otherwise need.
         warnings.filterwarnings("ignore", message=".*create_react_agent.*", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=Warning, module="langgraph.prebuilt")
         return create_react_agent(
             model,
             tools,
