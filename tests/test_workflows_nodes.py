@@ -227,12 +227,16 @@ def test_remember_records_the_runs_episode(ada):
 
 def test_remember_bad_fact_is_reported_failed_and_the_others_written(ada):
     result = build_remember({}, CTX)(
-        remember_state(ada, [{"key": "", "value": "x"}, {"key": "ok", "value": 1}, {"key": "k", "value": 1, "scope": "planet"}])
+        remember_state(
+            ada,
+            [{"key": "", "value": "x"}, {"key": "ok", "value": 1}, {"key": "k", "value": 1, "scope": "planet"}, "oops"],
+        )
     )
     actions = [(r["key"], r["action"]) for r in result["remembered"]]
-    assert actions == [("", "failed"), ("ok", "created"), ("k", "failed")]
+    assert actions == [("", "failed"), ("ok", "created"), ("k", "failed"), ("", "failed")]
     assert "key" in result["remembered"][0]["error"] and "scope" in result["remembered"][2]["error"]
-    assert len(result["memory_errors"]) == 2
+    assert "key and value" in result["remembered"][3]["error"]
+    assert len(result["memory_errors"]) == 3
     assert Episode.objects.get(pk=result["episode_id"]).success is False
 
 

@@ -191,7 +191,12 @@ def build_remember(config, context):
             failure = _failure(context.node_id, "remember", exc)
             return {
                 "remembered": [
-                    {"key": str(f.get("key", "")), "scope": str(f.get("scope", default_scope)), "action": "failed", "error": str(exc)}
+                    {
+                        "key": str(f.get("key", "")) if isinstance(f, dict) else "",
+                        "scope": str(f.get("scope") or default_scope) if isinstance(f, dict) else default_scope,
+                        "action": "failed",
+                        "error": str(exc),
+                    }
                     for f in facts
                 ],
                 "episode_id": None,
