@@ -668,7 +668,8 @@ class MemoryService:
         What a workflow's first node needs, in one transaction and at most four queries: the user's
         identities (with the user and fact/episode counts, following a merge), the conversation count
         (and a display name the user did not have yet), their facts, their recent episodes. A new user
-        takes three: the lookup, the user, the identity. Safe when two requests meet a new user at once.
+        takes three: the lookup, the user, the identity. Safe when two requests meet a new user at once
+        (the loser's insert is undone to a savepoint and it counts on the winner's user).
         """
         channel = _check_channel(channel)
         external_id = _check_text(
@@ -677,25 +678,24 @@ class MemoryService:
         display_name = _check_text("display_name", display_name, required=False, max_length=200)
         with transaction.atomic():
             found = self._identified(channel, external_id, display_name)
-        if found is not None:
-            return found
-        try:
-            with transaction.atomic():
-                now = timezone.now()
-                user = MemoryUser.objects.create(
-                    canonical_id=f"{channel}:{external_id}",
-                    display_name=display_name,
-                    total_conversations=1,
-                    last_seen=now,
-                )
-                ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
-        except IntegrityError:
-            # Someone else created this identity (or this canonical id) first: count ours on theirs.
-            with transaction.atomic():
+            if found is not None:
+                return found
+            now = timezone.now()
+            try:
+                with transaction.atomic():  # a savepoint: losing a race undoes only this part
+                    user = MemoryUser.objects.create(
+                        canonical_id=f"{channel}:{external_id}",
+                        display_name=display_name,
+                        total_conversations=1,
+                        last_seen=now,
+                    )
+                    ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
+            except IntegrityError:
+                # Someone else created this identity (or this canonical id) first: count ours on theirs.
                 found = self._identified(channel, external_id, display_name)
-            if found is None:
-                raise
-            return found
+                if found is None:
+                    raise
+                return found
         context = UserContext(
             user_id=user.pk,
             canonical_id=user.canonical_id,
