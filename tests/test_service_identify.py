@@ -106,3 +106,13 @@ def test_delete_users_refuses_bad_ids(service, ids):
     with pytest.raises(InvalidMemoryArgument) as caught:
         service.delete_users(ids)
     assert caught.value.field == "user_ids"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_identify_the_same_new_user_at_once(run_in_threads):
+    from memory.service import MemoryService
+
+    results = run_in_threads(lambda n: MemoryService().identify("telegram", 4242), 6)
+    assert sum(r.created for r in results) == 1
+    assert len({r.context.user_id for r in results}) == 1
+    assert MemoryUser.objects.get().total_conversations == 6 and ChannelIdentity.objects.count() == 1
