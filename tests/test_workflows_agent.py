@@ -326,3 +326,30 @@ def test_a_failing_checkpointer_is_reported_and_the_turn_still_answered(db, fake
     assert "conversation memory failed" in caplog.text
     assert Episode.objects.get(pk=result.episode_id).success is False
     assert not Thread.objects.exists()
+
+
+class SlowFake(ToolCallingFake):
+    """Takes its time, so two turns of one person overlap."""
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        import time
+
+        time.sleep(0.3)
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_quick_messages_of_one_person_both_stay_in_the_history(settings, run_in_threads):
+    MODEL_CALLS.clear()
+    settings.WORKFLOWS = {
+        **settings.WORKFLOWS,
+        "CHAT_MODEL": {"class": f"{__name__}.SlowFake", "kwargs": {"responses": [AIMessage(content="ok")]}},
+    }
+    workflow = make_workflow(conversation_memory=True, tools={})
+    first = chat(workflow, "first")
+    run_in_threads(lambda n: chat(workflow, f"quick {n}"), 2)
+    stored = get_checkpointer().get_tuple({"configurable": {"thread_id": first.thread_id}}).checkpoint
+    humans = [m.content for m in stored["channel_values"]["messages"] if isinstance(m, HumanMessage)]
+    assert humans[0] == "first" and sorted(humans[1:]) == ["quick 0", "quick 1"]
+    assert Thread.objects.get().checkpoint_count == len(threads.list_checkpoints(first.thread_id))
+    MODEL_CALLS.clear()

@@ -129,40 +129,40 @@ def build_agent_node(config, context):
         if fallback_on:
             messages.insert(0, HumanMessage(content=f"[system]\n{system_prompt}", id=FALLBACK_MESSAGE_ID))
         update = {"memory_errors": []}
-        thread_ref = None
-        if memory_on and user:
-            try:
-                thread_ref = threads.thread_for(
-                    workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
-                )
-            except DatabaseError as exc:
-                logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
-                update["memory_errors"].append(_error(context, "thread lookup", exc))
-        agent_context = AgentContext(
-            agent_id=context.agent_id,
-            user=user,
-            session_id=thread_ref.thread_id if thread_ref else "",
-            system_prompt=system_prompt,
-            memories=state.get("memories") or {},
-        )
+        thread_ref, result = None, None
         limit = {"recursion_limit": workflow_settings.AGENT_RECURSION_LIMIT}
-        result = None
-        if thread_ref is not None:
-            try:
-                result = graph(remembering=True).invoke(
-                    {"messages": messages},
-                    {**limit, "configurable": {"thread_id": thread_ref.thread_id}},
-                    context=agent_context,
-                    durability=workflow_settings.CHECKPOINT_DURABILITY,
-                )
-            except CHECKPOINT_ERRORS as exc:
-                # Conversation memory is out of order: say so, and answer this turn without it.
-                logger.error("agent %s: conversation memory failed, answering without it: %s", context.node_id, exc)
-                update["memory_errors"].append(_error(context, "conversation memory", exc))
-                thread_ref = None
+        if memory_on and user:
+            # One turn at a time per conversation (keyed before the lookup, which may find a thread
+            # kept from a merged user): two quick messages must not both continue the same checkpoint.
+            key = threads.thread_id_for(user["id"], conversation_id, context.workflow_id)
+            with threads.one_turn_at_a_time(key):
+                try:
+                    thread_ref = threads.thread_for(
+                        workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
+                    )
+                except DatabaseError as exc:
+                    logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
+                    update["memory_errors"].append(_error(context, "thread lookup", exc))
+                if thread_ref is not None:
+                    try:
+                        result = graph(remembering=True).invoke(
+                            {"messages": messages},
+                            {**limit, "configurable": {"thread_id": thread_ref.thread_id}},
+                            context=_agent_context(context, user, thread_ref.thread_id, system_prompt, state),
+                            durability=workflow_settings.CHECKPOINT_DURABILITY,
+                        )
+                    except CHECKPOINT_ERRORS as exc:
+                        # Conversation memory is out of order: say so, and answer this turn without it.
+                        logger.error("agent %s: conversation memory failed, answering without it: %s", context.node_id, exc)
+                        update["memory_errors"].append(_error(context, "conversation memory", exc))
+                        thread_ref = None
+                    else:
+                        _track(thread_ref, context, user, conversation_id, update)
         if result is None:
             # No user, conversation memory off, or the checkpointer failed: nothing kept for this turn.
-            result = graph(remembering=False).invoke({"messages": messages}, limit, context=agent_context)
+            result = graph(remembering=False).invoke(
+                {"messages": messages}, limit, context=_agent_context(context, user, "", system_prompt, state)
+            )
         produced = _this_turn(result["messages"], turn.id)
         reply = next((m.text for m in reversed(produced) if isinstance(m, AIMessage) and m.text), "")
         update.update(
@@ -173,21 +173,34 @@ def build_agent_node(config, context):
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)
-        if thread_ref is not None:
-            try:
-                threads.record_activity(
-                    thread_ref,
-                    workflow_id=context.workflow_id,
-                    user_id=user["id"],
-                    conversation_id=conversation_id,
-                    channel=user.get("channel", ""),
-                )
-            except (DatabaseError, *CHECKPOINT_ERRORS) as exc:
-                logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_ref.thread_id, exc)
-                update["memory_errors"].append(_error(context, "thread tracking", exc))
         return update
 
     return agent
+
+
+def _agent_context(context, user, session_id, system_prompt, state):
+    return AgentContext(
+        agent_id=context.agent_id,
+        user=user,
+        session_id=session_id,
+        system_prompt=system_prompt,
+        memories=state.get("memories") or {},
+    )
+
+
+def _track(thread_ref, context, user, conversation_id, update):
+    """Count the turn on the thread's row (inside the thread's turn lock, so counts stay exact)."""
+    try:
+        threads.record_activity(
+            thread_ref,
+            workflow_id=context.workflow_id,
+            user_id=user["id"],
+            conversation_id=conversation_id,
+            channel=user.get("channel", ""),
+        )
+    except (DatabaseError, *CHECKPOINT_ERRORS) as exc:
+        logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_ref.thread_id, exc)
+        update["memory_errors"].append(_error(context, "thread tracking", exc))
 
 
 def _this_turn(messages, turn_id):
