@@ -18,6 +18,7 @@ from django.db.models import (
     Q,
     Subquery,
     Value,
+    Window,
 )
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
@@ -675,7 +676,8 @@ class MemoryService:
         What a workflow's first node needs, in one transaction and at most four queries: the user's
         identities (with the user and fact/episode counts, following a merge), the conversation count
         (and a display name the user did not have yet), their facts, their recent episodes. A new user
-        takes three: the lookup, the user, the identity. Safe when two requests meet a new user at once.
+        takes three: the lookup, the user, the identity. Safe when two requests meet a new user at once
+        (the loser's insert is undone to a savepoint and it counts on the winner's user).
         """
         channel = _check_channel(channel)
         external_id = _check_text(
@@ -684,25 +686,24 @@ class MemoryService:
         display_name = _check_text("display_name", display_name, required=False, max_length=200)
         with transaction.atomic():
             found = self._identified(channel, external_id, display_name)
-        if found is not None:
-            return found
-        try:
-            with transaction.atomic():
-                now = timezone.now()
-                user = MemoryUser.objects.create(
-                    canonical_id=f"{channel}:{external_id}",
-                    display_name=display_name,
-                    total_conversations=1,
-                    last_seen=now,
-                )
-                ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
-        except IntegrityError:
-            # Someone else created this identity (or this canonical id) first: count ours on theirs.
-            with transaction.atomic():
+            if found is not None:
+                return found
+            now = timezone.now()
+            try:
+                with transaction.atomic():  # a savepoint: losing a race undoes only this part
+                    user = MemoryUser.objects.create(
+                        canonical_id=f"{channel}:{external_id}",
+                        display_name=display_name,
+                        total_conversations=1,
+                        last_seen=now,
+                    )
+                    ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
+            except IntegrityError:
+                # Someone else created this identity (or this canonical id) first: count ours on theirs.
                 found = self._identified(channel, external_id, display_name)
-            if found is None:
-                raise
-            return found
+                if found is None:
+                    raise
+                return found
         context = UserContext(
             user_id=user.pk,
             canonical_id=user.canonical_id,
@@ -724,22 +725,8 @@ class MemoryService:
             .annotate(survivor=Coalesce("user__merged_into_id", "user_id"))
             .values("survivor")[:1]
         )
-        counts = {
-            "fact_count": Fact.objects.filter(user=OuterRef("user_id")),
-            "episode_count": Episode.objects.filter(user=OuterRef("user_id")),
-        }
         identities = list(
-            ChannelIdentity.objects.filter(user_id=survivor)
-            .select_related("user")
-            .annotate(
-                **{
-                    name: Coalesce(
-                        Subquery(qs.order_by().values("user").annotate(n=Count("id")).values("n")), 0
-                    )
-                    for name, qs in counts.items()
-                }
-            )
-            .order_by("channel", "external_id")
+            ChannelIdentity.objects.filter(user_id=survivor).select_related("user").order_by("channel", "external_id")
         )
         if not identities:
             return None
@@ -749,8 +736,20 @@ class MemoryService:
         if display_name and not user.display_name:
             changes["display_name"] = user.display_name = display_name
         MemoryUser.objects.filter(pk=user.pk).update(**changes)
-        facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
-        episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
+        # Each list carries its total (a window count over the user's rows), so no separate count.
+        total = Window(Count("id"))
+        facts = list(
+            Fact.objects.filter(user=user)
+            .only("key", "value", "fact_type", "confidence")
+            .annotate(total=total)
+            .order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS]
+        )
+        episodes = list(
+            Episode.objects.filter(user=user)
+            .only("summary", "success", "started_at", "trigger_type")
+            .annotate(total=total)
+            .order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
+        )
         context = UserContext(
             user_id=user.pk,
             canonical_id=user.canonical_id,
@@ -771,8 +770,8 @@ class MemoryService:
                 }
                 for e in episodes
             ],
-            fact_count=identities[0].fact_count,
-            episode_count=identities[0].episode_count,
+            fact_count=facts[0].total if facts else 0,
+            episode_count=episodes[0].total if episodes else 0,
             total_conversations=user.total_conversations + 1,
             last_seen=now,
         )

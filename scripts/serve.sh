@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtualenv in .venv, migrate the database (SQLite in platform/data/ unless DATABASE_URL
-# is set) and serve the site at http://127.0.0.1:8000/ (admin at /memories/).
+# is set), create the demo workflow and serve the site at http://127.0.0.1:8000/ (admin at /memories/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -8,6 +8,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 .venv/bin/python manage.py migrate --no-input
+.venv/bin/python manage.py setup_demo
 if [ -n "${ENGRAM_ADMIN_PASSWORD:-}" ]; then
   .venv/bin/python manage.py ensure_admin --username "${ENGRAM_ADMIN_USER:-admin}"
 fi

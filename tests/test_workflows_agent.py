@@ -255,3 +255,101 @@ def test_conversation_memory_survives_a_restart(tmp_path):
         capture_output=True, text=True, check=True, timeout=60,
     )
     assert json.loads(third.stdout) == ["hello from the first process", "and from the second"]
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ({"class": "no.such.Model"}, "CHAT_MODEL.class"),
+        ({"class": f"{__name__}.ToolCallingFake", "kwargs": ["x"]}, "CHAT_MODEL.kwargs"),
+        ({"temperature": 0}, "needs 'class'"),
+        ("gpt", "must be a dict"),
+    ],
+)
+def test_a_bad_chat_model_setting_names_the_key(spec, fragment):
+    from workflows.chat_models import build_chat_model
+    from workflows.exceptions import ChatModelConfigError
+
+    with pytest.raises(ChatModelConfigError, match=fragment):
+        build_chat_model(spec)
+
+
+def test_a_chat_model_from_an_import_string_with_kwargs():
+    from workflows.chat_models import build_chat_model
+
+    model = build_chat_model({"class": f"{__name__}.ToolCallingFake", "kwargs": {"responses": [AIMessage(content="hi")]}})
+    assert isinstance(model, ToolCallingFake) and model.invoke("hello").content == "hi"
+
+
+def test_an_openai_compatible_server_by_base_url():
+    from workflows.chat_models import build_chat_model
+    from workflows.exceptions import ChatModelConfigError
+
+    spec = {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "model": "local-model"}
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:
+        with pytest.raises(ChatModelConfigError, match=r"engram\[openai\]"):
+            build_chat_model(spec)
+    else:
+        model = build_chat_model(spec)
+        assert isinstance(model, ChatOpenAI) and model.model_name == "local-model"
+
+
+def test_the_demo_uses_a_configured_model_instead_of_the_offline_responder(demo_workflow, fake_model):
+    fake_model([AIMessage(content="Hello from the model.")])
+    result = chat(demo_workflow, "hi")
+    assert result.reply == "Hello from the model." and len(MODEL_CALLS) == 1
+    # With a model, the tools are offered and facts come from its remember calls, not from parsing.
+    assert result.remembered == []
+
+
+def test_a_failing_checkpointer_is_reported_and_the_turn_still_answered(db, fake_model, monkeypatch, caplog):
+    import sqlite3
+
+    import psycopg
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    fake_model([AIMessage(content="answered anyway")])
+    workflow = make_workflow()
+    saver_class = type(get_checkpointer())
+    error = sqlite3.OperationalError if saver_class is SqliteSaver else psycopg.OperationalError
+
+    def locked(self, config):
+        raise error("database is locked")
+
+    monkeypatch.setattr(saver_class, "get_tuple", locked)  # the library's saver fails, not our code
+    with caplog.at_level(logging.ERROR, logger="engram.workflows"):
+        result = chat(workflow, "hello")
+    assert result.reply == "answered anyway" and result.thread_id == ""
+    assert result.memory_errors == [{"node": "agent", "operation": "conversation memory", "error": "database is locked"}]
+    assert "conversation memory failed" in caplog.text
+    assert Episode.objects.get(pk=result.episode_id).success is False
+    assert not Thread.objects.exists()
+
+
+class SlowFake(ToolCallingFake):
+    """Takes its time, so two turns of one person overlap."""
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        import time
+
+        time.sleep(0.3)
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_quick_messages_of_one_person_both_stay_in_the_history(settings, run_in_threads):
+    MODEL_CALLS.clear()
+    settings.WORKFLOWS = {
+        **settings.WORKFLOWS,
+        "CHAT_MODEL": {"class": f"{__name__}.SlowFake", "kwargs": {"responses": [AIMessage(content="ok")]}},
+    }
+    workflow = make_workflow(conversation_memory=True, tools={})
+    first = chat(workflow, "first")
+    run_in_threads(lambda n: chat(workflow, f"quick {n}"), 2)
+    stored = get_checkpointer().get_tuple({"configurable": {"thread_id": first.thread_id}}).checkpoint
+    humans = [m.content for m in stored["channel_values"]["messages"] if isinstance(m, HumanMessage)]
+    assert humans[0] == "first" and sorted(humans[1:]) == ["quick 0", "quick 1"]
+    assert Thread.objects.get().checkpoint_count == len(threads.list_checkpoints(first.thread_id))
+    MODEL_CALLS.clear()

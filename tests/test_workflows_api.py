@@ -60,10 +60,35 @@ def test_run_workflow_command(demo_workflow, capsys):
         call_command("run_workflow", "missing", "--user", "x", "--message", "hi")
 
 
-def test_setup_demo_is_idempotent(db, capsys):
-    call_command("setup_demo")
-    call_command("setup_demo")
+def test_setup_demo_keeps_an_edited_demo_unless_reset(db, capsys):
     from workflows.models import Workflow
 
-    assert Workflow.objects.get().slug == "demo"
-    assert "updated workflow 'demo'" in capsys.readouterr().out
+    call_command("setup_demo")
+    demo = Workflow.objects.get(slug="demo")
+    demo.name = "my edit"
+    demo.save()
+    call_command("setup_demo")
+    assert Workflow.objects.get().name == "my edit"
+    call_command("setup_demo", "--reset")
+    assert Workflow.objects.get().name != "my edit"
+    out = capsys.readouterr().out
+    assert "created workflow 'demo'" in out and "kept the existing workflow 'demo'" in out and "restored" in out
+
+
+def test_workflows_can_be_created_and_edited_with_definitions_checked(admin_client, db):
+    from workflows.demo import DEMO_DEFINITION
+    from workflows.models import Workflow
+
+    created = admin_client.post(
+        "/api/v1/workflows/", {"slug": "helper", "name": "Helper", "definition": DEMO_DEFINITION}, content_type="application/json"
+    )
+    assert created.status_code == 201, created.content
+    bad = {**DEMO_DEFINITION, "nodes": [*DEMO_DEFINITION["nodes"][:-1], {"id": "remember", "type": "remember", "config": {"scope": "planet"}}]}
+    refused = admin_client.patch("/api/v1/workflows/helper/", {"definition": bad}, content_type="application/json")
+    assert refused.status_code == 400
+    assert refused.json()["definition"][0].startswith('node "remember": config.scope:')
+    assert Workflow.objects.get(slug="helper").definition == DEMO_DEFINITION  # nothing changed
+    ran = run(admin_client, "helper", {"user_id": "u1", "message": "hello"})
+    assert ran.status_code == 200 and ran.json()["workflow"] == "helper"
+    assert admin_client.delete("/api/v1/workflows/helper/").status_code == 204
+    assert not Workflow.objects.exists()

@@ -84,15 +84,24 @@ def test_identify_user_at_most_four_queries_in_one_transaction(db, service, capt
     with capture_data_queries() as new:
         user = identify(telegram_state(42))["user"]
     assert len(new.data) <= 4, new.data
+    assert_one_transaction(new.captured_queries)
     service.set_fact("name", "Ada", scope="user", user_id=user["id"])
     service.record_episode(started_at=_now(), user_id=user["id"], success=True)
     with capture_data_queries() as known:
         result = identify(telegram_state(42))
     assert len(known.data) <= 4, known.data
-    begins = [q["sql"] for q in known.captured_queries if q["sql"].upper().startswith(("BEGIN", "SAVEPOINT"))]
-    assert len(begins) <= 1, known.captured_queries
+    assert_one_transaction(known.captured_queries)
     ctx = result["user_context"]
     assert ctx["facts"][0]["key"] == "name" and ctx["fact_count"] == 1 and ctx["episode_count"] == 1
+
+
+def assert_one_transaction(captured):
+    """Every statement sits inside one outermost atomic block (the test's own transaction makes it a savepoint)."""
+    sql = [q["sql"] for q in captured]
+    assert sql[0].startswith("SAVEPOINT"), sql
+    name = sql[0].split()[1]
+    assert sql[-1] == f"RELEASE SAVEPOINT {name}", sql
+    assert sum(name in s for s in sql) == 2, sql
 
 
 def _now():
@@ -227,12 +236,16 @@ def test_remember_records_the_runs_episode(ada):
 
 def test_remember_bad_fact_is_reported_failed_and_the_others_written(ada):
     result = build_remember({}, CTX)(
-        remember_state(ada, [{"key": "", "value": "x"}, {"key": "ok", "value": 1}, {"key": "k", "value": 1, "scope": "planet"}])
+        remember_state(
+            ada,
+            [{"key": "", "value": "x"}, {"key": "ok", "value": 1}, {"key": "k", "value": 1, "scope": "planet"}, "oops"],
+        )
     )
     actions = [(r["key"], r["action"]) for r in result["remembered"]]
-    assert actions == [("", "failed"), ("ok", "created"), ("k", "failed")]
+    assert actions == [("", "failed"), ("ok", "created"), ("k", "failed"), ("", "failed")]
     assert "key" in result["remembered"][0]["error"] and "scope" in result["remembered"][2]["error"]
-    assert len(result["memory_errors"]) == 2
+    assert "key and value" in result["remembered"][3]["error"]
+    assert len(result["memory_errors"]) == 3
     assert Episode.objects.get(pk=result["episode_id"]).success is False
 
 

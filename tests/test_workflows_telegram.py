@@ -127,6 +127,13 @@ def test_a_failed_reply_is_reported_without_the_token(live_server, demo_workflow
     assert Episode.objects.count() == 1
 
 
+def test_bot_api_requests_are_logged_without_the_token(post, fake_bot, caplog):
+    with caplog.at_level(logging.DEBUG):
+        assert post(telegram_update(1, 42, "hello")).json()["reply_sent"] is True
+    assert "/bot<token>/sendMessage" in caplog.text  # httpx logs the request, redacted
+    assert BOT_TOKEN not in caplog.text
+
+
 def test_an_unknown_workflow_is_404(live_server, db):
     response = httpx.post(f"{live_server.url}/telegram/nope/webhook/", json={"update_id": 1}, headers=SECRET)
     assert response.status_code == 404
@@ -143,3 +150,18 @@ def test_telegram_poll_handles_queued_updates_once(fake_bot, demo_workflow, caps
     assert Episode.objects.count() == 2
     out = capsys.readouterr().out
     assert "update 10: ran (reply sent)" in out and BOT_TOKEN not in out
+
+
+def test_seen_updates_are_forgotten_after_the_retention(fake_bot, demo_workflow):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workflows.models import TelegramUpdate
+    from workflows.telegram import handle_update
+
+    handle_update(demo_workflow, telegram_update(1, 42, "hello"))
+    TelegramUpdate.objects.update(received_at=timezone.now() - timedelta(hours=49))
+    handle_update(demo_workflow, telegram_update(1000, 42, "hello again"))  # every 1,000th cleans up
+    assert list(TelegramUpdate.objects.values_list("update_id", flat=True)) == [1000]
+    assert handle_update(demo_workflow, telegram_update(1000, 42, "hello again")).status == "duplicate"

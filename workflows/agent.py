@@ -9,11 +9,17 @@ Each model call gets one SystemMessage (the node's system prompt plus the recall
 of the history, for providers that ignore the system role; the stable id makes each turn replace it
 rather than add another. History is trimmed to `history_limit` messages before every model call (the
 stored history too) and never starts with an AI or tool message.
+
+Without a user, with conversation memory off, or when the checkpointer fails (reported in
+`memory_errors`), the turn runs on the same agent without a checkpointer. The node holds no database
+transaction while the model runs: LangGraph runs tools in worker threads with their own connections.
 """
 import logging
+import sqlite3
 import uuid
 import warnings
 
+import psycopg
 from django.db import DatabaseError
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
@@ -27,6 +33,9 @@ from .state import AgentContext, last_human_text
 from .tools import make_recall_tool, make_remember_tool
 
 logger = logging.getLogger("engram.workflows")
+
+# What the checkpointers raise (they use sqlite3 and psycopg directly, not Django's database layer).
+CHECKPOINT_ERRORS = (sqlite3.Error, psycopg.Error)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with a long-term memory. Use what you know about the person you talk to, "
@@ -52,12 +61,13 @@ def trim_history(messages, limit):
     return fallback + kept
 
 
-def build_agent_graph(config, model):
+def build_agent_graph(config, model, checkpointer=None):
     """The compiled ReAct agent for one agent node (model None: the offline responder)."""
     from langgraph.prebuilt import create_react_agent
 
     tools = []
-    tool_config = config.get("tools") or {}
+    # The offline responder never calls tools: leave them (and LangGraph's tool node) out.
+    tool_config = (config.get("tools") or {}) if model is not None else {}
     if "recall" in tool_config:
         tools.append(make_recall_tool(tool_config["recall"] or {}))
     if "remember" in tool_config:
@@ -79,31 +89,35 @@ def build_agent_graph(config, model):
         # create_react_agent is LangGraph's prebuilt ReAct agent; newer releases point to langchain's
         # create_agent, a package this project does not otherwise need.
         warnings.filterwarnings("ignore", message=".*create_react_agent.*", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=Warning, module="langgraph.prebuilt")
         return create_react_agent(
             model,
             tools,
             prompt=prompt,
             pre_model_hook=trim,
             context_schema=AgentContext,
-            checkpointer=get_checkpointer() if config.get("conversation_memory", True) else None,
+            checkpointer=checkpointer,
             name="agent",
         )
 
 
 def build_agent_node(config, context):
-    """The node callable for an `agent` node (the graph is built on first use, then reused)."""
+    """The node callable for an `agent` node (its graphs are built on first use, then reused)."""
     memory_on = config.get("conversation_memory", True)
     fallback_on = config.get("system_prompt_fallback", False)
     base_prompt = config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
     built = {}
 
+    def graph(remembering):
+        """The agent on the shared checkpointer (remembering) or without one; built once each."""
+        if "offline" not in built:
+            built["model"] = get_chat_model()
+            built["offline"] = built["model"] is None
+        key = "remembering" if remembering else "stateless"
+        if key not in built:
+            built[key] = build_agent_graph(config, built["model"], get_checkpointer() if remembering else None)
+        return built[key]
+
     def agent(state):
-        if "graph" not in built:
-            model = get_chat_model()
-            built["offline"] = model is None
-            built["graph"] = build_agent_graph(config, model)
-        graph = built["graph"]
         user = state.get("user")
         conversation_id = state.get("conversation_id") or "direct"
         system_prompt = base_prompt
@@ -115,56 +129,78 @@ def build_agent_node(config, context):
         if fallback_on:
             messages.insert(0, HumanMessage(content=f"[system]\n{system_prompt}", id=FALLBACK_MESSAGE_ID))
         update = {"memory_errors": []}
-        thread_id = ""
+        thread_ref, result = None, None
+        limit = {"recursion_limit": workflow_settings.AGENT_RECURSION_LIMIT}
         if memory_on and user:
-            try:
-                thread_id = threads.thread_for(
-                    workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
-                )
-            except DatabaseError as exc:
-                logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
-                update["memory_errors"].append(_error(context, "thread lookup", exc))
-        run_config = {"recursion_limit": workflow_settings.AGENT_RECURSION_LIMIT}
-        if thread_id:
-            run_config["configurable"] = {"thread_id": thread_id}
-        elif memory_on:
-            # No user, no thread: a one-off conversation that leaves nothing behind in the saver.
-            run_config["configurable"] = {"thread_id": f"ephemeral-{uuid.uuid4().hex}"}
-        agent_context = AgentContext(
-            agent_id=context.agent_id,
-            user=user,
-            session_id=thread_id,
-            system_prompt=system_prompt,
-            memories=state.get("memories") or {},
-        )
-        result = graph.invoke({"messages": messages}, run_config, context=agent_context)
-        if memory_on and not thread_id:
-            get_checkpointer().delete_thread(run_config["configurable"]["thread_id"])
+            # One turn at a time per conversation (keyed before the lookup, which may find a thread
+            # kept from a merged user): two quick messages must not both continue the same checkpoint.
+            key = threads.thread_id_for(user["id"], conversation_id, context.workflow_id)
+            with threads.one_turn_at_a_time(key):
+                try:
+                    thread_ref = threads.thread_for(
+                        workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
+                    )
+                except DatabaseError as exc:
+                    logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
+                    update["memory_errors"].append(_error(context, "thread lookup", exc))
+                if thread_ref is not None:
+                    try:
+                        result = graph(remembering=True).invoke(
+                            {"messages": messages},
+                            {**limit, "configurable": {"thread_id": thread_ref.thread_id}},
+                            context=_agent_context(context, user, thread_ref.thread_id, system_prompt, state),
+                            durability=workflow_settings.CHECKPOINT_DURABILITY,
+                        )
+                    except CHECKPOINT_ERRORS as exc:
+                        # Conversation memory is out of order: say so, and answer this turn without it.
+                        logger.error("agent %s: conversation memory failed, answering without it: %s", context.node_id, exc)
+                        update["memory_errors"].append(_error(context, "conversation memory", exc))
+                        thread_ref = None
+                    else:
+                        _track(thread_ref, context, user, conversation_id, update)
+        if result is None:
+            # No user, conversation memory off, or the checkpointer failed: nothing kept for this turn.
+            result = graph(remembering=False).invoke(
+                {"messages": messages}, limit, context=_agent_context(context, user, "", system_prompt, state)
+            )
         produced = _this_turn(result["messages"], turn.id)
         reply = next((m.text for m in reversed(produced) if isinstance(m, AIMessage) and m.text), "")
         update.update(
             reply=reply,
             messages=[AIMessage(content=reply)],
             actions=_actions(produced),
-            thread_id=thread_id,
+            thread_id=thread_ref.thread_id if thread_ref else "",
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)
-        if thread_id:
-            try:
-                threads.record_activity(
-                    thread_id,
-                    workflow_id=context.workflow_id,
-                    user_id=user["id"],
-                    conversation_id=conversation_id,
-                    channel=user.get("channel", ""),
-                )
-            except DatabaseError as exc:
-                logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_id, exc)
-                update["memory_errors"].append(_error(context, "thread tracking", exc))
         return update
 
     return agent
+
+
+def _agent_context(context, user, session_id, system_prompt, state):
+    return AgentContext(
+        agent_id=context.agent_id,
+        user=user,
+        session_id=session_id,
+        system_prompt=system_prompt,
+        memories=state.get("memories") or {},
+    )
+
+
+def _track(thread_ref, context, user, conversation_id, update):
+    """Count the turn on the thread's row (inside the thread's turn lock, so counts stay exact)."""
+    try:
+        threads.record_activity(
+            thread_ref,
+            workflow_id=context.workflow_id,
+            user_id=user["id"],
+            conversation_id=conversation_id,
+            channel=user.get("channel", ""),
+        )
+    except (DatabaseError, *CHECKPOINT_ERRORS) as exc:
+        logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_ref.thread_id, exc)
+        update["memory_errors"].append(_error(context, "thread tracking", exc))
 
 
 def _this_turn(messages, turn_id):

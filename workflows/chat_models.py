@@ -4,14 +4,11 @@ import threading
 from django.utils.module_loading import import_string
 
 from .conf import workflow_settings
+from .exceptions import ChatModelConfigError
 
 _lock = threading.Lock()
 _model = None
 _loaded = False
-
-
-class ChatModelConfigError(ValueError):
-    """WORKFLOWS["CHAT_MODEL"] cannot be turned into a chat model; the message names the key."""
 
 
 def build_chat_model(spec):

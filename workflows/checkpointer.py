@@ -55,6 +55,10 @@ def _sqlite_saver():
     path.parent.mkdir(parents=True, exist_ok=True)
     # The saver serialises access with its own lock, so one connection may serve every thread.
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+    # WAL (the saver's own setup sets it too) with NORMAL sync: durable at checkpoints of the WAL,
+    # not fsynced on every commit; the same trade Django's SQLite settings make for the memory.
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn.close

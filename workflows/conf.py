@@ -8,6 +8,9 @@ DEFAULTS = {
     "CHECKPOINTER": None,
     # Path of the SQLite checkpoint file; None: checkpoints.db in the site's data folder.
     "CHECKPOINT_PATH": None,
+    # When an agent's conversation is checkpointed (LangGraph durability): "exit" saves it once per
+    # turn, when the agent is done; "async"/"sync" save after every step (tool calls included).
+    "CHECKPOINT_DURABILITY": "exit",
     # Threads kept per workflow (the most recently active); None keeps all.
     "MAX_THREADS_PER_WORKFLOW": None,
     # Messages of a conversation an agent keeps (and sends to its model) by default.
@@ -27,6 +30,9 @@ DEFAULTS = {
     # Seconds to wait for the Bot API (sendMessage); getUpdates adds its long-poll timeout.
     "TELEGRAM_TIMEOUT": 10.0,
     "TELEGRAM_POLL_TIMEOUT": 25,
+    # Seen update_ids are kept this long (Telegram gives up redelivering after 24 hours); the
+    # older ones are deleted every 1,000th update.
+    "TELEGRAM_UPDATE_RETENTION_HOURS": 48,
 }
 
 

@@ -26,11 +26,12 @@ DEMO_DEFINITION = {
 }
 
 
-def ensure_demo_workflow():
-    """Create (or restore) the demo workflow; returns (workflow, created)."""
+def ensure_demo_workflow(*, reset=False):
+    """Create the demo workflow if missing (with `reset`, restore its definition); returns (workflow, created)."""
     from .models import Workflow
 
-    return Workflow.objects.update_or_create(
+    method = Workflow.objects.update_or_create if reset else Workflow.objects.get_or_create
+    return method(
         slug=DEMO_SLUG,
         defaults={
             "name": "Demo: remembers who you are",

@@ -31,3 +31,7 @@ class InvalidTrigger(WorkflowError, ValueError):
 
 class TelegramError(WorkflowError):
     """The Bot API could not be reached or refused a call. The message never contains the token."""
+
+
+class ChatModelConfigError(WorkflowError, ValueError):
+    """WORKFLOWS["CHAT_MODEL"] cannot be turned into a chat model; the message names the key."""

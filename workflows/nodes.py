@@ -1,8 +1,9 @@
 """The built-in node types: identify_user, recall, remember and agent, registered for the palette.
 
 Nodes are plain callables over WorkflowState returning partial updates; they reach memory only
-through MemoryService, each in one transaction. A memory failure is logged and added to
-`memory_errors` in the state; it never raises out of the run and is never reported as success.
+through MemoryService, each node that writes in one transaction (recall only reads: none). A memory
+failure is logged and added to `memory_errors` in the state; it never raises out of the run and is
+never reported as success.
 """
 import logging
 from datetime import datetime
@@ -116,8 +117,8 @@ def build_recall(config, context):
             channel=user.get("channel", ""),
         )
         try:
-            with transaction.atomic():
-                recalled = recall_for(query, scope, options)
+            # Reads only: no transaction (on SQLite it would take the write lock), nothing to commit.
+            recalled = recall_for(query, scope, options)
         except MEMORY_FAILURES as exc:
             return {
                 "memories": {"query": query, "facts": [], "episodes": [], "procedures": []},
@@ -190,7 +191,12 @@ def build_remember(config, context):
             failure = _failure(context.node_id, "remember", exc)
             return {
                 "remembered": [
-                    {"key": str(f.get("key", "")), "scope": str(f.get("scope", default_scope)), "action": "failed", "error": str(exc)}
+                    {
+                        "key": str(f.get("key", "")) if isinstance(f, dict) else "",
+                        "scope": str(f.get("scope") or default_scope) if isinstance(f, dict) else default_scope,
+                        "action": "failed",
+                        "error": str(exc),
+                    }
                     for f in facts
                 ],
                 "episode_id": None,

@@ -5,11 +5,14 @@ TELEGRAM_BOT_TOKEN environment variable). The token is part of every Bot API URL
 or client exception is ever logged or raised as is: errors are rebuilt without it.
 """
 import logging
+import re
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 
 import httpx
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from .conf import workflow_settings
 from .exceptions import TelegramError
@@ -20,6 +23,21 @@ from .triggers import telegram_update_kind
 logger = logging.getLogger("engram.workflows")
 
 MAX_MESSAGE_LENGTH = 4096
+_BOT_PATH = re.compile(r"/bot[^/\s\"']+/")
+
+
+class RedactBotToken(logging.Filter):
+    """Rewrites Bot API URLs in a log record (httpx logs each request's URL at INFO) to hide the token."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        if "/bot" in message:
+            record.msg, record.args = _BOT_PATH.sub("/bot<token>/", message), ()
+        return True
+
+
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).addFilter(RedactBotToken())
 
 
 class BotAPI:
@@ -113,6 +131,13 @@ class UpdateOutcome:
         return data
 
 
+def forget_old_updates():
+    """Delete seen update_ids older than TELEGRAM_UPDATE_RETENTION_HOURS; returns how many."""
+    cutoff = timezone.now() - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
+    deleted, _ = TelegramUpdate.objects.filter(received_at__lt=cutoff).delete()
+    return deleted
+
+
 def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     """Run `workflow` for one Telegram update, once per update_id, and send the reply.
 
@@ -127,6 +152,8 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
             seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
     except IntegrityError:
         return UpdateOutcome("duplicate")
+    if update["update_id"] % 1000 == 0:
+        forget_old_updates()
     try:
         result = run_workflow(workflow, {"type": "telegram", "payload": update})
     except Exception:  # released, then re-raised: Telegram retries and the retry runs

@@ -11,10 +11,14 @@ to the surviving user, so a person continues their conversation after the merge;
 thread for the same conversation and workflow, the more recently active one is kept.
 """
 import logging
+import threading
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -48,46 +52,55 @@ def _config(thread_id):
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
+@dataclass(frozen=True)
+class ThreadRef:
+    """The thread a run continues: its id, and the newest checkpoint already counted ("" if new)."""
+
+    thread_id: str
+    head_checkpoint_id: str = ""
+    tracked: bool = False
+
+
 def thread_for(*, workflow_id, user_id, conversation_id):
-    """The thread id a user's conversation with a workflow continues (one query)."""
-    existing = (
+    """The thread a user's conversation with a workflow continues (one query)."""
+    row = (
         Thread.objects.filter(user_id=user_id, workflow_id=workflow_id, conversation_id=conversation_id)
-        .values_list("thread_id", flat=True)
+        .values_list("thread_id", "head_checkpoint_id")
         .first()
     )
-    return existing or thread_id_for(user_id, conversation_id, workflow_id)
+    if row is None:
+        return ThreadRef(thread_id_for(user_id, conversation_id, workflow_id))
+    return ThreadRef(row[0], row[1], tracked=True)
 
 
-def record_activity(thread_id, *, workflow_id, user_id, conversation_id, channel):
-    """Track a run on a thread: last activity, channel, checkpoints added since the last count."""
+def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
+    """Track a run on a thread: last activity, channel, and the checkpoints it added (one statement)."""
     now = timezone.now()
-    with transaction.atomic():
-        row = Thread.objects.select_for_update().filter(thread_id=thread_id).first()
-        added, head = _count_new_checkpoints(thread_id, row.head_checkpoint_id if row else "")
-        if row is not None:
-            row.last_activity, row.channel = now, channel or row.channel
-            row.checkpoint_count += added
-            row.head_checkpoint_id = head or row.head_checkpoint_id
-            row.save(update_fields=["last_activity", "channel", "checkpoint_count", "head_checkpoint_id"])
-            return row
-        try:
-            with transaction.atomic():
-                row = Thread.objects.create(
-                    thread_id=thread_id,
-                    workflow_id=workflow_id,
-                    user_id=user_id,
-                    conversation_id=conversation_id,
-                    channel=channel,
-                    last_activity=now,
-                    checkpoint_count=added,
-                    head_checkpoint_id=head,
-                )
-        except IntegrityError:
-            # Another request tracked it first; count ours on its row.
-            Thread.objects.filter(thread_id=thread_id).update(last_activity=now, channel=channel)
-            return Thread.objects.get(thread_id=thread_id)
+    added, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
+    changes = {"last_activity": now, "checkpoint_count": F("checkpoint_count") + added}
+    if channel:
+        changes["channel"] = channel
+    if head:
+        changes["head_checkpoint_id"] = head
+    if ref.tracked and Thread.objects.filter(thread_id=ref.thread_id).update(**changes):
+        return
+    try:
+        with transaction.atomic():
+            Thread.objects.create(
+                thread_id=ref.thread_id,
+                workflow_id=workflow_id,
+                user_id=user_id,
+                conversation_id=conversation_id,
+                channel=channel,
+                last_activity=now,
+                checkpoint_count=added,
+                head_checkpoint_id=head,
+            )
+    except IntegrityError:
+        # Another request tracked it first: count ours on its row.
+        Thread.objects.filter(thread_id=ref.thread_id).update(**changes)
+        return
     prune_threads(workflow_id)
-    return row
 
 
 def _count_new_checkpoints(thread_id, head):
@@ -101,14 +114,37 @@ def _count_new_checkpoints(thread_id, head):
     return added, newest
 
 
+class _ThreadLock:
+    __slots__ = ("lock", "__weakref__")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+_registry_lock = threading.Lock()
+_thread_locks = weakref.WeakValueDictionary()
+
+
+@contextmanager
+def one_turn_at_a_time(thread_id):
+    """Hold while a turn runs on `thread_id`, so two messages of one person in one process do not
+    both continue from the same checkpoint (the later would drop the earlier from the history)."""
+    with _registry_lock:
+        holder = _thread_locks.get(thread_id)
+        if holder is None:
+            holder = _thread_locks[thread_id] = _ThreadLock()
+    with holder.lock:
+        yield
+
+
 def list_threads(*, workflow_id=None, user_ids=None):
-    """Tracked threads, most recently active first."""
+    """Tracked threads (with workflow and user), most recently active first: a QuerySet, to filter or page."""
     qs = Thread.objects.select_related("workflow", "user")
     if workflow_id is not None:
         qs = qs.filter(workflow_id=workflow_id)
     if user_ids is not None:
         qs = qs.filter(user_id__in=list(user_ids))
-    return list(qs)
+    return qs
 
 
 def list_checkpoints(thread_id, *, limit=None):

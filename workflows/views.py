@@ -32,8 +32,8 @@ class NodeTypeViewSet(viewsets.ViewSet):
         return Response(NodeTypeSerializer([t.describe() for t in node_types()], many=True).data)
 
 
-class WorkflowViewSet(viewsets.ReadOnlyModelViewSet):
-    """Workflows (read-only here) and POST /api/v1/workflows/<slug>/run/ to run one with a JSON payload."""
+class WorkflowViewSet(viewsets.ModelViewSet):
+    """Workflows by slug (staff): list, create, update, delete; POST .../<slug>/run/ runs one with a JSON payload."""
 
     queryset = Workflow.objects.all()
     serializer_class = WorkflowSerializer

@@ -1,0 +1,200 @@
+"""Webhook benchmark: Telegram updates over HTTP to the demo workflow on a real threaded WSGI server.
+
+    python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--database-url postgres://...] [--json]
+
+Starts the site in its own process with waitress (a production WSGI server, 8 threads) on a free
+port of 127.0.0.1, over a scratch database with the demo workflow (identify_user -> recall -> agent with the offline
+responder and conversation memory -> remember), and a fake Telegram Bot API on another port that
+takes the replies (in this process, like the HTTP client: Telegram's side). Then sends N updates from U users, C at a time, each user alternately telling
+("my favourite number is K") and asking ("what is my favourite number?"), and times each request
+from send to response (the run and its sendMessage included). An update that does not come back
+200 with a run and a sent reply is an error.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .scratch import REPO, scratch_django
+
+TOKEN = "bench:token"
+SECRET = "bench-secret"
+WARMUP = 8
+SERVER_THREADS = 8
+
+
+def text_for(n, user):
+    if (n // 50) % 2 == 0:
+        return f"my favourite number is {n * 7 + user}"
+    return "what is my favourite number?"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port):
+    """The site under waitress in a child process with this process's environment (the scratch database)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", f"--threads={SERVER_THREADS}", "config.wsgi:application"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return server
+
+
+def wait_until_serving(server, port, timeout=60):
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited: {server.stderr.read()[-2000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start within a minute")
+
+
+def run(updates, users, concurrency, progress):
+    import httpx
+    from django.db import connections
+
+    from workflows.demo import ensure_demo_workflow
+    from workflows.fake_telegram import telegram_update
+
+    workflow, _ = ensure_demo_workflow()
+    connections.close_all()
+    port = free_port()
+    server = start_server(port)
+    url = f"http://127.0.0.1:{port}/telegram/{workflow.slug}/webhook/"
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    local = threading.local()
+
+    def client():
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(timeout=30)
+        return local.client
+
+    def send(update):
+        started = time.perf_counter()
+        try:
+            response = client().post(url, json=update, headers=headers)
+            body = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError) as exc:
+            return time.perf_counter() - started, f"{type(exc).__name__}: {exc}"
+        elapsed = time.perf_counter() - started
+        if body.get("status") != "ran" or not body.get("reply_sent"):
+            return elapsed, f"HTTP {response.status_code}: {response.text[:200]}"
+        return elapsed, None
+
+    try:
+        wait_until_serving(server, port)
+        for i in range(WARMUP):  # compile the graph, open connections, create the checkpoint tables
+            send(telegram_update(10_000_000 + i, 999_999, "hello"))
+        plan = [telegram_update(n + 1, 1000 + n % users, text_for(n, n % users)) for n in range(updates)]
+        task = progress.add_task(f"{updates} updates, {concurrency} at a time", total=updates)
+        latencies, errors = [], []
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for elapsed, error in pool.map(send, plan):
+                latencies.append(elapsed)
+                if error:
+                    errors.append(error)
+                progress.advance(task)
+        wall = time.perf_counter() - started
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    latencies.sort()
+    return {
+        "updates": updates,
+        "per_s": updates / wall,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p95_ms": latencies[max(0, int(round(0.95 * len(latencies))) - 1)] * 1000,
+        "max_ms": latencies[-1] * 1000,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "wall_s": wall,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.webhook", description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=500, help="updates to send (default 500)")
+    parser.add_argument("--users", type=int, default=50, help="Telegram users sending them (default 50)")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
+    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    args = parser.parse_args(argv)
+    if args.updates < 1 or args.users < 1 or args.concurrency < 1:
+        parser.error("--updates, --users and --concurrency must be positive")
+    from workflows.fake_telegram import FakeBotAPI
+
+    err = Console(stderr=True)
+    with FakeBotAPI() as bot:
+        # Read by the site's settings when Django starts inside scratch_django.
+        os.environ.update(TELEGRAM_API_BASE=bot.url, TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_WEBHOOK_SECRET=SECRET)
+        os.environ.pop("ENGRAM_CHAT_MODEL", None)  # the offline responder: no network, no model time
+        with scratch_django(args.database_url), Progress(console=err, transient=True) as progress:
+            from django.db import connection
+
+            database = connection.vendor
+            results = run(args.updates, args.users, args.concurrency, progress)
+        sent = len(bot.sent_messages()) - WARMUP
+    if sent != args.updates - results["errors"]:
+        results["errors"] = max(results["errors"], args.updates - sent)
+    if args.json:
+        keys = ["updates", "per_s", "p50_ms", "p95_ms", "errors"]
+        print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
+        return 0
+    table = Table(title=f"Telegram webhook -> demo workflow ({database}; waitress, {SERVER_THREADS} threads, own process)")
+    table.add_column("updates", justify="right")
+    table.add_column("per second", justify="right")
+    table.add_column("p50 ms", justify="right")
+    table.add_column("p95 ms", justify="right")
+    table.add_column("max ms", justify="right")
+    table.add_column("errors", justify="right")
+    table.add_row(
+        f"{results['updates']:,}",
+        f"{results['per_s']:.1f}",
+        f"{results['p50_ms']:.1f}",
+        f"{results['p95_ms']:.1f}",
+        f"{results['max_ms']:.1f}",
+        str(results["errors"]),
+    )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{args.users} users, {args.concurrency} requests in flight, {WARMUP} warm-up updates not counted; "
+        f"{sent:,} replies reached the fake Bot API."
+    )
+    for error in results["first_errors"]:
+        console.print(f"[red]error:[/] {error}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""bench.webhook runs end to end and prints exactly one JSON object with --json (no speed asserted here)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_webhook_benchmark_prints_one_json_object():
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.webhook", "--updates", "20", "--users", "5", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stdout
+    result = json.loads(lines[0])
+    assert set(result) == {"updates", "per_s", "p50_ms", "p95_ms", "errors"}
+    assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
+    assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]
