@@ -10,3 +10,6 @@ class WorkflowsConfig(AppConfig):
     def ready(self):
         from . import threads  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
         from . import conf  # noqa: F401  (reloads settings on override)
+        from . import lifecycle
+
+        lifecycle.connect()  # `memory prune` trims threads; /healthz checks the checkpointer

@@ -13,6 +13,12 @@ DEFAULTS = {
     "CHECKPOINT_DURABILITY": "exit",
     # Threads kept per workflow (the most recently active); None keeps all.
     "MAX_THREADS_PER_WORKFLOW": None,
+    # Checkpoints kept per thread (the newest; the thread still resumes); None keeps all. Enforced
+    # after each run that crosses it and by `manage.py memory prune`.
+    "MAX_CHECKPOINTS_PER_THREAD": None,
+    # Active procedures matching a run that recall puts in the agent's system prompt ("Learned
+    # Procedures and Policies"); each one's use and the run's outcome are recorded after the run.
+    "PROMPT_PROCEDURES": 5,
     # Messages of a conversation an agent keeps (and sends to its model) by default.
     "HISTORY_LIMIT": 20,
     # The chat model of agent nodes. None: the offline responder. Either

@@ -103,7 +103,9 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
                 "procedure_type": p.procedure_type,
                 "content": p.content,
             }
-            for p in service.matching_procedures(query, context, agent_id=scope.agent_id, limit=min(options.limit, 5))
+            for p in service.matching_procedures(
+                query, context, agent_id=scope.agent_id, limit=min(options.limit, workflow_settings.PROMPT_PROCEDURES)
+            )
         ]
     return recalled
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
 
+from . import lifecycle
 from .definition import compile_definition, validate_definition
 from .exceptions import WorkflowError
 from .models import Workflow
@@ -96,6 +97,10 @@ def run_workflow(workflow, trigger) -> RunResult:
         },
         {"recursion_limit": RUN_RECURSION_LIMIT},
     )
+    # Upkeep after the answer: procedure outcomes, thread trimming, consolidation; never raises.
+    upkeep = lifecycle.after_run(state)
+    if upkeep:
+        state["memory_errors"] = [*state.get("memory_errors", []), *upkeep]
     return RunResult(
         workflow=workflow.slug,
         trigger=info,
