@@ -38,8 +38,9 @@ def staff_client(client, django_user_model):
 
 @pytest.fixture
 def threads(demo_workflow):
-    talk(demo_workflow, "ann", "my name is Ann")
-    ann = talk(demo_workflow, "ann", "what is my name?")
+    # One checkpoint per turn (WORKFLOWS CHECKPOINT_DURABILITY "exit"): four turns, four checkpoints.
+    for text in ["my name is Ann", "my city is Oslo", "hello", "what is my name?"]:
+        ann = talk(demo_workflow, "ann", text)
     bob = talk(demo_workflow, "bob", "hi")
     return {"ann": ann.thread_id, "bob": bob.thread_id}
 
