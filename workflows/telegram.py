@@ -19,6 +19,7 @@ from .exceptions import TelegramError
 from .models import TelegramUpdate
 from .runtime import RunResult, run_workflow
 from .triggers import telegram_update_kind
+from .writes import serialized_writes
 
 logger = logging.getLogger("engram.workflows")
 
@@ -148,7 +149,7 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     if telegram_update_kind(update) is None:
         return UpdateOutcome("ignored")
     try:
-        with transaction.atomic():
+        with serialized_writes(), transaction.atomic():
             seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
     except IntegrityError:
         return UpdateOutcome("duplicate")

@@ -28,6 +28,7 @@ from memory.signals import users_deleting, users_merged
 from .checkpointer import get_checkpointer
 from .conf import workflow_settings
 from .models import Thread
+from .writes import serialized_writes
 
 logger = logging.getLogger("engram.workflows")
 
@@ -82,8 +83,15 @@ def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
         changes["channel"] = channel
     if head:
         changes["head_checkpoint_id"] = head
-    if ref.tracked and Thread.objects.filter(thread_id=ref.thread_id).update(**changes):
-        return
+    with serialized_writes():
+        if ref.tracked and Thread.objects.filter(thread_id=ref.thread_id).update(**changes):
+            return
+        created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes)
+    if created:
+        prune_threads(workflow_id)
+
+
+def _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes):
     try:
         with transaction.atomic():
             Thread.objects.create(
@@ -99,8 +107,8 @@ def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
     except IntegrityError:
         # Another request tracked it first: count ours on its row.
         Thread.objects.filter(thread_id=ref.thread_id).update(**changes)
-        return
-    prune_threads(workflow_id)
+        return False
+    return True
 
 
 def _count_new_checkpoints(thread_id, head):
