@@ -34,6 +34,8 @@ from .models import (
     ProcedureType,
     Scope,
 )
+from .recall_service import RecallMixin
+from .models import RecallKind
 from .signals import users_merged
 from .text import fact_search_text, search_tokens
 
@@ -184,7 +186,7 @@ def _viewer(agent_id, user_id, session_id):
     )
 
 
-class MemoryService:
+class MemoryService(RecallMixin):
     """Every memory question and write goes through here; see the README for the rules it keeps."""
 
     def __init__(self):
@@ -227,7 +229,10 @@ class MemoryService:
         )
         try:
             with transaction.atomic():
-                return self._upsert_fact(fact, overwrite)
+                write = self._upsert_fact(fact, overwrite)
+                if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
+                    self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
+                return write
         except IntegrityError as exc:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
@@ -408,6 +413,8 @@ class MemoryService:
             episode = self._locked_episode(episode_id)
             getattr(episode, field_name).append(item)
             Episode.objects.filter(pk=episode.pk).update(**{field_name: getattr(episode, field_name)})
+            if field_name == "conversation":
+                self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def _locked_episode(self, episode_id):
@@ -443,6 +450,7 @@ class MemoryService:
             episode.error = _check_text("error", error, required=False)
             episode.summary = _check_text("summary", summary, required=False)
             episode.save(update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary"])
+            self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def get_episode(self, episode_id):
@@ -680,6 +688,7 @@ class MemoryService:
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
             procedure, _ = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            self._embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
         return procedure
 
     def get_procedure(self, name, *, agent_id=""):

@@ -12,3 +12,12 @@ users_merged = Signal()
 @receiver(request_finished, dispatch_uid="memory_flush_access_counts")
 def flush_access_counts(**kwargs):
     access_counter.flush()
+
+
+# ---- recall: buffered recall events and reference counts are written with the access counts.
+from .recall_events import recall_log  # noqa: E402
+
+
+@receiver(request_finished, dispatch_uid="memory_flush_recall_log")
+def flush_recall_log(**kwargs):
+    recall_log.flush()
