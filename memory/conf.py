@@ -27,14 +27,15 @@ DEFAULTS = {
     # Recorded with the stored vectors; blank derives it from the embedder's class and model name.
     "EMBEDDINGS_MODEL_ID": "",
     "RECALL_LIMIT": 10,
-    # Fusion: weight of the normalised BM25 score; the cosine gets the rest.
+    # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
     "RECALL_KEYWORD_WEIGHT": 0.6,
+    "RECALL_KEYWORD_POWER": 2.0,
     # How many candidates each leg hands to the fusion.
     "RECALL_CANDIDATES": 200,
     # Session context: shares of the relevance of the episodes 1 before, 1 after, 2 before, 2 after
     # (same session, agent and user) added to an episode's; and of the session's best candidate.
-    "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.15, 0.1),
-    "RECALL_SESSION_WEIGHT": 0.45,
+    "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
+    "RECALL_SESSION_WEIGHT": 0.4,
     # Share of the final score that importance, recency and references decide (the rest is relevance).
     "RECALL_BOOST_WEIGHT": 0.2,
     # Recency falls linearly to a floor of 0.1 over this many days.

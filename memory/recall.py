@@ -5,7 +5,8 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 1. Candidates: the RECALL_CANDIDATES best keyword matches among the viewer's owners (SQLite FTS5
    BM25 / PostgreSQL ts_rank over any word of the query, stop words dropped) and, with an embedder,
    the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan of the in-process index).
-2. Fusion: relevance = w * bm25 / best bm25 + (1 - w) * max(cosine, 0), w = RECALL_KEYWORD_WEIGHT.
+2. Fusion: relevance = w * (bm25 / best bm25) ** p + (1 - w) * max(cosine, 0), w = RECALL_KEYWORD_WEIGHT,
+   p = RECALL_KEYWORD_POWER (2: a weak keyword match counts for little next to the best one).
    Both scores are known for every candidate (a keyword candidate's cosine comes from the index; a
    vector candidate outside the keyword list has no query word: bm25 0). Unlike rank fusion (RRF),
    this keeps how far apart the scores are, which is what lets it beat both legs (bench/README.md).
@@ -247,8 +248,10 @@ class Recaller:
         best_keyword = max(keyword.values(), default=0.0) or 1.0
         w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if mode == "keyword" else 0.0)
 
+        power = float(memory_settings.RECALL_KEYWORD_POWER)
+
         def relevance(doc_id):
-            kw = keyword.get(doc_id, 0.0) / best_keyword
+            kw = (keyword.get(doc_id, 0.0) / best_keyword) ** power
             cos = max(vector.get(doc_id, 0.0), 0.0)
             return w * kw + (1.0 - w) * cos
 

@@ -135,3 +135,9 @@ def _run_in_threads(target, threads):
 def run_in_threads():
     """run_in_threads(target, threads): see _run_in_threads. Use with django_db(transaction=True)."""
     return _run_in_threads
+
+
+@pytest.fixture
+def keyword_only(settings):
+    """Recall without an embedder (MEMORY["EMBEDDINGS"] = None), whatever is installed."""
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "EMBEDDINGS": None}
