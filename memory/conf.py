@@ -84,10 +84,12 @@ def _reload(*, setting, **kwargs):
         memory_settings.reload()
         from .backends import reset_backend
         from .embeddings import reset_embedder
+        from .recall import model_guard
         from .vectors import reset_vector_index
 
         reset_backend()
         reset_embedder()
+        model_guard.reset()
         reset_vector_index()
 
 

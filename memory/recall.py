@@ -240,14 +240,25 @@ class Recaller:
 
         self.doc_ids = []
         candidates = set(keyword) | set(vector)
+        weights = [float(x) for x in memory_settings.RECALL_CONTEXT_WEIGHTS]
+        session_weight = float(memory_settings.RECALL_SESSION_WEIGHT)
+        around = {}
+        if candidates and RecallKind.EPISODE in self.kinds and (any(weights) or session_weight):
+            # Episodes around the candidates in their sessions: context for them, and candidates
+            # themselves (the turn that answers often shares no word with the question).
+            around = _relations(self.backend.recall_neighbours(sorted(candidates)))
+        extra = [d for d in around if d not in candidates]
         rows = self.backend.recall_documents(
-            sorted(candidates), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence
+            sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence
         )
         if not rows:
             return mode, []
+        if index is not None:
+            outside = [d for d in extra if d not in vector]
+            if outside:
+                vector.update(index.cosines(owner_names, outside, query_vector))
         best_keyword = max(keyword.values(), default=0.0) or 1.0
         w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if mode == "keyword" else 0.0)
-
         power = float(memory_settings.RECALL_KEYWORD_POWER)
 
         def relevance(doc_id):
@@ -256,7 +267,18 @@ class Recaller:
             return w * kw + (1.0 - w) * cos
 
         fused = {doc_id: relevance(doc_id) for doc_id in rows}
-        ranked = self._in_context(fused, rows, relevance, vector, index, owner_names, query_vector)
+        ranked = dict(fused)
+        session_best = {}
+        for doc_id, (session, _) in around.items():
+            if doc_id in fused:
+                session_best[session] = max(session_best.get(session, 0.0), fused[doc_id])
+        for doc_id, (session, near) in around.items():
+            if doc_id in fused:
+                ranked[doc_id] = (
+                    fused[doc_id]
+                    + sum(wt * fused.get(n, 0.0) for wt, n in zip(weights, near) if wt and n is not None)
+                    + session_weight * session_best[session]
+                )
         now = timezone.now()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
         scored = []
@@ -287,37 +309,6 @@ class Recaller:
         self.doc_ids = doc_ids
         return mode, hits
 
-    def _in_context(self, fused, rows, relevance, vector, index, owner_names, query_vector):
-        """Session context for episode candidates: neighbours' relevance and the session's best."""
-        weights = [float(w) for w in memory_settings.RECALL_CONTEXT_WEIGHTS]
-        session_weight = float(memory_settings.RECALL_SESSION_WEIGHT)
-        episodes = [d for d, row in rows.items() if row[0] == RecallKind.EPISODE]
-        if not episodes or not (any(weights) or session_weight):
-            return fused
-        neighbours = self.backend.recall_neighbours(episodes)
-        outside = {n for _, ns in neighbours.values() for n in ns if n is not None and n not in vector}
-        if outside and query_vector is not None:
-            # A neighbour outside the vector leg's candidates: its cosine from the index (its bm25 is
-            # known if it was a keyword candidate, else it has no query word).
-            vector.update(index.cosines(owner_names, list(outside), query_vector))
-
-        def rel(doc_id):
-            if doc_id is None:
-                return 0.0
-            return fused[doc_id] if doc_id in fused else relevance(doc_id)
-
-        session_best = {}
-        for doc_id, (session, _) in neighbours.items():
-            session_best[session] = max(session_best.get(session, 0.0), fused[doc_id])
-        result = dict(fused)
-        for doc_id, (session, around) in neighbours.items():
-            result[doc_id] = (
-                fused[doc_id]
-                + sum(w * rel(n) for w, n in zip(weights, around) if w)
-                + session_weight * session_best[session]
-            )
-        return result
-
     def _items(self, keys):
         by_kind = {}
         for kind, item_id in keys:
@@ -327,6 +318,24 @@ class Recaller:
             for pk, item in ITEM_MODELS[kind].objects.in_bulk(ids).items():
                 items[(kind, pk)] = item
         return items
+
+
+def _relations(neighbours):
+    """{doc: (session, [one before, one after, two before, two after])} for the queried episodes and,
+    as far as the answer tells, for their neighbours too (b1's one-before is b2, and so on)."""
+    around = {d: (session, list(near)) for d, (session, near) in neighbours.items()}
+    derived = {}
+    for doc_id, (session, (b1, a1, b2, a2)) in neighbours.items():
+        for target, slot, value in (
+            (b1, 1, doc_id), (b1, 0, b2), (b1, 3, a1),
+            (a1, 0, doc_id), (a1, 1, a2), (a1, 2, b1),
+            (b2, 3, doc_id), (b2, 1, b1),
+            (a2, 2, doc_id), (a2, 0, a1),
+        ):
+            if target is not None and value is not None and target not in around:
+                derived.setdefault(target, (session, [None] * 4))[1][slot] = value
+    around.update(derived)
+    return around
 
 
 def _owner_sql():

@@ -113,11 +113,14 @@ class VectorIndex:
                 matrix = self.owners.get(owner)
                 if matrix is None:
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                if generation < matrix.generation or removed < matrix.removed:
+                    # The counters went back (the database was restored or rebuilt): start over.
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 gone = removed - matrix.removed
                 if gone and matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 if generation != matrix.generation:
-                    loaded += self._load(matrix, owner, since=matrix.generation if generation > matrix.generation else 0)
+                    loaded += self._load(matrix, owner, since=matrix.generation)
                     matrix.generation = generation
                 if gone:
                     matrix.stale += gone

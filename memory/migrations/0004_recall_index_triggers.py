@@ -73,7 +73,11 @@ _PROCEDURE_WATCHED = "name, description, content, agent_id, is_active, times_use
 _MARK_OLD = "engram_owner_marker(old.owner)"
 _MARK_NEW = "engram_owner_marker(new.owner)"
 
+# Session neighbours of an episode (MemoryBackend.recall_neighbours) are found through this index.
+EPISODE_SESSION_INDEX = "CREATE INDEX memory_episode_recall_session ON memory_episode (session_id, agent_id, id)"
+
 SQLITE_FORWARD = [
+    EPISODE_SESSION_INDEX,
     "CREATE VIRTUAL TABLE memory_recall_fts USING fts5("
     "text, owner, content='', tokenize='porter unicode61 remove_diacritics 2')",
     # BM25 over the text only; the owner marker column narrows, it never ranks.
@@ -118,6 +122,7 @@ SQLITE_REVERSE = [
     *[f"DROP TRIGGER IF EXISTS memory_recall_{k}_{op}" for k in ("fact", "episode", "procedure") for op in ("ai", "au", "ad")],
     *[f"DROP TRIGGER IF EXISTS memory_recall_doc_{op}" for op in ("ai", "au_text", "au_vector", "ad")],
     "DROP TABLE IF EXISTS memory_recall_fts",
+    "DROP INDEX IF EXISTS memory_episode_recall_session",
     "DELETE FROM memory_recall_doc",
 ]
 
@@ -166,6 +171,7 @@ def _pg_item_sync(kind, table, *, owner, shadow_key, active, text, importance, i
 
 
 POSTGRESQL_FORWARD = [
+    EPISODE_SESSION_INDEX,
     "ALTER TABLE memory_recall_doc ADD COLUMN tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED",
     "CREATE INDEX memory_recall_doc_tsv ON memory_recall_doc USING gin (tsv)",
     # Generation bumps: a new or changed embedding, or a new owner, moves the owner's generation on
@@ -205,6 +211,7 @@ POSTGRESQL_REVERSE = [
     "DROP FUNCTION IF EXISTS memory_recall_doc_vector()",
     "DROP INDEX IF EXISTS memory_recall_doc_tsv",
     "ALTER TABLE memory_recall_doc DROP COLUMN IF EXISTS tsv",
+    "DROP INDEX IF EXISTS memory_episode_recall_session",
     "DELETE FROM memory_recall_doc",
 ]
 
