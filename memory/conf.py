@@ -37,7 +37,7 @@ DEFAULTS = {
     "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
     "RECALL_SESSION_WEIGHT": 0.4,
     # Share of the final score that importance, recency and references decide (the rest is relevance).
-    "RECALL_BOOST_WEIGHT": 0.2,
+    "RECALL_BOOST_WEIGHT": 0.1,
     # Recency falls linearly to a floor of 0.1 over this many days.
     "RECALL_RECENCY_DAYS": 180,
     # Recall events and reference counts are buffered and written in one transaction when this many

@@ -27,11 +27,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone as dt_timezone
 from typing import Any
 
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, get_embedder
@@ -173,22 +171,11 @@ model_guard = ModelGuard()
 # ---------------------------------------------------------------- ranking
 
 
-def _as_datetime(value):
-    """A stored timestamp as an aware datetime (SQLite hands back naive UTC datetimes or text)."""
-    if value is None:
-        return None
-    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
-    if parsed is not None and timezone.is_naive(parsed):
-        parsed = parsed.replace(tzinfo=dt_timezone.utc)
-    return parsed
-
-
-def boost(importance, item_time, references, now):
-    """importance x recency x reference boost (seed 001), in 0..~1.6."""
+def boost(importance, item_seconds, references, now_seconds):
+    """importance x recency x reference boost (seed 001), in 0..~1.6. Times are Unix seconds."""
     recency = 1.0
-    when = _as_datetime(item_time)
-    if when is not None:
-        days = max(0.0, (now - when).total_seconds() / 86400.0)
+    if item_seconds is not None:
+        days = max(0.0, (now_seconds - float(item_seconds)) / 86400.0)
         recency = max(0.1, 1.0 - days / float(memory_settings.RECALL_RECENCY_DAYS))
     return importance * recency * (1.0 + math.log2(1 + (references or 0)) / 8.0)
 
@@ -279,7 +266,7 @@ class Recaller:
                     + sum(wt * fused.get(n, 0.0) for wt, n in zip(weights, near) if wt and n is not None)
                     + session_weight * session_best[session]
                 )
-        now = timezone.now()
+        now = timezone.now().timestamp()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
         scored = []
         for doc_id, rel in ranked.items():

@@ -10,7 +10,14 @@ order. Documents that left an owner (deleted or moved; counted in `removed`) sta
 stale rows until many have gone, then the owner is reloaded: recall checks every candidate against
 the database, so a stale row can cost a candidate slot, never return a hidden or deleted item.
 
-The scan is exact: one float32 matrix-vector product per owner (BLAS), then a partial sort.
+The scan: an owner of up to EXACT_ROWS documents is scanned exactly (one float32 matrix-vector
+product, then a partial sort). A larger one is too big for that (1M x 384 float32 is 1.5 GB: one
+exact product reads all of it, 200-400 ms on this machine), so it is searched in two stages: every
+vector also keeps its sign bits (48 bytes for 384 dimensions, 48 MB per million), the Hamming
+distance of the query's sign bits to all of them picks a shortlist of max(SHORTLIST_MIN, n *
+SHORTLIST_FACTOR) rows, and those are ranked by their exact float32 cosine. The shortlist is an
+approximation (a true top-n vector whose sign bits differ a lot from the query's can be missed); the
+cosines returned are exact.
 """
 import threading
 
@@ -24,6 +31,18 @@ _FETCH = 10_000
 # Reload an owner once this share of its rows (and at least _RELOAD_MIN rows) are known stale.
 _RELOAD_SHARE = 0.2
 _RELOAD_MIN = 1_000
+EXACT_ROWS = 20_000
+SHORTLIST_MIN = 2_000
+SHORTLIST_FACTOR = 10
+_CHUNK_ROWS = 32_768
+
+
+def sign_words(matrix, words):
+    """Each row's sign bits (> 0) packed into `words` uint64 words."""
+    bits = np.packbits(matrix > 0, axis=1)
+    padded = np.zeros((bits.shape[0], words * 8), dtype=np.uint8)
+    padded[:, : bits.shape[1]] = bits
+    return padded.view(np.uint64)
 
 
 class OwnerMatrix:
@@ -33,6 +52,9 @@ class OwnerMatrix:
         self.dimension = dimension
         self.ids = np.zeros(0, dtype=np.int64)
         self.vectors = np.zeros((0, dimension), dtype=np.float32)
+        self.words = (dimension + 63) // 64
+        # Sign bits, one row of uint64 words per 64 dimensions (word-major: each word's column is contiguous).
+        self.signs = np.zeros((self.words, 0), dtype=np.uint64)
         self.size = 0
         self.row_of = {}
         self.generation = 0
@@ -46,9 +68,11 @@ class OwnerMatrix:
         new_capacity = max(self.size + needed, int(capacity * 1.5) + 1024)
         ids = np.full(new_capacity, -1, dtype=np.int64)
         vectors = np.zeros((new_capacity, self.dimension), dtype=np.float32)
+        signs = np.zeros((self.words, new_capacity), dtype=np.uint64)
         ids[: self.size] = self.ids[: self.size]
         vectors[: self.size] = self.vectors[: self.size]
-        self.ids, self.vectors = ids, vectors
+        signs[:, : self.size] = self.signs[:, : self.size]
+        self.ids, self.vectors, self.signs = ids, vectors, signs
 
     def apply(self, doc_ids, blobs):
         """Put these documents' current vectors in (a None blob takes the document out)."""
@@ -63,26 +87,58 @@ class OwnerMatrix:
             return
         matrix = from_blobs([b for _, b in keep], self.dimension)
         self._grow(len(keep))
-        for (doc_id, _), vector in zip(keep, matrix):
+        rows = []
+        for doc_id, _ in keep:
             row = self.row_of.get(doc_id)
             if row is None:
                 row = self.size
                 self.size += 1
                 self.row_of[doc_id] = row
                 self.ids[row] = doc_id
-            self.vectors[row] = vector
+            rows.append(row)
+        rows = np.asarray(rows, dtype=np.int64)
+        self.vectors[rows] = matrix
+        self.signs[:, rows] = sign_words(matrix, self.words).T
 
     def top(self, query, n):
         """(doc ids, cosines) of the n best rows, best first."""
         if self.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        scores = self.vectors[: self.size] @ query
         n = min(n, self.size)
-        best = np.argpartition(-scores, n - 1)[:n] if n < self.size else np.arange(self.size)
+        if self.size <= EXACT_ROWS:
+            rows = np.arange(self.size)
+        else:
+            rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
+        scores = self.vectors[rows] @ query if len(rows) < self.size else self.vectors[: self.size] @ query
+        n = min(n, len(rows))
+        best = np.argpartition(-scores, n - 1)[:n] if n < len(rows) else np.arange(len(rows))
         best = best[np.argsort(-scores[best], kind="stable")]
-        ids = self.ids[best]
+        ids = self.ids[rows[best]]
         keep = ids >= 0
         return ids[keep], scores[best][keep]
+
+    def _shortlist(self, query, m):
+        """The (about) m rows whose sign bits are nearest the query's, by Hamming distance.
+
+        Computed in cache-sized chunks (xor, popcount, sum per row); the rows are then those at or
+        under the distance whose cumulative count reaches m (ties make it a few more).
+        """
+        q = sign_words(query[None, :], self.words)[0][:, None]
+        distance = np.empty(self.size, dtype=np.uint16)
+        chunk = _CHUNK_ROWS
+        xor = np.empty((self.words, chunk), dtype=np.uint64)
+        bits = np.empty((self.words, chunk), dtype=np.uint8)
+        for lo in range(0, self.size, chunk):
+            hi = min(self.size, lo + chunk)
+            n = hi - lo
+            np.bitwise_xor(self.signs[:, lo:hi], q, out=xor[:, :n])
+            np.bitwise_count(xor[:, :n], out=bits[:, :n])
+            np.sum(bits[:, :n], axis=0, dtype=np.uint16, out=distance[lo:hi])
+        if m >= self.size:
+            return np.arange(self.size)
+        cumulative = np.cumsum(np.bincount(distance, minlength=self.words * 64 + 1))
+        threshold = int(np.searchsorted(cumulative, m))
+        return np.flatnonzero(distance <= threshold)
 
     def cosines(self, doc_ids, query):
         """{doc id: cosine} for the given ids this owner holds."""

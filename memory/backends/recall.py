@@ -32,6 +32,13 @@ def keyword_terms(query, limit=32):
     return list(dict.fromkeys(kept))[:limit]
 
 
+# The item's time as Unix seconds, computed by the database (cheaper than converting timestamps).
+_EPOCH = {
+    "sqlite": "((julianday(d.item_time) - 2440587.5) * 86400.0)",
+    "postgresql": "EXTRACT(EPOCH FROM d.item_time)::float",
+}
+
+
 class RecallSQL:
     """Mixed into MemoryBackend: the recall queries both databases share."""
 
@@ -68,7 +75,7 @@ class RecallSQL:
         Keeps documents of the viewer's owners, of the wanted kinds, active, facts at or above
         `min_confidence`, and not shadowed: a fact (or an active procedure) of a more specific owner
         with the same key (name) hides one of a less specific owner, whatever the filters say of it.
-        Returns {id: (kind, item_id, owner, importance, item_time, reference_count)}.
+        Returns {id: (kind, item_id, owner, importance, item time in Unix seconds, reference_count)}.
         """
         if not doc_ids:
             return {}
@@ -81,7 +88,7 @@ class RecallSQL:
             params.append(min_confidence)
         sql = (
             f"WITH viewer_owners(k, r) AS (VALUES {values}) "
-            "SELECT d.id, d.kind, d.item_id, d.owner, d.importance, d.item_time, d.reference_count "
+            f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count "
             f"FROM {DOC_TABLE} d JOIN viewer_owners o ON o.k = d.owner "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
