@@ -201,22 +201,24 @@ class VectorIndex:
     def search(self, owners, query, n):
         """The n best (doc id, cosine) over the given owners' matrices, best first, ids unique."""
         found = {}
-        for owner in owners:
-            matrix = self.owners.get(owner)
-            if matrix is None:
-                continue
-            ids, scores = matrix.top(query, n)
-            for doc_id, score in zip(ids.tolist(), scores.tolist()):
-                if score > found.get(doc_id, -2.0):
-                    found[doc_id] = score
+        with self._lock:  # sync() may be growing a matrix in another thread
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is None:
+                    continue
+                ids, scores = matrix.top(query, n)
+                for doc_id, score in zip(ids.tolist(), scores.tolist()):
+                    if score > found.get(doc_id, -2.0):
+                        found[doc_id] = score
         return sorted(found.items(), key=lambda item: -item[1])[:n]
 
     def cosines(self, owners, doc_ids, query):
         result = {}
-        for owner in owners:
-            matrix = self.owners.get(owner)
-            if matrix is not None:
-                result.update(matrix.cosines(doc_ids, query))
+        with self._lock:
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is not None:
+                    result.update(matrix.cosines(doc_ids, query))
         return result
 
 
