@@ -206,7 +206,13 @@ def main(argv=None):
                     "build_s": round(build_s, 1),
                     "index_load_s": round(result["hybrid"]["load_s"], 2),
                 }
+                console.print(f"{size:,} items: {figures[str(size)]}")
+        service.flush_access_counts()
+        service.flush_recall_log()
     embed_query_ms = round(sorted(embed_times)[len(embed_times) // 2], 2)
+    saved = Path(args.plot).with_suffix(".json")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({**figures, "embed_query_ms": embed_query_ms, "embedder": embedder.model}))
     plot(figures, Path(args.plot))
     if args.json:
         print(json.dumps({**figures, "embed_query_ms": embed_query_ms, "embedder": embedder.model}))
