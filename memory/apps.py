@@ -10,3 +10,6 @@ class MemoryConfig(AppConfig):
     def ready(self):
         from . import signals  # noqa: F401  (flushes buffered access counts)
         from .backends import sqlite  # noqa: F401  (registers SQL functions the SQLite index needs)
+        from .embeddings import log_mode
+
+        log_mode()  # recall: hybrid or keyword-only, said once at start

@@ -64,6 +64,30 @@ DEFAULTS = {
         # How long /healthz and `memory health` reuse a computed score.
         "CACHE_SECONDS": 60,
     },
+    # ---- recall (MemoryService.recall; see memory/recall.py)
+    # "auto": the local all-MiniLM-L6-v2 when the `embeddings` extra is installed; None: keyword-only;
+    # or a dotted path to a LangChain Embeddings class/factory (called with EMBEDDINGS_OPTIONS).
+    "EMBEDDINGS": "auto",
+    "EMBEDDINGS_OPTIONS": {},
+    # Recorded with the stored vectors; blank derives it from the embedder's class and model name.
+    "EMBEDDINGS_MODEL_ID": "",
+    "RECALL_LIMIT": 10,
+    # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
+    "RECALL_KEYWORD_WEIGHT": 0.6,
+    "RECALL_KEYWORD_POWER": 2.0,
+    # How many candidates each leg hands to the fusion.
+    "RECALL_CANDIDATES": 200,
+    # Session context: shares of the relevance of the episodes 1 before, 1 after, 2 before, 2 after
+    # (same session, agent and user) added to an episode's; and of the session's best candidate.
+    "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
+    "RECALL_SESSION_WEIGHT": 0.4,
+    # Share of the final score that importance, recency and references decide (the rest is relevance).
+    "RECALL_BOOST_WEIGHT": 0.1,
+    # Recency falls linearly to a floor of 0.1 over this many days.
+    "RECALL_RECENCY_DAYS": 180,
+    # Recall events and reference counts are buffered and written in one transaction when this many
+    # hits are pending, at the end of each request, at exit, or on MemoryService.flush_recall_log().
+    "RECALL_FLUSH_PENDING": 5000,
 }
 
 BACKENDS_BY_VENDOR = {
@@ -107,8 +131,14 @@ def _reload(*, setting, **kwargs):
     if setting == "MEMORY":
         memory_settings.reload()
         from .backends import reset_backend
+        from .embeddings import reset_embedder
+        from .recall import model_guard
+        from .vectors import reset_vector_index
 
         reset_backend()
+        reset_embedder()
+        model_guard.reset()
+        reset_vector_index()
 
 
 setting_changed.connect(_reload)

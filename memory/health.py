@@ -19,7 +19,7 @@ nothing can be measured (an empty memory).
 
 Components: /healthz reports the database (checked here), and whatever other apps register with
 `register_component(name, check)` (the checkpointer: "unknown" until workflows register it); the
-recall mode comes from `recall_mode()`, "keyword-only" until recall provides embeddings.
+recall mode is recall's own: "hybrid" with an embedder configured and installed, else "keyword-only".
 """
 import threading
 import time
@@ -149,8 +149,10 @@ def components():
 
 
 def recall_mode():
-    """How recall searches: "hybrid" (keywords and vectors) or "keyword-only". Recall replaces this."""
-    return "keyword-only"
+    """How recall searches: "hybrid" (keywords and vectors) or "keyword-only". Loads no model."""
+    from .recall_service import configured_mode
+
+    return configured_mode()
 
 
 def database_status():

@@ -256,3 +256,109 @@ class ConsolidationRun(models.Model):
 
     def __str__(self):
         return f"Consolidation {self.pk} at {self.started_at:%Y-%m-%d %H:%M}"
+
+
+# ------------------------------------------------------------------ recall index (hybrid recall)
+
+
+class RecallKind(models.TextChoices):
+    """What a recall hit is."""
+
+    FACT = "fact", "Fact"
+    EPISODE = "episode", "Episode"
+    PROCEDURE = "procedure", "Procedure"
+
+
+class RecallDocument(models.Model):
+    """One fact, episode or procedure as recall sees it: owner, text, embedding, importance.
+
+    Rows are written by database triggers on the item tables (see migration recall_index), in the
+    item's own transaction, so every writer (service, admin, merges, cascades) keeps them current;
+    the service adds the embedding in the same transaction. Read it through MemoryService.recall().
+    """
+
+    kind = models.CharField(max_length=16, choices=RecallKind.choices)
+    item_id = models.BigIntegerField()
+    # Who sees it: a fact's scope_key; an episode's "user:<id>/agent:<id>", "user:<id>", "agent:<id>",
+    # "session:<id>" or "global"; a procedure's "agent:<id>" or "global".
+    owner = models.CharField(max_length=300)
+    # Facts: the key; procedures: the name. A more specific owner's item with the same kind and
+    # shadow key hides this one. Blank (episodes): never shadowed.
+    shadow_key = models.CharField(max_length=255, blank=True, default="")
+    active = models.BooleanField(default=True)
+    text = models.TextField(blank=True, default="")
+    # Facts: confidence; procedures: smoothed success rate; episodes: from the human rating (0.5 unrated).
+    importance = models.FloatField(default=0.5)
+    item_time = models.DateTimeField(null=True, blank=True)
+    # float32 little-endian; NULL until the service (or `memory reindex`) embeds the text.
+    embedding = models.BinaryField(null=True, blank=True)
+    # The owner's RecallScope.generation when the embedding or owner last changed.
+    vector_seq = models.BigIntegerField(default=0)
+    reference_count = models.PositiveIntegerField(default=0)
+    last_referenced = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "memory_recall_doc"
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "item_id"], name="one_recall_document_per_item"),
+            models.CheckConstraint(condition=Q(kind__in=RecallKind.values), name="recall_document_kind_known"),
+        ]
+        indexes = [
+            models.Index(fields=["owner", "vector_seq"], name="recall_doc_owner_seq"),
+            models.Index(fields=["shadow_key", "kind", "owner"], name="recall_doc_shadow"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.item_id} ({self.owner})"
+
+
+class RecallScope(models.Model):
+    """Per owner, a counter every process compares with its in-memory vector index before a recall."""
+
+    owner = models.CharField(max_length=300, primary_key=True)
+    generation = models.BigIntegerField(default=0)
+    # Embedded documents that left this owner (deleted or moved); a reader rebuilds when many did.
+    removed = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "memory_recall_scope"
+
+    def __str__(self):
+        return f"{self.owner} @{self.generation}"
+
+
+class EmbeddingModelRecord(models.Model):
+    """Which embedding model wrote the stored vectors, and their dimension (one row)."""
+
+    model = models.CharField(max_length=300)
+    dimension = models.PositiveIntegerField()
+    recorded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "memory_embedding_model"
+
+    def __str__(self):
+        return f"{self.model} ({self.dimension})"
+
+
+class RecallEvent(models.Model):
+    """One hit returned by a recall: who asked, what for, what came back and how it scored."""
+
+    created_at = models.DateTimeField(db_index=True)
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    user_id = models.BigIntegerField(null=True, blank=True)
+    session_id = models.CharField(max_length=128, blank=True, default="")
+    query = models.TextField()
+    kind = models.CharField(max_length=16, choices=RecallKind.choices)
+    item_id = models.BigIntegerField()
+    rank = models.PositiveSmallIntegerField()
+    score = models.FloatField()
+    mode = models.CharField(max_length=16)
+
+    class Meta:
+        db_table = "memory_recall_event"
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["kind", "item_id"], name="recall_event_item")]
+
+    def __str__(self):
+        return f"{self.kind} {self.item_id} for {self.query[:40]!r}"

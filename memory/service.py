@@ -40,6 +40,8 @@ from .models import (
     ProcedureType,
     Scope,
 )
+from .models import RecallKind
+from .recall_service import RecallMixin
 from .signals import users_deleting, users_merged
 from .text import fact_search_text, search_tokens
 
@@ -198,7 +200,7 @@ def _viewer(agent_id, user_id, session_id):
     )
 
 
-class MemoryService:
+class MemoryService(RecallMixin):
     """Every memory question and write goes through here; see the README for the rules it keeps."""
 
     def __init__(self):
@@ -242,6 +244,8 @@ class MemoryService:
         try:
             with transaction.atomic():
                 write = self._upsert_fact(fact, overwrite)
+                if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
+                    self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.CREATED:
                     pruning.enforce_after_create(pruning.FACTS, write.fact)
                 return write
@@ -428,6 +432,8 @@ class MemoryService:
             episode = self._locked_episode(episode_id)
             getattr(episode, field_name).append(item)
             Episode.objects.filter(pk=episode.pk).update(**{field_name: getattr(episode, field_name)})
+            if field_name == "conversation":
+                self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def _locked_episode(self, episode_id):
@@ -463,6 +469,7 @@ class MemoryService:
             episode.error = _check_text("error", error, required=False)
             episode.summary = _check_text("summary", summary, required=False)
             episode.save(update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary"])
+            self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def get_episode(self, episode_id):
@@ -872,6 +879,7 @@ class MemoryService:
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
             procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            self._embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
             if created:
                 pruning.enforce_after_create(pruning.PROCEDURES, procedure)
         return procedure

@@ -24,3 +24,11 @@ def flush_access_counts(**kwargs):
 # (conversation threads and checkpoints, recall events) prune them with the same command.
 # A receiver returns {what: rows deleted (or that would be, on a dry run)}; the counts join the report.
 prune_requested = Signal()
+
+# ---- recall: buffered recall events and reference counts are written with the access counts.
+from .recall_events import recall_log  # noqa: E402
+
+
+@receiver(request_finished, dispatch_uid="memory_flush_recall_log")
+def flush_recall_log(**kwargs):
+    recall_log.flush()

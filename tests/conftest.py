@@ -188,3 +188,8 @@ def demo_workflow(db):
     workflow, _ = ensure_demo_workflow()
     return workflow
 
+
+@pytest.fixture
+def keyword_only(settings):
+    """Recall without an embedder (MEMORY["EMBEDDINGS"] = None), whatever is installed."""
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "EMBEDDINGS": None}

@@ -498,7 +498,7 @@ def test_get_fact_is_one_query(service, user_factory, django_assert_num_queries,
 # ------------------------------------------------------------------ query counts of writes
 
 
-def test_set_fact_create_is_two_statements(service, user_factory, capture_data_queries):
+def test_set_fact_create_is_two_statements(service, user_factory, capture_data_queries, keyword_only):
     u = user_factory()
     with capture_data_queries() as q:
         assert service.set_fact("city", "Porto", scope="user", user_id=u.pk).action == "created"
@@ -509,7 +509,7 @@ def test_set_fact_create_is_two_statements(service, user_factory, capture_data_q
     "second, action",
     [(("Porto", True), "confirmed"), (("Lisbon", True), "updated"), (("Lisbon", False), "skipped")],
 )
-def test_set_fact_second_write_is_two_statements(service, capture_data_queries, second, action):
+def test_set_fact_second_write_is_two_statements(service, capture_data_queries, second, action, keyword_only):
     service.set_fact("city", "Porto", scope="agent", agent_id=AGENT)
     value, overwrite = second
     with capture_data_queries() as q:

@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
 from ..models import SCOPE_RANK, Fact, MemoryUser, Scope
+from .recall import RecallSQL
 
 FACT_TABLE = Fact._meta.db_table
 USER_TABLE = MemoryUser._meta.db_table
@@ -81,7 +82,7 @@ def escape_like(token):
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-class MemoryBackend:
+class MemoryBackend(RecallSQL):
     """Database-specific parts of the memory; subclasses fill in the NotImplementedError methods."""
 
     vendor = None

@@ -1,10 +1,12 @@
 """PostgreSQL backend: a pg_trgm GIN index serves substring search; jsonb matches procedures."""
 import json
 
+from django.db import connection
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
 from .base import FACT_TABLE, MemoryBackend
+from .recall import DOC_TABLE
 
 
 class PostgreSQLBackend(MemoryBackend):
@@ -29,3 +31,16 @@ class PostgreSQLBackend(MemoryBackend):
             output_field=BooleanField(),
         )
         return queryset.filter(goal_ok, context_ok)
+
+    # ---- recall: full-text search (english configuration) ranked by ts_rank, any word matching
+
+    def recall_keyword(self, terms, owners, depth):
+        if not terms or not owners:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT d.id, ts_rank(d.tsv, q) FROM {DOC_TABLE} d, to_tsquery('english', %s) q "
+                f"WHERE d.tsv @@ q AND d.owner IN ({', '.join(['%s'] * len(owners))}) ORDER BY 2 DESC, d.id LIMIT %s",
+                [" | ".join(terms), *owners, depth],
+            )
+            return cursor.fetchall()

@@ -178,3 +178,21 @@ class SQLiteBackend(MemoryBackend):
             output_field=BooleanField(),
         )
         return queryset.filter(goal_ok, context_ok)
+
+    # ---- recall: BM25 over the FTS5 recall index (porter stemming), narrowed by owner markers
+
+    def recall_keyword(self, terms, owners, depth):
+        if not terms or not owners:
+            return []
+        words = " OR ".join(_phrase(t) for t in terms)
+        marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s",
+                [f"text : ({words}) AND owner : ({marks})", depth],
+            )
+            return cursor.fetchall()
+
+    def optimize_recall_index(self):
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO memory_recall_fts(memory_recall_fts) VALUES ('optimize')")

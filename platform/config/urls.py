@@ -5,10 +5,12 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memory.admin import memories_site
 from memory.healthz import healthz
+from memory.recall_views import RecallView
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/memories/", permanent=False)),
     path("memories/", memories_site.urls),
+    path("api/v1/recall/", RecallView.as_view(), name="recall"),
     path("api/v1/", include("memory.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

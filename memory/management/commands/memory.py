@@ -334,14 +334,43 @@ class HealthSubcommand(Subcommand):
         command.console.print(table)
 
 
+class ReindexSubcommand(Subcommand):
+    name = "reindex"
+    help = "Embed every recall document with the configured embedder and record it as the vectors' model."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--missing", action="store_true", help="only documents without a vector (the model must be unchanged)"
+        )
+        parser.add_argument("--batch-size", type=int, default=256, help="documents per transaction (default 256)")
+
+    def handle(self, command, options):
+        from memory.embeddings import EmbeddingModelChanged
+        from memory.recall_service import NoEmbedder
+
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1")
+        with command.progress() as progress:
+            task = progress.add_task("embedding recall documents", total=None)
+            try:
+                count = command.service.reindex_recall(
+                    missing_only=options["missing"],
+                    batch_size=options["batch_size"],
+                    progress=lambda done, total: progress.update(task, completed=done, total=total),
+                )
+            except (NoEmbedder, EmbeddingModelChanged) as exc:
+                raise CommandError(str(exc)) from exc
+        command.stdout.write(f"embedded {count} recall documents")
+
+
 SUBCOMMANDS = [
     ListSubcommand(), StatsSubcommand(), ExportSubcommand(), ImportSubcommand(), ClearSubcommand(),
-    ConsolidateSubcommand(), PruneSubcommand(), HealthSubcommand(),
+    ConsolidateSubcommand(), PruneSubcommand(), HealthSubcommand(), ReindexSubcommand(),
 ]
 
 
 class Command(BaseCommand):
-    help = "Operate the memory: list, stats, export, import, clear, consolidate, prune, health."
+    help = "Operate the memory: list, stats, export, import, clear, consolidate, prune, health, reindex."
 
     def add_arguments(self, parser):
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")

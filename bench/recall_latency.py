@@ -1,0 +1,236 @@
+"""Recall latency at 10k, 100k and 1M items in one scope, keyword-only and hybrid; plot to bench/results/.
+
+    python -m bench.recall_latency [--sizes 10000,100000,1000000] [--queries 200] [--json] [--database-url URL]
+
+The store grows in steps to each size (one agent's facts: one scope, the worst case for a viewer).
+Texts are synthetic: 8-16 words drawn from a 20,000-word vocabulary with Zipf-like frequencies;
+queries are 2-4 words drawn the same way but skipping the 100 most frequent (stop-word-like) words.
+Vectors are random unit vectors (384 dimensions): the scan costs the same whatever they hold.
+
+Bulk path (documented in bench/README.md): facts are written with bulk_create, so the recall
+triggers build each document and its keyword index row exactly as for a service write, and the
+vectors are stored with one UPDATE per document (which moves the owner's generation by trigger,
+as the service's own writes do); the model record is written once, as the first service write would.
+
+Each recall goes through MemoryService.recall (limit 10). Latency excludes embedding the query,
+which is timed separately with the configured embedder (the local model when installed, else
+random vectors); the first recall after a step loads the new vectors into the process's index and is
+reported as `load_s`, not counted.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .scratch import REPO, scratch_django
+
+DIMENSION = 384
+VOCABULARY = 20_000
+AGENT = "bench"
+BATCH = 5_000
+
+
+def _words(rng):
+    vocab = [f"w{i}{chr(97 + i % 26)}{chr(97 + (i // 26) % 26)}" for i in range(VOCABULARY)]
+    weights = 1.0 / np.arange(1, VOCABULARY + 1) ** 1.07
+    return vocab, weights / weights.sum()
+
+
+class RandomUnitEmbeddings:
+    """A LangChain-style embedder of random unit vectors, for machines without the local model."""
+
+    model_id = "bench/random-unit-384"
+
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+    def _one(self):
+        v = self.rng.standard_normal(DIMENSION).astype(np.float32)
+        return (v / np.linalg.norm(v)).tolist()
+
+    def embed_documents(self, texts):
+        return [self._one() for _ in texts]
+
+    def embed_query(self, text):
+        return self._one()
+
+
+def grow(start, stop, rng, vocab, probs, progress):
+    from django.db import connection
+
+    from memory.models import Fact, RecallDocument
+    from memory.text import fact_search_text
+
+    task = progress.add_task(f"adding items {start:,}..{stop:,}", total=stop - start)
+    for lo in range(start, stop, BATCH):
+        hi = min(stop, lo + BATCH)
+        lengths = rng.integers(8, 17, size=hi - lo)
+        picks = rng.choice(VOCABULARY, size=int(lengths.sum()), p=probs)
+        facts, offset = [], 0
+        for i, n in zip(range(lo, hi), lengths):
+            text = " ".join(vocab[j] for j in picks[offset : offset + n])
+            offset += n
+            key = f"item_{i}"
+            facts.append(Fact(key=key, value=text, scope="agent", agent_id=AGENT, search_text=fact_search_text(key, text)))
+        Fact.objects.bulk_create(facts)
+        doc_ids = list(
+            RecallDocument.objects.filter(kind="fact", item_id__in=[f.pk for f in facts]).values_list("id", flat=True)
+        )
+        vectors = rng.standard_normal((len(doc_ids), DIMENSION)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                "UPDATE memory_recall_doc SET embedding = %s WHERE id = %s",
+                [(v.astype("<f4").tobytes(), d) for v, d in zip(vectors, doc_ids)],
+            )
+        progress.advance(task, hi - lo)
+
+
+def measure(service, queries, modes, progress, label):
+    results = {}
+    for mode in modes:
+        started = time.perf_counter()
+        service.recall(queries[0], agent_id=AGENT, mode=mode)  # loads new vectors into the index
+        load_s = time.perf_counter() - started
+        task = progress.add_task(f"{label}: {mode} recalls", total=len(queries))
+        times, embeds = [], []
+        for q in queries:
+            t0 = time.perf_counter()
+            result = service.recall(q, agent_id=AGENT, mode=mode)
+            total_ms = (time.perf_counter() - t0) * 1000.0
+            times.append(total_ms - result.embed_ms)
+            embeds.append(result.embed_ms)
+            progress.advance(task)
+        service.flush_recall_log()
+        times.sort()
+        results[mode] = {
+            "p50": times[len(times) // 2],
+            "p95": times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))],
+            "load_s": load_s,
+            "embed_ms": sorted(embeds)[len(embeds) // 2],
+        }
+    return results
+
+
+def plot(figures, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(int(s) for s in figures)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, style in (("keyword", "-"), ("hybrid", "--")):
+        for stat, marker in (("p50", "o"), ("p95", "s")):
+            ax.plot(sizes, [figures[str(s)][f"{mode}_{stat}_ms"] for s in sizes], style, marker=marker, label=f"{mode} {stat}")
+    ax.set_xscale("log")
+    ax.set_xlabel("items in the viewer's scope")
+    ax.set_ylabel("recall latency (ms, without the query's embedding)")
+    ax.set_title("MemoryService.recall latency")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database-url", help="a PostgreSQL server (postgres://user@host:port/any); default SQLite")
+    parser.add_argument("--plot", default=str(REPO / "bench" / "results" / "recall_latency.png"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    console = Console(stderr=True)
+    rng = np.random.default_rng(args.seed)
+    vocab, probs = _words(rng)
+    content = probs.copy()
+    content[:100] = 0
+    content /= content.sum()
+    queries = [
+        " ".join(vocab[j] for j in rng.choice(VOCABULARY, size=int(rng.integers(2, 5)), p=content))
+        for _ in range(args.queries)
+    ]
+    figures = {}
+    with scratch_django(args.database_url):
+        from django.conf import settings
+        from django.db import connection
+
+        from memory.conf import memory_settings
+        from memory.embeddings import configured_mode, get_embedder
+        from memory.models import EmbeddingModelRecord
+        from memory.service import MemoryService
+
+        if configured_mode() != "hybrid":
+            settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": "bench.recall_latency.RandomUnitEmbeddings"}
+            memory_settings.reload()
+        embedder = get_embedder()
+        if embedder.dimension != DIMENSION:
+            console.print(f"[red]the configured embedder has {embedder.dimension} dimensions, not {DIMENSION}[/red]")
+            return 2
+        EmbeddingModelRecord.objects.create(model=embedder.model, dimension=embedder.dimension)
+        service = MemoryService()
+        embed_times = []
+        for q in queries[:50]:
+            t0 = time.perf_counter()
+            embedder.query(q)
+            embed_times.append((time.perf_counter() - t0) * 1000.0)
+        built = 0
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+        ) as progress:
+            for size in sizes:
+                started = time.perf_counter()
+                grow(built, size, rng, vocab, probs, progress)
+                service.optimize_recall_index()
+                with connection.cursor() as cursor:
+                    cursor.execute("ANALYZE")
+                build_s = time.perf_counter() - started
+                built = size
+                result = measure(service, queries, ("keyword", "hybrid"), progress, f"{size:,}")
+                figures[str(size)] = {
+                    "keyword_p50_ms": round(result["keyword"]["p50"], 2),
+                    "keyword_p95_ms": round(result["keyword"]["p95"], 2),
+                    "hybrid_p50_ms": round(result["hybrid"]["p50"], 2),
+                    "hybrid_p95_ms": round(result["hybrid"]["p95"], 2),
+                    "build_s": round(build_s, 1),
+                    "index_load_s": round(result["hybrid"]["load_s"], 2),
+                }
+                console.print(f"{size:,} items: {figures[str(size)]}")
+        service.flush_access_counts()
+        service.flush_recall_log()
+    embed_query_ms = round(sorted(embed_times)[len(embed_times) // 2], 2)
+    saved = Path(args.plot).with_suffix(".json")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({**figures, "embed_query_ms": embed_query_ms, "embedder": embedder.model}))
+    plot(figures, Path(args.plot))
+    if args.json:
+        print(json.dumps({**figures, "embed_query_ms": embed_query_ms, "embedder": embedder.model}))
+        return 0
+    table = Table(title=f"recall latency, {args.queries} queries per mode and size (ms, query embedding excluded)")
+    for column in ("items", "keyword p50", "keyword p95", "hybrid p50", "hybrid p95", "build s", "index load s"):
+        table.add_column(column, justify="right")
+    for size in sizes:
+        f = figures[str(size)]
+        table.add_row(
+            f"{size:,}", *[f"{f[k]:.1f}" for k in ("keyword_p50_ms", "keyword_p95_ms", "hybrid_p50_ms", "hybrid_p95_ms")],
+            f"{f['build_s']:.0f}", f"{f['index_load_s']:.1f}",
+        )
+    out = Console()
+    out.print(table)
+    out.print(f"embedding one query ({embedder.model}): {embed_query_ms} ms (median); plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

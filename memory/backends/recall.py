@@ -1,0 +1,133 @@
+"""Recall SQL shared by the storage backends: the viewer's owners, candidate checks, session neighbours.
+
+Vendor-specific keyword ranking (`recall_keyword`) lives with each backend: SQLite FTS5 BM25,
+PostgreSQL full-text search.
+"""
+import re
+
+from django.db import connection
+
+from ..models import Episode, RecallDocument
+
+DOC_TABLE = RecallDocument._meta.db_table
+EPISODE_TABLE = Episode._meta.db_table
+SCOPE_TABLE = "memory_recall_scope"
+
+_WORD = re.compile(r"[^\W_]+")
+# Question and function words that would match almost every memory; dropped from keyword queries
+# unless nothing else is left.
+STOPWORDS = frozenset(
+    """a about after again all also am an and any are as at be been before being but by can could did do does
+    doing done for from had has have having he her here hers him his how i if in into is it its itself just me
+    might more most my no nor not now of off on once only or other our ours out over own same she should so
+    some such than that the their theirs them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours""".split()
+)
+
+
+def keyword_terms(query, limit=32):
+    """The words of a query a keyword index should look for: lower-case, stop words dropped, unique."""
+    words = [w.lower() for w in _WORD.findall(query)]
+    kept = [w for w in words if w not in STOPWORDS] or words
+    return list(dict.fromkeys(kept))[:limit]
+
+
+# The item's time as Unix seconds, computed by the database (cheaper than converting timestamps).
+_EPOCH = {
+    "sqlite": "((julianday(d.item_time) - 2440587.5) * 86400.0)",
+    "postgresql": "EXTRACT(EPOCH FROM d.item_time)::float",
+}
+
+
+class RecallSQL:
+    """Mixed into MemoryBackend: the recall queries both databases share."""
+
+    def recall_keyword(self, terms, owners, depth):
+        """[(document id, score)] of the `depth` best keyword matches among `owners`, best first.
+
+        Scores are positive and larger is better; they need only be comparable within one call.
+        """
+        raise NotImplementedError("MemoryBackend subclasses must provide recall_keyword(terms, owners, depth)")
+
+    def recall_owners(self, viewer, owner_terms, user_owner_sql):
+        """[(owner, rank, generation, removed)] the viewer sees, in one query.
+
+        The user's owner follows merges inside the query. Besides the fact owners (session, user,
+        agent, global) a viewer with a user and an agent sees "user:<id>/agent:<id>": the episodes
+        that agent had with that user.
+        """
+        terms = list(owner_terms(viewer))
+        if viewer.user_id is not None and viewer.agent_id:
+            terms.append((f"{user_owner_sql} || %s", [viewer.user_id, viewer.user_id, f"/agent:{viewer.agent_id}"], 1))
+        values = ", ".join(f"({sql}, {rank})" for sql, _, rank in terms)
+        params = [p for _, term_params, _ in terms for p in term_params]
+        sql = (
+            f"WITH o(k, r) AS (VALUES {values}) "
+            f"SELECT o.k, o.r, s.generation, s.removed FROM o LEFT JOIN {SCOPE_TABLE} s ON s.owner = o.k"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [(k, int(r), g, rm) for k, r, g, rm in cursor.fetchall()]
+
+    def recall_documents(self, doc_ids, owners, kinds, min_confidence):
+        """The candidates a viewer may be shown, with what ranking needs. One query.
+
+        Keeps documents of the viewer's owners, of the wanted kinds, active, facts at or above
+        `min_confidence`, and not shadowed: a fact (or an active procedure) of a more specific owner
+        with the same key (name) hides one of a less specific owner, whatever the filters say of it.
+        Returns {id: (kind, item_id, owner, importance, item time in Unix seconds, reference_count)}.
+        """
+        if not doc_ids:
+            return {}
+        values = ", ".join(["(%s, %s)"] * len(owners))
+        params = [p for owner, rank in owners for p in (owner, rank)]
+        where = [f"d.id IN ({', '.join(['%s'] * len(doc_ids))})", f"d.kind IN ({', '.join(['%s'] * len(kinds))})"]
+        params += [*doc_ids, *kinds]
+        if min_confidence:
+            where.append("(d.kind <> 'fact' OR d.importance >= %s)")
+            params.append(min_confidence)
+        sql = (
+            f"WITH viewer_owners(k, r) AS (VALUES {values}) "
+            f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count "
+            f"FROM {DOC_TABLE} d JOIN viewer_owners o ON o.k = d.owner "
+            f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
+            f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
+            "WHERE g.shadow_key = d.shadow_key AND g.kind = d.kind AND g.active AND go.r < o.r))"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0]: row[1:] for row in cursor.fetchall()}
+
+    def recall_neighbours(self, doc_ids):
+        """For episode documents: {doc id: (session id, [doc ids one before, one after, two before, two after])}.
+
+        Neighbours are the episodes around it in the same session with the same agent and user (so
+        the same owner: nothing the viewer could not see), in id order; None where there is none.
+        """
+        if not doc_ids:
+            return {}
+        same = (
+            "p.session_id = e.session_id AND p.agent_id = e.agent_id "
+            "AND (p.user_id = e.user_id OR (p.user_id IS NULL AND e.user_id IS NULL))"
+        )
+
+        def neighbour(before, offset):
+            op, order = ("<", "DESC") if before else (">", "ASC")
+            episode = (
+                f"(SELECT p.id FROM {EPISODE_TABLE} p WHERE {same} AND p.id {op} e.id "
+                f"ORDER BY p.id {order} LIMIT 1 OFFSET {offset})"
+            )
+            return f"(SELECT n.id FROM {DOC_TABLE} n WHERE n.kind = 'episode' AND n.item_id = {episode})"
+
+        sql = (
+            f"SELECT d.id, e.session_id, {neighbour(True, 0)}, {neighbour(False, 0)}, "
+            f"{neighbour(True, 1)}, {neighbour(False, 1)} "
+            f"FROM {DOC_TABLE} d JOIN {EPISODE_TABLE} e ON e.id = d.item_id "
+            f"WHERE d.kind = 'episode' AND e.session_id <> '' AND d.id IN ({', '.join(['%s'] * len(doc_ids))})"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(doc_ids))
+            return {row[0]: (row[1], list(row[2:])) for row in cursor.fetchall()}
+
+    def optimize_recall_index(self):
+        """Compact the keyword index after a bulk load (a no-op where the database needs none)."""

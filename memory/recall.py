@@ -1,0 +1,349 @@
+"""Hybrid recall: keyword (BM25) and vector (cosine) candidates, fused, put in context, boosted, checked.
+
+How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
+
+1. Candidates: the RECALL_CANDIDATES best keyword matches among the viewer's owners (SQLite FTS5
+   BM25 / PostgreSQL ts_rank over any word of the query, stop words dropped) and, with an embedder,
+   the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan of the in-process index).
+2. Fusion: relevance = w * (bm25 / best bm25) ** p + (1 - w) * max(cosine, 0), w = RECALL_KEYWORD_WEIGHT,
+   p = RECALL_KEYWORD_POWER (2: a weak keyword match counts for little next to the best one).
+   Both scores are known for every candidate (a keyword candidate's cosine comes from the index; a
+   vector candidate outside the keyword list has no query word: bm25 0). Unlike rank fusion (RRF),
+   this keeps how far apart the scores are, which is what lets it beat both legs (bench/README.md).
+3. Session context: an episode's relevance gains RECALL_CONTEXT_WEIGHTS of the relevance of the
+   episodes one before, one after, two before and two after it in the same session (a conversation
+   stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
+   relevance among the session's candidates (sessions are about something).
+4. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
+   b = RECALL_BOOST_WEIGHT; importance is a fact's confidence, a procedure's smoothed success rate,
+   0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS) (seed 001's formula).
+5. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
+   shadowing) before it can rank, so a stale vector can never return a hidden or deleted item.
+
+Modes: "hybrid" (both legs), "keyword", "vector"; "auto" is hybrid with an embedder, else keyword.
+"""
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils import timezone
+
+from .conf import memory_settings
+from .embeddings import EmbeddingModelChanged, get_embedder
+from .exceptions import InvalidMemoryArgument
+from .models import EmbeddingModelRecord, Episode, Fact, Procedure, RecallEvent, RecallKind
+from .vectors import get_vector_index
+
+logger = logging.getLogger("engram.memory")
+
+MODES = ("auto", "hybrid", "keyword", "vector")
+ITEM_MODELS = {RecallKind.FACT: Fact, RecallKind.EPISODE: Episode, RecallKind.PROCEDURE: Procedure}
+
+
+@dataclass(frozen=True)
+class RecallHit:
+    """One recalled memory: what it is, its text as indexed, its score, and the item itself."""
+
+    kind: str
+    id: int
+    text: str
+    score: float
+    item: Any = field(repr=False, compare=False)
+    keyword_score: float = 0.0
+    vector_score: float | None = None
+
+    def as_dict(self):
+        """JSON-serialisable: kind, id, text, score, the leg scores, and the item's main fields."""
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "text": self.text,
+            "score": round(self.score, 6),
+            "keyword_score": round(self.keyword_score, 6),
+            "vector_score": None if self.vector_score is None else round(self.vector_score, 6),
+            "item": item_fields(self.kind, self.item),
+        }
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    """What a recall found, in which mode, and how long the query's embedding took (ms)."""
+
+    hits: list
+    mode: str
+    embed_ms: float = 0.0
+
+    def __iter__(self):
+        return iter(self.hits)
+
+    def __len__(self):
+        return len(self.hits)
+
+    def __getitem__(self, index):
+        return self.hits[index]
+
+
+def item_fields(kind, item):
+    def iso(value):
+        return value.isoformat() if value else None
+
+    if kind == RecallKind.FACT:
+        return {
+            "key": item.key,
+            "value": item.value,
+            "fact_type": item.fact_type,
+            "scope": item.scope,
+            "scope_key": item.scope_key,
+            "confidence": item.confidence,
+            "updated_at": iso(item.updated_at),
+        }
+    if kind == RecallKind.EPISODE:
+        return {
+            "agent_id": item.agent_id,
+            "user_id": item.user_id,
+            "session_id": item.session_id,
+            "trigger_type": item.trigger_type,
+            "trigger_input": item.trigger_input,
+            "summary": item.summary,
+            "conversation": item.conversation,
+            "success": item.success,
+            "started_at": iso(item.started_at),
+        }
+    return {
+        "agent_id": item.agent_id,
+        "name": item.name,
+        "description": item.description,
+        "procedure_type": item.procedure_type,
+        "content": item.content,
+        "success_rate": item.success_rate,
+        "is_active": item.is_active,
+    }
+
+
+def item_text(kind, item):
+    """The text a hit shows: a fact as "key: value", an episode's summary or conversation, a procedure's name and description."""
+    if kind == RecallKind.FACT:
+        value = item.value if isinstance(item.value, str) else str(item.value)
+        return f"{item.key}: {value}"
+    if kind == RecallKind.EPISODE:
+        lines = [item.summary] if item.summary else []
+        for message in item.conversation or []:
+            if isinstance(message, dict):
+                role, content = message.get("role", ""), message.get("content", "")
+                lines.append(f"{role}: {content}" if role else str(content))
+        return "\n".join(lines)
+    return f"{item.name}: {item.description}" if item.description else item.name
+
+
+# ---------------------------------------------------------------- embedding model record
+
+
+class ModelGuard:
+    """Checks once per process that stored vectors were made by the configured model; records it first."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._checked = None
+
+    def check(self, embedder):
+        key = (embedder.model, embedder.dimension)
+        if self._checked == key:
+            return
+        with self._lock:
+            record = EmbeddingModelRecord.objects.order_by("pk").first()
+            if record is None:
+                EmbeddingModelRecord.objects.create(model=embedder.model, dimension=embedder.dimension)
+            elif (record.model, record.dimension) != key:
+                raise EmbeddingModelChanged(record.model, record.dimension, embedder.model, embedder.dimension)
+            self._checked = key
+
+    def reset(self):
+        with self._lock:
+            self._checked = None
+
+
+model_guard = ModelGuard()
+
+
+# ---------------------------------------------------------------- ranking
+
+
+def boost(importance, item_seconds, references, now_seconds):
+    """importance x recency x reference boost (seed 001), in 0..~1.6. Times are Unix seconds."""
+    recency = 1.0
+    if item_seconds is not None:
+        days = max(0.0, (now_seconds - float(item_seconds)) / 86400.0)
+        recency = max(0.1, 1.0 - days / float(memory_settings.RECALL_RECENCY_DAYS))
+    return importance * recency * (1.0 + math.log2(1 + (references or 0)) / 8.0)
+
+
+class Recaller:
+    """One recall, step by step; MemoryService.recall builds it after checking the arguments."""
+
+    def __init__(self, backend, viewer, query, terms, kinds, limit, min_confidence, mode):
+        self.backend = backend
+        self.viewer = viewer
+        self.query = query
+        self.terms = terms
+        self.kinds = kinds
+        self.limit = limit
+        self.min_confidence = min_confidence
+        self.requested_mode = mode
+        self.embed_ms = 0.0
+
+    def run(self):
+        embedder = None
+        mode = self.requested_mode
+        if mode != "keyword":
+            embedder = get_embedder()
+            if embedder is None:
+                if mode in ("hybrid", "vector"):
+                    raise InvalidMemoryArgument("mode", f"{mode!r} needs an embedder; recall is keyword-only here")
+                mode = "keyword"
+            elif mode == "auto":
+                mode = "hybrid"
+        owners = self.backend.recall_owners(self.viewer, *_owner_sql())
+        owner_names = [o for o, _, _, _ in owners]
+        depth = max(int(memory_settings.RECALL_CANDIDATES), self.limit)
+
+        keyword = {}
+        if mode in ("hybrid", "keyword") and self.terms:
+            keyword = dict(self.backend.recall_keyword(self.terms, owner_names, depth))
+        vector, query_vector, index = {}, None, None
+        if mode in ("hybrid", "vector"):
+            model_guard.check(embedder)
+            index = get_vector_index(embedder.dimension)
+            index.sync({o: (g, rm) for o, _, g, rm in owners})
+            started = time.perf_counter()
+            query_vector = embedder.query(self.query)
+            self.embed_ms = (time.perf_counter() - started) * 1000.0
+            vector = dict(index.search(owner_names, query_vector, depth))
+            missing = [d for d in keyword if d not in vector]
+            if missing:
+                vector.update(index.cosines(owner_names, missing, query_vector))
+
+        self.doc_ids = []
+        candidates = set(keyword) | set(vector)
+        weights = [float(x) for x in memory_settings.RECALL_CONTEXT_WEIGHTS]
+        session_weight = float(memory_settings.RECALL_SESSION_WEIGHT)
+        around = {}
+        if candidates and RecallKind.EPISODE in self.kinds and (any(weights) or session_weight):
+            # Episodes around the candidates in their sessions: context for them, and candidates
+            # themselves (the turn that answers often shares no word with the question).
+            around = _relations(self.backend.recall_neighbours(sorted(candidates)))
+        extra = [d for d in around if d not in candidates]
+        rows = self.backend.recall_documents(
+            sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence
+        )
+        if not rows:
+            return mode, []
+        if index is not None:
+            outside = [d for d in extra if d not in vector]
+            if outside:
+                vector.update(index.cosines(owner_names, outside, query_vector))
+        best_keyword = max(keyword.values(), default=0.0) or 1.0
+        w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if mode == "keyword" else 0.0)
+        power = float(memory_settings.RECALL_KEYWORD_POWER)
+
+        def relevance(doc_id):
+            kw = (keyword.get(doc_id, 0.0) / best_keyword) ** power
+            cos = max(vector.get(doc_id, 0.0), 0.0)
+            return w * kw + (1.0 - w) * cos
+
+        fused = {doc_id: relevance(doc_id) for doc_id in rows}
+        ranked = dict(fused)
+        session_best = {}
+        for doc_id, (session, _) in around.items():
+            if doc_id in fused:
+                session_best[session] = max(session_best.get(session, 0.0), fused[doc_id])
+        for doc_id, (session, near) in around.items():
+            if doc_id in fused:
+                ranked[doc_id] = (
+                    fused[doc_id]
+                    + sum(wt * fused.get(n, 0.0) for wt, n in zip(weights, near) if wt and n is not None)
+                    + session_weight * session_best[session]
+                )
+        now = timezone.now().timestamp()
+        b = float(memory_settings.RECALL_BOOST_WEIGHT)
+        scored = []
+        for doc_id, rel in ranked.items():
+            _kind, _item_id, _owner, importance, item_time, references = rows[doc_id]
+            scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
+        scored.sort(key=lambda s: (-s[0], s[1]))
+        top = scored[: self.limit]
+        items = self._items([rows[d][:2] for _, d in top])
+        hits, doc_ids = [], []
+        for score, doc_id in top:
+            kind, item_id = rows[doc_id][:2]
+            item = items.get((kind, item_id))
+            if item is None:  # deleted between the two statements
+                continue
+            hits.append(
+                RecallHit(
+                    kind=kind,
+                    id=item_id,
+                    text=item_text(kind, item),
+                    score=score,
+                    item=item,
+                    keyword_score=keyword.get(doc_id, 0.0) / best_keyword,
+                    vector_score=vector.get(doc_id) if query_vector is not None else None,
+                )
+            )
+            doc_ids.append(doc_id)
+        self.doc_ids = doc_ids
+        return mode, hits
+
+    def _items(self, keys):
+        by_kind = {}
+        for kind, item_id in keys:
+            by_kind.setdefault(kind, []).append(item_id)
+        items = {}
+        for kind, ids in by_kind.items():
+            for pk, item in ITEM_MODELS[kind].objects.in_bulk(ids).items():
+                items[(kind, pk)] = item
+        return items
+
+
+def _relations(neighbours):
+    """{doc: (session, [one before, one after, two before, two after])} for the queried episodes and,
+    as far as the answer tells, for their neighbours too (b1's one-before is b2, and so on)."""
+    around = {d: (session, list(near)) for d, (session, near) in neighbours.items()}
+    derived = {}
+    for doc_id, (session, (b1, a1, b2, a2)) in neighbours.items():
+        for target, slot, value in (
+            (b1, 1, doc_id), (b1, 0, b2), (b1, 3, a1),
+            (a1, 0, doc_id), (a1, 1, a2), (a1, 2, b1),
+            (b2, 3, doc_id), (b2, 1, b1),
+            (a2, 2, doc_id), (a2, 0, a1),
+        ):
+            if target is not None and value is not None and target not in around:
+                derived.setdefault(target, (session, [None] * 4))[1][slot] = value
+    around.update(derived)
+    return around
+
+
+def _owner_sql():
+    from .backends.base import USER_OWNER_SQL, owner_terms
+
+    return owner_terms, USER_OWNER_SQL
+
+
+def recall_events(result_hits, viewer, query, mode, now):
+    return [
+        RecallEvent(
+            created_at=now,
+            agent_id=viewer.agent_id,
+            user_id=viewer.user_id,
+            session_id=viewer.session_id,
+            query=query,
+            kind=hit.kind,
+            item_id=hit.id,
+            rank=rank,
+            score=hit.score,
+            mode=mode,
+        )
+        for rank, hit in enumerate(result_hits, start=1)
+    ]

@@ -1,0 +1,194 @@
+"""MemoryService's recall methods: recall(), the embedding upkeep of writes, reindexing (mixed into MemoryService)."""
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from .access import access_counter
+from .backends.recall import keyword_terms
+from .conf import memory_settings
+from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, reset_embedder, to_blob
+from .exceptions import InvalidMemoryArgument, MemoryServiceError
+from .models import EmbeddingModelRecord, RecallDocument, RecallKind
+from .recall import MODES, Recaller, RecallResult, model_guard, recall_events
+from .recall_events import recall_log
+from .vectors import reset_vector_index
+
+logger = logging.getLogger("engram.memory")
+
+RECALL_TYPES = {
+    "facts": RecallKind.FACT,
+    "fact": RecallKind.FACT,
+    "episodes": RecallKind.EPISODE,
+    "episode": RecallKind.EPISODE,
+    "procedures": RecallKind.PROCEDURE,
+    "procedure": RecallKind.PROCEDURE,
+}
+MAX_RECALL_LIMIT = 200
+MAX_QUERY_LENGTH = 4000
+
+
+class NoEmbedder(MemoryServiceError):
+    """An operation needs an embedder and recall is keyword-only."""
+
+
+def _check_types(types):
+    if isinstance(types, str):
+        types = [t for t in types.split(",") if t.strip()]
+    if not isinstance(types, (list, tuple, set, frozenset)) or not types:
+        raise InvalidMemoryArgument("types", "must be a non-empty list of facts, episodes, procedures")
+    kinds = []
+    for name in types:
+        kind = RECALL_TYPES.get(str(name).strip().lower()) if isinstance(name, str) else None
+        if kind is None:
+            raise InvalidMemoryArgument("types", f"unknown type {name!r}; use facts, episodes, procedures")
+        if kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
+class RecallMixin:
+    """Recall and its index upkeep; part of MemoryService (see memory/recall.py for the ranking)."""
+
+    def recall(
+        self,
+        query,
+        *,
+        agent_id="",
+        user_id=None,
+        session_id="",
+        types=("facts", "episodes", "procedures"),
+        limit=None,
+        min_confidence=None,
+        mode="auto",
+    ):
+        """The memories most relevant to `query` that this viewer may see, best first.
+
+        Arguments:
+            query: free text (a question, the user's message).
+            agent_id, user_id, session_id: the viewer, as for get_fact/search_facts. It sees global
+                facts, its agent's, its user's (following merges) and its session's facts, a more
+                specific fact hiding a less specific one with the same key; episodes of its agent
+                with its user, its user's episodes without an agent, its agent's episodes without a
+                user, its session's episodes without either, and episodes without any owner; shared
+                procedures and its agent's, an agent's active procedure hiding the shared one of the
+                same name. Inactive procedures are never recalled.
+            types: any of "facts", "episodes", "procedures".
+            limit: at most this many hits (default MEMORY["RECALL_LIMIT"], at most 200).
+            min_confidence: facts below it are left out (a fact it leaves out still hides others).
+            mode: "auto" (hybrid with an embedder, else keyword), "hybrid", "keyword" or "vector".
+
+        Returns a RecallResult: a list of RecallHit (kind, id, text, score, item, keyword_score,
+        vector_score) with `mode` (the mode used) and `embed_ms` (time spent embedding the query).
+        Records one RecallEvent per hit and bumps the hits' reference counts, buffered (see
+        memory/recall_events.py): a recall never commits. Raises InvalidMemoryArgument for bad
+        arguments and EmbeddingModelChanged when stored vectors are from another model.
+        """
+        from .service import _check_limit, _check_unit_interval, _viewer
+
+        if not isinstance(query, str):
+            raise InvalidMemoryArgument("query", "must be a string")
+        query = query.strip()
+        if not query:
+            raise InvalidMemoryArgument("query", "must not be empty")
+        if len(query) > MAX_QUERY_LENGTH:
+            raise InvalidMemoryArgument("query", f"must be at most {MAX_QUERY_LENGTH} characters")
+        viewer = _viewer(agent_id, user_id, session_id)
+        kinds = _check_types(types)
+        limit = _check_limit(limit, memory_settings.RECALL_LIMIT)
+        if limit > MAX_RECALL_LIMIT:
+            raise InvalidMemoryArgument("limit", f"must be at most {MAX_RECALL_LIMIT}")
+        if min_confidence is not None:
+            min_confidence = _check_unit_interval("min_confidence", min_confidence)
+        if mode not in MODES:
+            raise InvalidMemoryArgument("mode", f"must be one of {', '.join(MODES)}; got {mode!r}")
+        recaller = Recaller(self.backend, viewer, query, keyword_terms(query), kinds, limit, min_confidence, mode)
+        used_mode, hits = recaller.run()
+        now = timezone.now()
+        recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
+        access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
+        return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms)
+
+    def recall_mode(self):
+        """"hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""
+        return configured_mode()
+
+    def flush_recall_log(self):
+        """Write buffered recall events and reference counts now; returns how many events were written."""
+        return recall_log.flush()
+
+    def optimize_recall_index(self):
+        """Compact the keyword recall index; worth it after a bulk load."""
+        self.backend.optimize_recall_index()
+
+    # ---- upkeep
+
+    def _embed_for_recall(self, kind, item_ids):
+        """Embed these items' recall documents whose text changed; call inside the item's transaction.
+
+        The triggers have already written the document and cleared a stale embedding; this fills
+        it in. Keyword-only: nothing to do (no query). A configured model other than the one that
+        made the stored vectors: the write keeps going without a vector (keyword recall still finds
+        it) and a warning says to run `memory reindex`, which embeds whatever is missing.
+        """
+        embedder = get_embedder()
+        if embedder is None:
+            return 0
+        try:
+            model_guard.check(embedder)
+        except EmbeddingModelChanged as exc:
+            logger.warning("not embedding %s %s: %s", kind, item_ids, exc)
+            return 0
+        rows = list(
+            RecallDocument.objects.filter(kind=kind, item_id__in=item_ids, embedding__isnull=True)
+            .exclude(text="")
+            .values_list("id", "text")
+        )
+        if not rows:
+            return 0
+        vectors = embedder.documents([text for _, text in rows])
+        for (doc_id, _), vector in zip(rows, vectors):
+            RecallDocument.objects.filter(pk=doc_id).update(embedding=to_blob(vector))
+        return len(rows)
+
+    def reindex_recall(self, *, missing_only=False, batch_size=256, progress=None):
+        """Embed recall documents with the configured embedder and record it as the vectors' model.
+
+        `missing_only`: only documents without a vector (after writes that could not embed), and
+        only when the recorded model is the configured one. Otherwise every document, one
+        transaction per batch; the model record is replaced at the end. `progress(done, total)` is
+        called after each batch. Returns how many documents were embedded.
+        """
+        reset_embedder()
+        embedder = get_embedder()
+        if embedder is None:
+            raise NoEmbedder("no embedder is configured (MEMORY['EMBEDDINGS']): recall is keyword-only")
+        record = EmbeddingModelRecord.objects.order_by("pk").first()
+        same_model = record is not None and (record.model, record.dimension) == (embedder.model, embedder.dimension)
+        if missing_only and record is not None and not same_model:
+            raise EmbeddingModelChanged(record.model, record.dimension, embedder.model, embedder.dimension)
+        docs = RecallDocument.objects.exclude(text="")
+        if missing_only:
+            docs = docs.filter(embedding__isnull=True)
+        ids = list(docs.order_by("id").values_list("id", flat=True))
+        total, done = len(ids), 0
+        if progress:
+            progress(0, total)
+        for start in range(0, total, batch_size):
+            batch = ids[start : start + batch_size]
+            with transaction.atomic():
+                rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
+                vectors = embedder.documents([text for _, text in rows])
+                RecallDocument.objects.bulk_update(
+                    [RecallDocument(id=doc_id, embedding=to_blob(v)) for (doc_id, _), v in zip(rows, vectors)],
+                    ["embedding"],
+                )
+            done += len(batch)
+            if progress:
+                progress(done, total)
+        with transaction.atomic():
+            EmbeddingModelRecord.objects.all().delete()
+            EmbeddingModelRecord.objects.create(model=embedder.model, dimension=embedder.dimension)
+        model_guard.reset()
+        reset_vector_index()
+        return total

@@ -1,0 +1,241 @@
+"""In-process vector index: one float32 matrix per owner, kept in step with the database by generation.
+
+Each owner (a fact's scope_key, an episode's or procedure's owner; see RecallDocument) has a row in
+memory_recall_scope whose `generation` moves on, by trigger, whenever one of its documents gets a
+new embedding or owner, and each such document is stamped with that generation (`vector_seq`). Before
+a recall the service reads the generations of the viewer's owners (one query, shared with resolving
+the viewer) and hands them to `sync`, which loads only the documents stamped after what this process
+last saw. Writers of one owner are serialised by that counter row, so generation order is commit
+order. Documents that left an owner (deleted or moved; counted in `removed`) stay in its matrix as
+stale rows until many have gone, then the owner is reloaded: recall checks every candidate against
+the database, so a stale row can cost a candidate slot, never return a hidden or deleted item.
+
+The scan: an owner of up to EXACT_ROWS documents is scanned exactly (one float32 matrix-vector
+product, then a partial sort). A larger one is too big for that (1M x 384 float32 is 1.5 GB: one
+exact product reads all of it, 200-400 ms on this machine), so it is searched in two stages: every
+vector also keeps its sign bits (48 bytes for 384 dimensions, 48 MB per million), the Hamming
+distance of the query's sign bits to all of them picks a shortlist of max(SHORTLIST_MIN, n *
+SHORTLIST_FACTOR) rows, and those are ranked by their exact float32 cosine. The shortlist is an
+approximation (a true top-n vector whose sign bits differ a lot from the query's can be missed); the
+cosines returned are exact.
+"""
+import threading
+
+import numpy as np
+from django.db import connection
+
+from .embeddings import from_blobs
+
+_DOC_TABLE = "memory_recall_doc"
+_FETCH = 10_000
+# Reload an owner once this share of its rows (and at least _RELOAD_MIN rows) are known stale.
+_RELOAD_SHARE = 0.2
+_RELOAD_MIN = 1_000
+EXACT_ROWS = 20_000
+SHORTLIST_MIN = 2_000
+SHORTLIST_FACTOR = 10
+_CHUNK_ROWS = 32_768
+
+
+def sign_words(matrix, words):
+    """Each row's sign bits (> 0) packed into `words` uint64 words."""
+    bits = np.packbits(matrix > 0, axis=1)
+    padded = np.zeros((bits.shape[0], words * 8), dtype=np.uint8)
+    padded[:, : bits.shape[1]] = bits
+    return padded.view(np.uint64)
+
+
+class OwnerMatrix:
+    """The embedded documents of one owner: ids, unit vectors, and where each id sits."""
+
+    def __init__(self, dimension):
+        self.dimension = dimension
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.vectors = np.zeros((0, dimension), dtype=np.float32)
+        self.words = (dimension + 63) // 64
+        # Sign bits, one row of uint64 words per 64 dimensions (word-major: each word's column is contiguous).
+        self.signs = np.zeros((self.words, 0), dtype=np.uint64)
+        self.size = 0
+        self.row_of = {}
+        self.generation = 0
+        self.removed = 0
+        self.stale = 0
+
+    def _grow(self, needed):
+        capacity = len(self.ids)
+        if self.size + needed <= capacity:
+            return
+        new_capacity = max(self.size + needed, int(capacity * 1.5) + 1024)
+        ids = np.full(new_capacity, -1, dtype=np.int64)
+        vectors = np.zeros((new_capacity, self.dimension), dtype=np.float32)
+        signs = np.zeros((self.words, new_capacity), dtype=np.uint64)
+        ids[: self.size] = self.ids[: self.size]
+        vectors[: self.size] = self.vectors[: self.size]
+        signs[:, : self.size] = self.signs[:, : self.size]
+        self.ids, self.vectors, self.signs = ids, vectors, signs
+
+    def apply(self, doc_ids, blobs):
+        """Put these documents' current vectors in (a None blob takes the document out)."""
+        keep = [(i, b) for i, b in zip(doc_ids, blobs) if b is not None]
+        for doc_id, blob in zip(doc_ids, blobs):
+            if blob is None and doc_id in self.row_of:
+                row = self.row_of.pop(doc_id)
+                self.ids[row] = -1
+                self.vectors[row] = 0.0
+                self.stale += 1
+        if not keep:
+            return
+        matrix = from_blobs([b for _, b in keep], self.dimension)
+        self._grow(len(keep))
+        rows = []
+        for doc_id, _ in keep:
+            row = self.row_of.get(doc_id)
+            if row is None:
+                row = self.size
+                self.size += 1
+                self.row_of[doc_id] = row
+                self.ids[row] = doc_id
+            rows.append(row)
+        rows = np.asarray(rows, dtype=np.int64)
+        self.vectors[rows] = matrix
+        self.signs[:, rows] = sign_words(matrix, self.words).T
+
+    def top(self, query, n):
+        """(doc ids, cosines) of the n best rows, best first."""
+        if self.size == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        n = min(n, self.size)
+        if self.size <= EXACT_ROWS:
+            rows = np.arange(self.size)
+        else:
+            rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
+        scores = self.vectors[rows] @ query if len(rows) < self.size else self.vectors[: self.size] @ query
+        n = min(n, len(rows))
+        best = np.argpartition(-scores, n - 1)[:n] if n < len(rows) else np.arange(len(rows))
+        best = best[np.argsort(-scores[best], kind="stable")]
+        ids = self.ids[rows[best]]
+        keep = ids >= 0
+        return ids[keep], scores[best][keep]
+
+    def _shortlist(self, query, m):
+        """The (about) m rows whose sign bits are nearest the query's, by Hamming distance.
+
+        Computed in cache-sized chunks (xor, popcount, sum per row); the rows are then those at or
+        under the distance whose cumulative count reaches m (ties make it a few more).
+        """
+        q = sign_words(query[None, :], self.words)[0][:, None]
+        distance = np.empty(self.size, dtype=np.uint16)
+        chunk = _CHUNK_ROWS
+        xor = np.empty((self.words, chunk), dtype=np.uint64)
+        bits = np.empty((self.words, chunk), dtype=np.uint8)
+        for lo in range(0, self.size, chunk):
+            hi = min(self.size, lo + chunk)
+            n = hi - lo
+            np.bitwise_xor(self.signs[:, lo:hi], q, out=xor[:, :n])
+            np.bitwise_count(xor[:, :n], out=bits[:, :n])
+            np.sum(bits[:, :n], axis=0, dtype=np.uint16, out=distance[lo:hi])
+        if m >= self.size:
+            return np.arange(self.size)
+        cumulative = np.cumsum(np.bincount(distance, minlength=self.words * 64 + 1))
+        threshold = int(np.searchsorted(cumulative, m))
+        return np.flatnonzero(distance <= threshold)
+
+    def cosines(self, doc_ids, query):
+        """{doc id: cosine} for the given ids this owner holds."""
+        rows = [(d, self.row_of[d]) for d in doc_ids if d in self.row_of]
+        if not rows:
+            return {}
+        scores = self.vectors[[r for _, r in rows]] @ query
+        return {d: float(s) for (d, _), s in zip(rows, scores)}
+
+
+class VectorIndex:
+    """Per-owner matrices of one dimension, shared by the threads of a process."""
+
+    def __init__(self, dimension):
+        self.dimension = dimension
+        self.owners = {}
+        self._lock = threading.Lock()
+
+    def sync(self, states):
+        """Bring the given owners up to date. `states`: {owner: (generation, removed)} from the database.
+
+        Returns how many documents were (re)loaded.
+        """
+        loaded = 0
+        with self._lock:
+            for owner, (generation, removed) in states.items():
+                generation, removed = generation or 0, removed or 0
+                matrix = self.owners.get(owner)
+                if matrix is None:
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                if generation < matrix.generation or removed < matrix.removed:
+                    # The counters went back (the database was restored or rebuilt): start over.
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                gone = removed - matrix.removed
+                if gone and matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                if generation != matrix.generation:
+                    loaded += self._load(matrix, owner, since=matrix.generation)
+                    matrix.generation = generation
+                if gone:
+                    matrix.stale += gone
+                matrix.removed = removed
+        return loaded
+
+    def _load(self, matrix, owner, since):
+        loaded = 0
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, embedding FROM {_DOC_TABLE} WHERE owner = %s AND vector_seq > %s ORDER BY vector_seq, id",
+                [owner, since],
+            )
+            while True:
+                rows = cursor.fetchmany(_FETCH)
+                if not rows:
+                    break
+                matrix.apply([r[0] for r in rows], [r[1] for r in rows])
+                loaded += len(rows)
+        return loaded
+
+    def search(self, owners, query, n):
+        """The n best (doc id, cosine) over the given owners' matrices, best first, ids unique."""
+        found = {}
+        with self._lock:  # sync() may be growing a matrix in another thread
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is None:
+                    continue
+                ids, scores = matrix.top(query, n)
+                for doc_id, score in zip(ids.tolist(), scores.tolist()):
+                    if score > found.get(doc_id, -2.0):
+                        found[doc_id] = score
+        return sorted(found.items(), key=lambda item: -item[1])[:n]
+
+    def cosines(self, owners, doc_ids, query):
+        result = {}
+        with self._lock:
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is not None:
+                    result.update(matrix.cosines(doc_ids, query))
+        return result
+
+
+_index_lock = threading.Lock()
+_index = None
+
+
+def get_vector_index(dimension):
+    """The process's vector index for vectors of this dimension (a new one if the dimension changed)."""
+    global _index
+    with _index_lock:
+        if _index is None or _index.dimension != dimension:
+            _index = VectorIndex(dimension)
+        return _index
+
+
+def reset_vector_index():
+    global _index
+    with _index_lock:
+        _index = None

@@ -1,0 +1,425 @@
+"""MemoryService.recall: visibility and shadowing in every mode, index upkeep, modes, events, query counts.
+
+Vector and hybrid modes run with LangChain's DeterministicFakeEmbedding (a hash of the text seeds
+each vector: equal texts, equal vectors), so they need no model; tests/test_recall_local_model.py
+covers the real local model when the `embeddings` extra is installed.
+"""
+import pytest
+from django.db import connection
+
+from memory.embeddings import EmbeddingModelChanged, to_blob
+from memory.exceptions import InvalidMemoryArgument
+from memory.models import EmbeddingModelRecord, Episode, Fact, MemoryUser, Procedure, RecallDocument, RecallEvent, RecallScope
+from memory.recall_events import recall_log
+from memory.vectors import reset_vector_index
+
+FAKE = {"EMBEDDINGS": "langchain_core.embeddings.DeterministicFakeEmbedding", "EMBEDDINGS_OPTIONS": {"size": 64}}
+MODES = ["keyword", "vector", "hybrid"]
+
+
+@pytest.fixture
+def fake_embedder(settings):
+    """Hybrid recall with a deterministic fake embedder (fresh vector index and model check)."""
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), **FAKE}
+    reset_vector_index()
+    yield
+    reset_vector_index()
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    if request.param != "keyword":
+        request.getfixturevalue("fake_embedder")
+    else:
+        request.getfixturevalue("keyword_only")
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _recall_log_does_not_leak(db):
+    recall_log.flush()
+    yield
+    recall_log.flush()
+
+
+def recalled(service, query, *, mode, limit=50, **viewer):
+    return [(h.kind, h.text) for h in service.recall(query, mode=mode, limit=limit, **viewer)]
+
+
+def fts_rows(word):
+    """Document ids the keyword index holds for `word` (SQLite FTS5 or PostgreSQL tsvector)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT rowid FROM memory_recall_fts WHERE memory_recall_fts MATCH %s", [f'text : "{word}"'])
+        else:
+            cursor.execute("SELECT id FROM memory_recall_doc WHERE tsv @@ plainto_tsquery('english', %s)", [word])
+        return sorted(r[0] for r in cursor.fetchall())
+
+
+# ------------------------------------------------------------------ what recall finds
+
+
+def test_recall_finds_facts_episodes_and_procedures(service, user_factory, keyword_only):
+    ada = user_factory("ada")
+    service.set_fact("favourite_drink", "jasmine tea", scope="user", user_id=ada.pk, fact_type="user_preference")
+    episode = service.start_episode(agent_id="bot", user_id=ada.pk, session_id="s1")
+    service.add_message(episode.pk, "user", "my kettle broke while brewing jasmine tea")
+    service.complete_episode(episode.pk, success=True, summary="helped with a broken kettle")
+    service.save_procedure("brew", description="How to brew jasmine tea", content={"steps": ["heat", "steep"]})
+
+    result = service.recall("jasmine tea", agent_id="bot", user_id=ada.pk)
+    assert result.mode == "keyword"
+    by_kind = {h.kind: h for h in result}
+    assert set(by_kind) == {"fact", "episode", "procedure"}
+    assert by_kind["fact"].text == "favourite_drink: jasmine tea"
+    assert by_kind["fact"].item.key == "favourite_drink"
+    assert "kettle broke" in by_kind["episode"].text and by_kind["episode"].item.pk == episode.pk
+    assert by_kind["procedure"].item.name == "brew"
+    assert all(h.score > 0 for h in result)
+    assert [h.score for h in result] == sorted((h.score for h in result), reverse=True)
+    as_dict = by_kind["fact"].as_dict()
+    assert as_dict["kind"] == "fact" and as_dict["item"]["value"] == "jasmine tea"
+
+    only_facts = service.recall("jasmine tea", agent_id="bot", user_id=ada.pk, types=["facts"])
+    assert [h.kind for h in only_facts] == ["fact"]
+
+
+def test_keyword_recall_ranks_the_better_match_first(service, keyword_only):
+    service.set_fact("a", "the harbour ferry leaves at noon", scope="agent", agent_id="bot")
+    service.set_fact("b", "the ferry timetable changes in winter, ferry tickets cost more", scope="agent", agent_id="bot")
+    service.set_fact("c", "lunch is at noon", scope="agent", agent_id="bot")
+    hits = service.recall("ferry timetable", agent_id="bot")
+    assert [h.item.key for h in hits] == ["b", "a"]
+
+
+def test_stemming_matches_word_forms(service, keyword_only):
+    service.set_fact("trip", "we were hiking in the mountains", scope="global")
+    assert [h.item.key for h in service.recall("hikes mountain")] == ["trip"]
+
+
+# ------------------------------------------------------------------ isolation, in every mode
+
+
+def _fill_owners(service, user_factory):
+    u1, u2 = user_factory("u1"), user_factory("u2")
+    service.set_fact("k_global", "colour global", scope="global")
+    service.set_fact("k_a1", "colour agent one", scope="agent", agent_id="a1")
+    service.set_fact("k_a2", "colour agent two", scope="agent", agent_id="a2")
+    service.set_fact("k_u1", "colour user one", scope="user", user_id=u1.pk)
+    service.set_fact("k_u2", "colour user two", scope="user", user_id=u2.pk)
+    service.set_fact("k_s1", "colour session one", scope="session", session_id="s1")
+    service.set_fact("k_s2", "colour session two", scope="session", session_id="s2")
+    return u1, u2
+
+
+def _keys(service, mode, **viewer):
+    return sorted(h.item.key for h in service.recall("colour", mode=mode, types=["facts"], limit=50, **viewer))
+
+
+def test_a_viewer_recalls_global_and_its_own_owners_only(service, user_factory, mode):
+    u1, u2 = _fill_owners(service, user_factory)
+    assert _keys(service, mode, agent_id="a1", user_id=u1.pk, session_id="s1") == ["k_a1", "k_global", "k_s1", "k_u1"]
+    assert _keys(service, mode, agent_id="a2", user_id=u2.pk, session_id="s2") == ["k_a2", "k_global", "k_s2", "k_u2"]
+    assert _keys(service, mode, agent_id="a1") == ["k_a1", "k_global"]
+    assert _keys(service, mode, user_id=u2.pk) == ["k_global", "k_u2"]
+    assert _keys(service, mode, session_id="s2") == ["k_global", "k_s2"]
+    assert _keys(service, mode) == ["k_global"]
+
+
+def test_more_specific_fact_hides_the_less_specific_one(service, user_factory, mode):
+    u = user_factory()
+    service.set_fact("city", "colour city Lisbon", scope="global", confidence=1.0)
+    service.set_fact("city", "colour city Porto", scope="agent", agent_id="bot", confidence=0.2)
+    service.set_fact("city", "colour city Faro", scope="user", user_id=u.pk, confidence=0.1)
+    texts = lambda **v: [h.text for h in service.recall("colour city", mode=mode, types=["facts"], **v)]  # noqa: E731
+    assert texts() == ["city: colour city Lisbon"]
+    assert texts(agent_id="bot") == ["city: colour city Porto"]
+    assert texts(agent_id="bot", user_id=u.pk) == ["city: colour city Faro"]
+    # The hiding fact is below min_confidence: it is left out and still hides the others.
+    assert service.recall("colour city", mode=mode, agent_id="bot", user_id=u.pk, min_confidence=0.5).hits == []
+
+
+def test_episode_visibility_follows_agent_and_user(service, user_factory, mode):
+    u1, u2 = user_factory("u1"), user_factory("u2")
+
+    def episode(text, **owner):
+        e = service.start_episode(**owner)
+        service.add_message(e.pk, "user", f"colour {text}")
+        return e
+
+    episode("a1 with u1", agent_id="a1", user_id=u1.pk)
+    episode("a1 alone", agent_id="a1")
+    episode("u1 alone", user_id=u1.pk)
+    episode("a2 with u1", agent_id="a2", user_id=u1.pk)
+    episode("session only", session_id="s9")
+    episode("nobody's")
+
+    def seen(**viewer):
+        return sorted(h.text.split("colour ")[1] for h in service.recall("colour", mode=mode, types=["episodes"], **viewer))
+
+    assert seen(agent_id="a1", user_id=u1.pk) == ["a1 alone", "a1 with u1", "nobody's", "u1 alone"]
+    assert seen(agent_id="a1", user_id=u2.pk) == ["a1 alone", "nobody's"]
+    assert seen(agent_id="a2", user_id=u1.pk) == ["a2 with u1", "nobody's", "u1 alone"]
+    assert seen(session_id="s9") == ["nobody's", "session only"]
+    assert seen() == ["nobody's"]
+
+
+def test_procedures_shared_own_and_inactive(service, mode):
+    service.save_procedure("greet", description="colour greeting shared")
+    service.save_procedure("greet", agent_id="bot", description="colour greeting for bot")
+    retired = service.save_procedure("old", description="colour retired procedure")
+    service.deactivate_procedure(retired.pk)
+
+    def seen(**viewer):
+        return sorted(h.item.description for h in service.recall("colour", mode=mode, types=["procedures"], **viewer))
+
+    assert seen(agent_id="bot") == ["colour greeting for bot"]
+    assert seen(agent_id="other") == ["colour greeting shared"]
+
+
+def test_recall_follows_merged_users(service, user_factory, mode):
+    old, new = user_factory("old"), user_factory("new")
+    service.set_fact("pet", "colour cat named Tom", scope="user", user_id=old.pk)
+    service.merge_users(old.pk, new.pk)
+    assert [h.item.key for h in service.recall("colour cat", mode=mode, user_id=old.pk)] == ["pet"]
+    assert [h.item.key for h in service.recall("colour cat", mode=mode, user_id=new.pk)] == ["pet"]
+    assert RecallDocument.objects.get(kind="fact").owner == f"user:{new.pk}"
+
+
+# ------------------------------------------------------------------ index upkeep
+
+
+def test_updating_a_fact_updates_both_indexes(service, fake_embedder):
+    write = service.set_fact("drink", "espresso", scope="agent", agent_id="bot")
+    doc = RecallDocument.objects.get(kind="fact", item_id=write.fact.pk)
+    first_vector = bytes(doc.embedding)
+    assert doc.text == "world knowledge drink espresso"
+    assert fts_rows("espresso") == [doc.pk]
+
+    service.set_fact("drink", "matcha", scope="agent", agent_id="bot")
+    doc.refresh_from_db()
+    assert fts_rows("espresso") == [] and fts_rows("matcha") == [doc.pk]
+    assert doc.embedding is not None and bytes(doc.embedding) != first_vector
+    assert [h.item.key for h in service.recall("world knowledge drink matcha", agent_id="bot", mode="vector", limit=1)] == ["drink"]
+    assert service.recall("espresso", agent_id="bot", mode="keyword").hits == []
+
+
+def test_deleting_items_removes_them_from_both_indexes(service, user_factory, fake_embedder):
+    u = user_factory()
+    fact = service.set_fact("drink", "espresso", scope="agent", agent_id="bot").fact
+    episode = service.start_episode(agent_id="bot", user_id=u.pk)
+    service.add_message(episode.pk, "user", "espresso please")
+    procedure = service.save_procedure("coffee", description="espresso machine")
+    assert service.recall("espresso", agent_id="bot", user_id=u.pk, mode="vector").hits  # index warmed
+    removed_before = RecallScope.objects.get(owner="agent:bot").removed
+
+    service.delete_fact(fact.pk)
+    Procedure.objects.filter(pk=procedure.pk).delete()
+    MemoryUser.objects.filter(pk=u.pk).delete()  # cascades to the user's episodes
+
+    assert not Episode.objects.filter(pk=episode.pk).exists()
+    assert RecallDocument.objects.count() == 0
+    assert fts_rows("espresso") == []
+    assert RecallScope.objects.get(owner="agent:bot").removed == removed_before + 1
+    for mode in MODES:
+        assert service.recall("espresso", agent_id="bot", user_id=u.pk, mode=mode).hits == []
+
+
+def test_episode_and_procedure_edits_update_both_indexes(service, fake_embedder):
+    episode = service.start_episode(agent_id="bot")
+    service.add_message(episode.pk, "user", "the invoice is late")
+    doc = RecallDocument.objects.get(kind="episode")
+    first = bytes(doc.embedding)
+    service.add_message(episode.pk, "assistant", "I will resend the receipt")
+    service.complete_episode(episode.pk, success=True, summary="resent a receipt")
+    doc.refresh_from_db()
+    assert doc.text == "resent a receipt\nuser: the invoice is late\nassistant: I will resend the receipt"
+    assert bytes(doc.embedding) != first
+    assert fts_rows("receipt") == [doc.pk]
+
+    service.save_procedure("billing", description="send invoices")
+    service.save_procedure("billing", description="send statements")
+    pdoc = RecallDocument.objects.get(kind="procedure")
+    assert "statements" in pdoc.text and fts_rows("invoices") == [doc.pk]
+    assert pdoc.embedding is not None
+
+
+def test_a_write_outside_the_service_clears_the_stale_vector(service, fake_embedder):
+    fact = service.set_fact("drink", "espresso", scope="global").fact
+    fact.value = "lemonade"
+    fact.save()  # as the admin does
+    doc = RecallDocument.objects.get(kind="fact")
+    assert doc.text.endswith("lemonade") and doc.embedding is None
+    assert [h.item.key for h in service.recall("lemonade", mode="keyword")] == ["drink"]
+    assert service.reindex_recall(missing_only=True) == 1
+    doc.refresh_from_db()
+    assert doc.embedding is not None
+
+
+def test_a_new_item_is_recalled_by_vector_without_a_restart(service, fake_embedder):
+    service.set_fact("a", "first text", scope="global")
+    assert [h.item.key for h in service.recall("world knowledge a first text", mode="vector", limit=1)] == ["a"]
+    service.set_fact("b", "second text", scope="global")
+    assert [h.item.key for h in service.recall("world knowledge b second text", mode="vector", limit=1)] == ["b"]
+    service.set_fact("b", "third text", scope="global")
+    assert [h.item.key for h in service.recall("world knowledge b third text", mode="vector", limit=1)] == ["b"]
+    hits = service.recall("world knowledge b second text", mode="vector", limit=5)
+    assert all(h.vector_score < 0.99 for h in hits)  # the old vector of b is gone
+
+
+def test_another_processes_write_is_seen_through_the_generation(service, fake_embedder):
+    """A write this process did not make (another process, or SQL) reaches its index via the generation."""
+    fact = service.set_fact("a", "alpha", scope="global").fact
+    service.recall("alpha", mode="vector")  # loads the index
+    vector = bytes(RecallDocument.objects.get(kind="fact").embedding)
+    other = service.set_fact("b", "beta", scope="global").fact
+    # Give b a's vector behind the service's back, as another process's writes would look.
+    RecallDocument.objects.filter(kind="fact", item_id=other.pk).update(embedding=vector)
+    hits = service.recall("world knowledge a alpha", mode="vector", limit=2)
+    assert sorted(h.item.key for h in hits) == ["a", "b"] and all(h.vector_score > 0.99 for h in hits)
+    assert fact.pk != other.pk
+
+
+def test_model_change_is_refused_until_reindexed(service, fake_embedder, settings):
+    service.set_fact("drink", "espresso", scope="global")
+    record = EmbeddingModelRecord.objects.get()
+    assert record.dimension == 64 and "DeterministicFakeEmbedding" in record.model
+
+    settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS_OPTIONS": {"size": 32}}
+    with pytest.raises(EmbeddingModelChanged, match="memory reindex"):
+        service.recall("espresso")
+    service.set_fact("snack", "biscuit", scope="global")  # writes go on, without a vector
+    assert RecallDocument.objects.get(shadow_key="snack").embedding is None
+    assert service.recall("espresso", mode="keyword").hits
+
+    assert service.reindex_recall() == 2
+    assert (EmbeddingModelRecord.objects.get().dimension, EmbeddingModelRecord.objects.count()) == (32, 1)
+    assert [h.item.key for h in service.recall("world knowledge snack biscuit", mode="vector", limit=1)] == ["snack"]
+
+
+def test_backfill_covers_items_written_before_the_index(service):
+    """The migration indexes existing rows; the triggers cover every row since: no item lacks a document."""
+    service.set_fact("a", "x", scope="global")
+    service.save_procedure("p")
+    service.start_episode(agent_id="bot")
+    assert RecallDocument.objects.count() == Fact.objects.count() + Procedure.objects.count() + Episode.objects.count()
+
+
+# ------------------------------------------------------------------ modes, log, queries, arguments
+
+
+def test_keyword_only_mode(service, keyword_only):
+    service.set_fact("drink", "espresso", scope="global")
+    assert service.recall_mode() == "keyword-only"
+    assert service.recall("espresso").mode == "keyword"
+    assert RecallDocument.objects.get().embedding is None
+    with pytest.raises(InvalidMemoryArgument) as err:
+        service.recall("espresso", mode="hybrid")
+    assert err.value.field == "mode"
+
+
+def test_recall_events_and_reference_counts_are_buffered(service, keyword_only, capture_data_queries):
+    service.set_fact("drink", "espresso", scope="global")
+    service.set_fact("snack", "espresso biscuit", scope="global")
+    with capture_data_queries() as q:
+        hits = service.recall("espresso biscuit", agent_id="bot")
+    assert not any(s.lstrip().upper().startswith(("INSERT", "UPDATE")) for s in q.data), q.data
+    assert RecallEvent.objects.count() == 0
+    assert service.flush_recall_log() == 2
+    events = list(RecallEvent.objects.order_by("rank"))
+    assert [(e.kind, e.item_id, e.rank, e.agent_id, e.query, e.mode) for e in events] == [
+        ("fact", hits[0].id, 1, "bot", "espresso biscuit", "keyword"),
+        ("fact", hits[1].id, 2, "bot", "espresso biscuit", "keyword"),
+    ]
+    assert sorted(RecallDocument.objects.values_list("reference_count", flat=True)) == [1, 1]
+    service.flush_access_counts()
+    assert sorted(Fact.objects.values_list("access_count", flat=True)) == [1, 1]
+
+
+def test_recall_log_flushes_when_enough_hits_are_pending(service, keyword_only, settings):
+    settings.MEMORY = {**settings.MEMORY, "RECALL_FLUSH_PENDING": 3}
+    for i in range(3):
+        service.set_fact(f"k{i}", "espresso", scope="global")
+    service.recall("espresso")
+    assert RecallEvent.objects.count() == 3
+
+
+def test_recall_query_count_does_not_grow_with_hits(service, user_factory, django_assert_max_num_queries, keyword_only):
+    u = user_factory()
+    for i in range(30):
+        service.set_fact(f"k{i}", f"espresso {i}", scope="user", user_id=u.pk)
+        e = service.start_episode(agent_id="bot", user_id=u.pk, session_id="s")
+        service.add_message(e.pk, "user", f"espresso order {i}")
+    service.save_procedure("brew", description="espresso")
+    # owners, keyword, candidates, neighbours, one per kind for the items
+    with django_assert_max_num_queries(7):
+        hits = service.recall("espresso", agent_id="bot", user_id=u.pk, limit=50)
+    assert len(hits) == 50
+
+
+def test_hybrid_recall_query_count(service, fake_embedder, django_assert_max_num_queries):
+    for i in range(20):
+        service.set_fact(f"k{i}", f"espresso {i}", scope="global")
+    service.recall("espresso")  # loads the vector index
+    with django_assert_max_num_queries(5):  # owners+generations, keyword, session neighbours, candidates, facts
+        assert len(service.recall("espresso", limit=20)) == 20
+
+
+def test_a_hybrid_fact_write_adds_two_statements(service, fake_embedder, capture_data_queries):
+    service.set_fact("warm", "up", scope="global")  # the model check happens once per process
+    with capture_data_queries() as q:
+        assert service.set_fact("city", "Porto", scope="agent", agent_id="bot").action == "created"
+    assert len(q.data) == 4, q.data  # the upsert's two, then read the document's text, store its vector
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"query": ""}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": 42}, "query"),
+        ({"query": "x" * 5000}, "query"),
+        ({"types": ["facts", "gossip"]}, "types"),
+        ({"types": []}, "types"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 1000}, "limit"),
+        ({"min_confidence": 1.5}, "min_confidence"),
+        ({"mode": "psychic"}, "mode"),
+        ({"user_id": -3}, "user_id"),
+        ({"agent_id": 7}, "agent_id"),
+    ],
+)
+def test_bad_arguments_name_the_field_and_record_nothing(service, keyword_only, kwargs, field):
+    service.set_fact("drink", "espresso", scope="global")
+    args = {"query": "espresso", **kwargs}
+    query = args.pop("query")
+    with pytest.raises(InvalidMemoryArgument) as err:
+        service.recall(query, **args)
+    assert err.value.field == field
+    assert recall_log.pending == 0
+
+
+def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only):
+    """A turn that answers without repeating the question's words is found through its neighbour."""
+    turns = [
+        ("Ann", "what did you think of the lighthouse museum?"),
+        ("Bob", "honestly it was the best afternoon of my summer"),
+        ("Ann", "did you cook anything this week?"),
+        ("Bob", "just pasta"),
+    ]
+    ids = []
+    for speaker, text in turns:
+        e = service.start_episode(agent_id="bot", session_id="chat-1")
+        service.add_message(e.pk, speaker, text)
+        ids.append(e.pk)
+    hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
+    assert [h.id for h in hits][:2] == [ids[0], ids[1]]
+
+
+def test_vector_blob_round_trip():
+    import numpy as np
+
+    from memory.embeddings import from_blobs
+
+    v = np.arange(4, dtype=np.float32) / 3
+    assert np.array_equal(from_blobs([to_blob(v), to_blob(v * 2)], 4), np.stack([v, v * 2]))

