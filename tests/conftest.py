@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memory.access import access_counter
+from memory.recall_events import recall_log
 from memory.backends import reset_backend
 from memory.service import MemoryService
 
@@ -47,16 +48,18 @@ def requires_postgres():
 
 @pytest.fixture(autouse=True)
 def _access_counts_do_not_leak(db):
-    """Start and end every test with an empty access-count buffer.
+    """Start and end every test with empty access-count and recall-event buffers.
 
     Ends by writing the buffer while the test's database is still there (this fixture depends on
     `db`, so it is torn down before the test's transaction is rolled back), then clears anything
     left, so counts noted by one test never land on a row of the next (SQLite reuses rolled-back ids).
     """
     access_counter.flush()
+    recall_log.flush()
     yield
     MemoryService().flush_access_counts()
     access_counter.flush()
+    recall_log.flush()
     assert access_counter.pending == 0
 
 
