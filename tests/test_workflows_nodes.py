@@ -164,7 +164,8 @@ def test_recall_queries_pinned(ada, capture_data_queries):
     recall = build_recall({"memory_types": ["all"]}, CTX)
     with capture_data_queries() as q:
         recall(recall_state(ada, "what is my name?"))
-    assert len(q.data) == 3, q.data  # facts, episodes, procedures
+    # facts: MemoryService.recall (4) and the user's own facts (1); episodes (1); procedures (1)
+    assert len(q.data) == 7, q.data
 
 
 def test_recall_failure_is_reported_not_raised(ada, monkeypatch):

@@ -1,7 +1,8 @@
 """How workflows recall memory: the one place that picks facts, episodes and procedures for a query.
 
-Nodes and tools call `recall_for`; it is built on MemoryService's list/episode/procedure calls and
-can move to a dedicated hybrid recall of the service without touching its callers.
+Nodes and tools call `recall_for`. Facts come from MemoryService.recall (hybrid keyword + vector
+recall, or keyword-only without an embedder), topped up with the user's own facts; episodes are this
+agent's latest runs with the user; procedures are the active ones whose trigger conditions match.
 """
 import json
 import re
@@ -111,22 +112,36 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
 
 
 def _facts(service, query, scope, options):
-    candidates = service.list_facts(
-        agent_id=scope.agent_id,
-        user_id=scope.user_id,
-        session_id=scope.session_id,
-        min_confidence=options.min_confidence,
-        limit=workflow_settings.RECALL_CANDIDATES,
-    )
-    words = set(query_words(query))
-    scored = []
-    for fact in candidates:
-        fact_words = set(_WORD.findall(fact.search_text or ""))
-        overlap = len(words & fact_words)
-        own = fact.scope in (Scope.USER, Scope.SESSION)
-        if overlap or own:
-            scored.append((-overlap, _SPECIFIC.get(fact.scope, 9), -fact.confidence, fact.key, fact))
-    scored.sort(key=lambda row: row[:4])
+    """The facts MemoryService.recall ranks first for the query, then this user's and session's own
+    facts (most confident first) up to `limit`, so "what do you know about me?" has an answer."""
+    found = []
+    if query_words(query):
+        found = [
+            hit.item
+            for hit in service.recall(
+                query,
+                agent_id=scope.agent_id,
+                user_id=scope.user_id,
+                session_id=scope.session_id,
+                types=("facts",),
+                limit=options.limit,
+                min_confidence=options.min_confidence,
+            )
+        ]
+    matched = {f.pk for f in found}
+    if len(found) < options.limit and (scope.user_id is not None or scope.session_id):
+        own = service.list_facts(
+            agent_id=scope.agent_id,
+            user_id=scope.user_id,
+            session_id=scope.session_id,
+            min_confidence=options.min_confidence,
+            limit=workflow_settings.RECALL_CANDIDATES,
+        )
+        own = sorted(
+            (f for f in own if f.scope in (Scope.USER, Scope.SESSION) and f.pk not in matched),
+            key=lambda f: (_SPECIFIC[f.scope], -f.confidence, f.key),
+        )
+        found += own[: options.limit - len(found)]
     return [
         {
             "key": f.key,
@@ -134,9 +149,9 @@ def _facts(service, query, scope, options):
             "scope": f.scope,
             "fact_type": f.fact_type,
             "confidence": round(f.confidence, 3),
-            "matched": overlap < 0,
+            "matched": f.pk in matched,
         }
-        for overlap, _, _, _, f in scored[: options.limit]
+        for f in found
     ]
 
 
