@@ -36,14 +36,15 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
     demo, _ = ensure_demo_workflow()
     for n in range(2):  # conversation threads with checkpoints, for the checkpoints endpoints
         run_workflow(demo, {"type": "chat", "payload": {"user_id": f"chat-{n}", "message": "hello"}})
-    # The threads stay; the workflow is switched off so its run endpoint is left out, as with no workflow.
-    demo.is_active = False
-    demo.save()
+    # The demo stays active, so its run endpoint is fuzzed too. positive_data_acceptance is left out of
+    # the checks: run payloads and workflow definitions obey rules JSON Schema cannot say (one of
+    # email/user_id/user_name; known node types, no dangling edge or endless cycle), so a schema-valid
+    # body may rightly get a 400 naming the field.
     result = subprocess.run(
         [
             cli, "run", f"{live_server.url}/api/schema/?format=json",
             "--header", f"Authorization: Token {token}",
-            "--checks", "all", "--max-examples", EXAMPLES, "--seed", "1", "--workers", "1",
+            "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-examples", EXAMPLES, "--seed", "1", "--workers", "1",
             "--generation-database", "none", "--no-color",
         ],
         capture_output=True, text=True, timeout=600,
