@@ -75,6 +75,7 @@ class RecallResult:
     hits: list
     mode: str
     embed_ms: float = 0.0
+    timings: dict = field(default_factory=dict)
 
     def __iter__(self):
         return iter(self.hits)
@@ -193,6 +194,14 @@ class Recaller:
         self.min_confidence = min_confidence
         self.requested_mode = mode
         self.embed_ms = 0.0
+        # Milliseconds per stage of the last run (for benchmarks and debugging).
+        self.timings = {}
+        self._clock = time.perf_counter()
+
+    def _lap(self, stage):
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + (now - self._clock) * 1000.0
+        self._clock = now
 
     def run(self):
         embedder = None
@@ -205,25 +214,30 @@ class Recaller:
                 mode = "keyword"
             elif mode == "auto":
                 mode = "hybrid"
+        self._clock = time.perf_counter()
         owners = self.backend.recall_owners(self.viewer, *_owner_sql())
         owner_names = [o for o, _, _, _ in owners]
+        self._lap("owners")
         depth = max(int(memory_settings.RECALL_CANDIDATES), self.limit)
 
         keyword = {}
         if mode in ("hybrid", "keyword") and self.terms:
             keyword = dict(self.backend.recall_keyword(self.terms, owner_names, depth))
+        self._lap("keyword")
         vector, query_vector, index = {}, None, None
         if mode in ("hybrid", "vector"):
             model_guard.check(embedder)
             index = get_vector_index(embedder.dimension)
             index.sync({o: (g, rm) for o, _, g, rm in owners})
-            started = time.perf_counter()
+            self._lap("sync")
             query_vector = embedder.query(self.query)
-            self.embed_ms = (time.perf_counter() - started) * 1000.0
+            self._lap("embed")
+            self.embed_ms = self.timings["embed"]
             vector = dict(index.search(owner_names, query_vector, depth))
             missing = [d for d in keyword if d not in vector]
             if missing:
                 vector.update(index.cosines(owner_names, missing, query_vector))
+            self._lap("vector")
 
         self.doc_ids = []
         candidates = set(keyword) | set(vector)
@@ -234,10 +248,12 @@ class Recaller:
             # Episodes around the candidates in their sessions: context for them, and candidates
             # themselves (the turn that answers often shares no word with the question).
             around = _relations(self.backend.recall_neighbours(sorted(candidates)))
+        self._lap("neighbours")
         extra = [d for d in around if d not in candidates]
         rows = self.backend.recall_documents(
             sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence
         )
+        self._lap("check")
         if not rows:
             return mode, []
         if index is not None:
@@ -274,7 +290,9 @@ class Recaller:
             scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = scored[: self.limit]
+        self._lap("rank")
         items = self._items([rows[d][:2] for _, d in top])
+        self._lap("items")
         hits, doc_ids = [], []
         for score, doc_id in top:
             kind, item_id = rows[doc_id][:2]

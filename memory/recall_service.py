@@ -107,7 +107,7 @@ class RecallMixin:
         now = timezone.now()
         recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
         access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
-        return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms)
+        return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
 
     def recall_mode(self):
         """"hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""

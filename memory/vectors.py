@@ -24,6 +24,7 @@ import threading
 import numpy as np
 from django.db import connection
 
+from .conf import memory_settings
 from .embeddings import from_blobs
 
 _DOC_TABLE = "memory_recall_doc"
@@ -226,11 +227,25 @@ _index_lock = threading.Lock()
 _index = None
 
 
+_blas_limited = False
+
+
+def _limit_blas_threads():
+    global _blas_limited
+    threads = memory_settings.VECTOR_BLAS_THREADS
+    if threads and not _blas_limited:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(threads), user_api="blas")
+        _blas_limited = True
+
+
 def get_vector_index(dimension):
     """The process's vector index for vectors of this dimension (a new one if the dimension changed)."""
     global _index
     with _index_lock:
         if _index is None or _index.dimension != dimension:
+            _limit_blas_threads()
             _index = VectorIndex(dimension)
         return _index
 

@@ -351,6 +351,7 @@ def test_recall_query_count_does_not_grow_with_hits(service, user_factory, djang
         e = service.start_episode(agent_id="bot", user_id=u.pk, session_id="s")
         service.add_message(e.pk, "user", f"espresso order {i}")
     service.save_procedure("brew", description="espresso")
+    service.recall("espresso", agent_id="bot", user_id=u.pk)  # index statistics are cached for minutes
     # owners, keyword, candidates, neighbours, one per kind for the items
     with django_assert_max_num_queries(7):
         hits = service.recall("espresso", agent_id="bot", user_id=u.pk, limit=50)
@@ -360,7 +361,7 @@ def test_recall_query_count_does_not_grow_with_hits(service, user_factory, djang
 def test_hybrid_recall_query_count(service, fake_embedder, django_assert_max_num_queries):
     for i in range(20):
         service.set_fact(f"k{i}", f"espresso {i}", scope="global")
-    service.recall("espresso")  # loads the vector index
+    service.recall("espresso")  # loads the vector index (and caches index statistics)
     with django_assert_max_num_queries(5):  # owners+generations, keyword, session neighbours, candidates, facts
         assert len(service.recall("espresso", limit=20)) == 20
 
@@ -397,6 +398,18 @@ def test_bad_arguments_name_the_field_and_record_nothing(service, keyword_only, 
         service.recall(query, **args)
     assert err.value.field == field
     assert recall_log.pending == 0
+
+
+@pytest.mark.parametrize("join_share", [0.0, 2.0])
+def test_both_keyword_plans_find_the_same(service, user_factory, keyword_only, monkeypatch, join_share):
+    """SQLite picks a keyword plan from index statistics (owner markers vs a join); both are exact."""
+    from memory.backends import sqlite
+
+    monkeypatch.setattr(sqlite, "_RECALL_JOIN_SHARE", join_share)
+    u1, u2 = _fill_owners(service, user_factory)
+    for i in range(20):
+        service.set_fact(f"more_{i}", f"colour extra {i}", scope="agent", agent_id="a2")
+    assert _keys(service, "keyword", agent_id="a1", user_id=u1.pk, session_id="s1") == ["k_a1", "k_global", "k_s1", "k_u1"]
 
 
 def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only):

@@ -32,6 +32,50 @@ _BRANCHES = 400
 _INSERT_TRIGGER = "memory_fact_fts_ai"
 
 
+_RECALL_JOIN_SHARE = 0.3  # the viewer owns at least this share of recall documents: join plan
+
+
+class RecallStatistics:
+    """How many recall documents each owner holds (from fts5vocab), and about how many there are; cached briefly."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners = {}
+        self._total = (0, -_STATS_TTL_S * 2)
+
+    def share(self, owners):
+        now = time.monotonic()
+        markers = {o: owner_marker(o) for o in owners}
+        with self._lock:
+            missing = [m for m in markers.values() if self._owners.get(m, (0, -_STATS_TTL_S * 2))[1] < now - _STATS_TTL_S]
+            stale_total = self._total[1] < now - _STATS_TTL_S
+        found = {}
+        with connection.cursor() as cursor:
+            for marker in missing:
+                cursor.execute("SELECT doc FROM temp.memory_recall_fts_vocab WHERE term = %s", [marker])
+                row = cursor.fetchone()
+                found[marker] = (row[0] if row else 0, now)
+            if stale_total:
+                cursor.execute("SELECT max(id) FROM memory_recall_doc")  # an upper bound; deletions only lower it
+                total = (cursor.fetchone()[0] or 0, now)
+        with self._lock:
+            if len(self._owners) + len(found) > _STATS_MAX:
+                self._owners.clear()
+            self._owners.update(found)
+            if stale_total:
+                self._total = total
+            owned = sum(self._owners.get(m, (0, 0))[0] for m in markers.values())
+            return owned / self._total[0] if self._total[0] else 1.0
+
+
+def prepare_recall_connection(sender, connection, **kwargs):
+    """The recall index's term statistics, per connection (like the fact index's)."""
+    if connection.vendor == "sqlite":
+        connection.connection.execute(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_recall_fts_vocab USING fts5vocab(main, memory_recall_fts, row)"
+        )
+
+
 def owner_marker(scope_key):
     """Three private-use characters standing for an owner: one trigram, so one FTS5 doclist."""
     h = int.from_bytes(hashlib.blake2b(scope_key.encode(), digest_size=8).digest(), "big")
@@ -49,6 +93,7 @@ def prepare_connection(sender, connection, **kwargs):
 
 
 connection_created.connect(prepare_connection, dispatch_uid="memory_sqlite_functions")
+connection_created.connect(prepare_recall_connection, dispatch_uid="memory_sqlite_recall_statistics")
 
 
 def _phrase(token):
@@ -97,6 +142,7 @@ class SQLiteBackend(MemoryBackend):
 
     def __init__(self):
         self.stats = TermStatistics()
+        self.recall_stats = RecallStatistics()
 
     def optimize(self):
         # Every write transaction adds an FTS5 segment and queries visit each one; after a bulk
@@ -179,18 +225,32 @@ class SQLiteBackend(MemoryBackend):
         )
         return queryset.filter(goal_ok, context_ok)
 
-    # ---- recall: BM25 over the FTS5 recall index (porter stemming), narrowed by owner markers
+    # ---- recall: BM25 over the FTS5 recall index (porter stemming), two exact plans
+    #
+    # A viewer who owns a small share of the documents: one MATCH for the words AND the viewer's
+    # owner markers (the index narrows to its owners). One who owns most of them (one big scope):
+    # the marker's doclist is nearly the whole index and reading it costs more than the words' own
+    # matches (measured at 100k items in one scope: 6.0 ms vs 1.1 ms), so MATCH the words and keep
+    # the viewer's rows by joining their documents. Both give the same rows; statistics only steer.
 
     def recall_keyword(self, terms, owners, depth):
         if not terms or not owners:
             return []
         words = " OR ".join(_phrase(t) for t in terms)
-        marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s",
-                [f"text : ({words}) AND owner : ({marks})", depth],
-            )
+            if self.recall_stats.share(owners) >= _RECALL_JOIN_SHARE:
+                cursor.execute(
+                    "SELECT f.rowid, -f.rank FROM memory_recall_fts f CROSS JOIN memory_recall_doc d ON d.id = f.rowid "
+                    f"WHERE memory_recall_fts MATCH %s AND d.owner IN ({', '.join(['%s'] * len(owners))}) "
+                    "ORDER BY f.rank LIMIT %s",
+                    [f"text : ({words})", *owners, depth],
+                )
+            else:
+                marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
+                cursor.execute(
+                    "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s",
+                    [f"text : ({words}) AND owner : ({marks})", depth],
+                )
             return cursor.fetchall()
 
     def optimize_recall_index(self):
