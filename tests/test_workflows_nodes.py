@@ -162,6 +162,7 @@ def test_recall_config_limits_types_count_and_confidence(ada):
 
 def test_recall_queries_pinned(ada, capture_data_queries):
     recall = build_recall({"memory_types": ["all"]}, CTX)
+    recall(recall_state(ada, "what is my name?"))  # the first recall reads index statistics, cached
     with capture_data_queries() as q:
         recall(recall_state(ada, "what is my name?"))
     # facts: MemoryService.recall (4) and the user's own facts (1); episodes (1); procedures (1)
