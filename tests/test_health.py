@@ -74,7 +74,7 @@ def test_health_of_one_agent(service):
 # ------------------------------------------------------------------ /healthz
 
 
-def test_healthz_needs_no_login_and_shows_no_memory(client, service):
+def test_healthz_needs_no_login_and_shows_no_memory(client, service, keyword_only):
     service.set_fact("secret_code", "4242", provenance="consolidation")
     response = client.get("/healthz")
     assert response.status_code == 200

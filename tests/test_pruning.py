@@ -14,7 +14,7 @@ AGENT = "support-bot"
 
 
 def limits(settings, **values):
-    settings.MEMORY = {"LIMITS": values}
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "LIMITS": values}
 
 
 def keys(**filters):
@@ -88,7 +88,7 @@ def test_updates_and_confirmations_do_not_count_as_new_rows(service, settings, c
     assert Fact.objects.get().value == "two"
 
 
-def test_a_limit_costs_one_count_per_created_fact(service, settings, capture_data_queries):
+def test_a_limit_costs_one_count_per_created_fact(service, settings, capture_data_queries, keyword_only):
     limits(settings, MAX_FACTS=100)
     with capture_data_queries() as q:
         service.set_fact("city", "Porto")

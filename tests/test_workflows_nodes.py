@@ -269,7 +269,7 @@ def test_remember_user_scope_needs_a_user(db):
     assert result["remembered"][0]["action"] == "failed" and "identified user" in result["remembered"][0]["error"]
 
 
-def test_remember_queries_pinned(ada, capture_data_queries):
+def test_remember_queries_pinned(ada, capture_data_queries, keyword_only):  # an embedder adds its own writes
     remember = build_remember({}, CTX)
     with capture_data_queries() as q:
         remember(remember_state(ada, [{"key": "city", "value": "Paris"}]))
