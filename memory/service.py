@@ -108,6 +108,32 @@ class UserContext:
     last_seen: datetime | None = None
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, user, identities, facts, episodes, **counts):
+        """The context of `user` from its identity, fact and episode rows; `counts`: the count fields."""
+        return cls(
+            user_id=user.pk,
+            canonical_id=user.canonical_id,
+            display_name=user.display_name,
+            identities=[{"channel": i.channel, "external_id": i.external_id} for i in identities],
+            preferences={f.key: f.value for f in facts if f.fact_type == FactType.USER_PREFERENCE},
+            facts=[
+                {"key": f.key, "value": f.value, "fact_type": f.fact_type, "confidence": round(f.confidence, 3)}
+                for f in facts
+            ],
+            recent_episodes=[
+                {
+                    "id": e.pk,
+                    "summary": e.summary,
+                    "success": e.success,
+                    "started_at": e.started_at.isoformat(),
+                    "trigger_type": e.trigger_type,
+                }
+                for e in episodes
+            ],
+            **counts,
+        )
+
     def as_dict(self):
         """A JSON-serialisable dict (timestamps as ISO 8601 strings)."""
         data = {k: v for k, v in self.__dict__.items() if k != "extra"}
@@ -640,32 +666,14 @@ class MemoryService(RecallMixin):
             user = counted.get(pk=_survivor_id(user_id))
         except MemoryUser.DoesNotExist:
             raise MemoryNotFound("memory user", user_id) from None
-        identities = [
-            {"channel": i.channel, "external_id": i.external_id}
-            for i in ChannelIdentity.objects.filter(user=user).order_by("channel", "external_id")
-        ]
+        identities = ChannelIdentity.objects.filter(user=user).order_by("channel", "external_id")
         facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
         episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
-        return UserContext(
-            user_id=user.pk,
-            canonical_id=user.canonical_id,
-            display_name=user.display_name,
-            identities=identities,
-            preferences={f.key: f.value for f in facts if f.fact_type == FactType.USER_PREFERENCE},
-            facts=[
-                {"key": f.key, "value": f.value, "fact_type": f.fact_type, "confidence": round(f.confidence, 3)}
-                for f in facts
-            ],
-            recent_episodes=[
-                {
-                    "id": e.pk,
-                    "summary": e.summary,
-                    "success": e.success,
-                    "started_at": e.started_at.isoformat(),
-                    "trigger_type": e.trigger_type,
-                }
-                for e in episodes
-            ],
+        return UserContext.of(
+            user,
+            identities,
+            facts,
+            episodes,
             fact_count=user.fact_count,
             episode_count=user.episode_count,
             total_conversations=user.total_conversations,
@@ -757,26 +765,11 @@ class MemoryService(RecallMixin):
             .annotate(total=total)
             .order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
         )
-        context = UserContext(
-            user_id=user.pk,
-            canonical_id=user.canonical_id,
-            display_name=user.display_name,
-            identities=[{"channel": i.channel, "external_id": i.external_id} for i in identities],
-            preferences={f.key: f.value for f in facts if f.fact_type == FactType.USER_PREFERENCE},
-            facts=[
-                {"key": f.key, "value": f.value, "fact_type": f.fact_type, "confidence": round(f.confidence, 3)}
-                for f in facts
-            ],
-            recent_episodes=[
-                {
-                    "id": e.pk,
-                    "summary": e.summary,
-                    "success": e.success,
-                    "started_at": e.started_at.isoformat(),
-                    "trigger_type": e.trigger_type,
-                }
-                for e in episodes
-            ],
+        context = UserContext.of(
+            user,
+            identities,
+            facts,
+            episodes,
             fact_count=facts[0].total if facts else 0,
             episode_count=episodes[0].total if episodes else 0,
             total_conversations=user.total_conversations + 1,
