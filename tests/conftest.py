@@ -196,3 +196,41 @@ def demo_workflow(db):
 def keyword_only(settings):
     """Recall without an embedder (MEMORY["EMBEDDINGS"] = None), whatever is installed."""
     settings.MEMORY = {**getattr(settings, "MEMORY", {}), "EMBEDDINGS": None}
+
+
+# ----------------------------------------------------------------------------- operators
+
+
+@pytest.fixture
+def staff(django_user_model):
+    """A staff member without any model permission: staff status alone opens the admin and the API."""
+    return django_user_model.objects.create_user("operator", is_staff=True)
+
+
+@pytest.fixture
+def staff_client(client, staff):
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
+def api(staff):
+    """A DRF client authenticated with the staff member's token."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=staff).key}")
+    return client
+
+
+@pytest.fixture
+def threads(demo_workflow):
+    """Ann talked four times, Bob once: two threads with checkpoints in the saver."""
+    from tests.workflow_helpers import talk
+
+    # One checkpoint per turn (WORKFLOWS CHECKPOINT_DURABILITY "exit"): four turns, four checkpoints.
+    for text in ["my name is Ann", "my city is Oslo", "hello", "what is my name?"]:
+        ann = talk(demo_workflow, "ann", text)
+    bob = talk(demo_workflow, "bob", "hi")
+    return {"ann": ann.thread_id, "bob": bob.thread_id}

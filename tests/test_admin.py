@@ -12,13 +12,6 @@ FACTS = "/memories/memory/fact/"
 USERS = "/memories/memory/memoryuser/"
 
 
-@pytest.fixture
-def staff_client(client, django_user_model):
-    # A staff member without any model permission: staff status alone opens the memories admin.
-    client.force_login(django_user_model.objects.create_user("operator", is_staff=True))
-    return client
-
-
 def confirmation_form(html):
     """The hidden fields of a confirmation page's form, as the browser would post them back."""
     data = {}

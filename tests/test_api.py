@@ -15,18 +15,6 @@ KINDS = ["facts", "episodes", "procedures", "memory-users"]
 
 
 @pytest.fixture
-def staff(django_user_model):
-    return django_user_model.objects.create_user("operator", is_staff=True)
-
-
-@pytest.fixture
-def api(staff):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=staff).key}")
-    return client
-
-
-@pytest.fixture
 def memories(service, user_factory):
     """Two users with facts and episodes, a global and an agent fact, two procedures."""
     ann, bob = user_factory("ann"), user_factory("bob")

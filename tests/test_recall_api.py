@@ -18,13 +18,6 @@ def fake_embedder(settings):
     reset_vector_index()
 
 
-@pytest.fixture
-def staff_client(client, db):
-    user = get_user_model().objects.create_user("op", password="pw", is_staff=True)
-    client.force_login(user)
-    return client
-
-
 def test_recall_endpoint_returns_ranked_hits(staff_client, service, user_factory, keyword_only):
     u = user_factory()
     service.set_fact("drink", "espresso doppio", scope="user", user_id=u.pk)

@@ -5,21 +5,13 @@ import pytest
 from django.utils import timezone
 
 from memory.models import MemoryUser
-from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread
-from workflows.runtime import run_workflow
+
+from tests.workflow_helpers import saved
 
 pytestmark = pytest.mark.django_db
 
 CHECKPOINTS = "/memories/workflows/thread/"
-
-
-def talk(workflow, user, text="hello"):
-    return run_workflow(workflow, {"type": "chat", "payload": {"user_id": user, "message": text}})
-
-
-def saved(thread_id):
-    return list(get_checkpointer().list({"configurable": {"thread_id": thread_id}}))
 
 
 def confirmation_form(html):
@@ -28,21 +20,6 @@ def confirmation_form(html):
         if name != "csrfmiddlewaretoken":
             data.setdefault(name, []).append(value)
     return data
-
-
-@pytest.fixture
-def staff_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("operator", is_staff=True))
-    return client
-
-
-@pytest.fixture
-def threads(demo_workflow):
-    # One checkpoint per turn (WORKFLOWS CHECKPOINT_DURABILITY "exit"): four turns, four checkpoints.
-    for text in ["my name is Ann", "my city is Oslo", "hello", "what is my name?"]:
-        ann = talk(demo_workflow, "ann", text)
-    bob = talk(demo_workflow, "bob", "hi")
-    return {"ann": ann.thread_id, "bob": bob.thread_id}
 
 
 def test_the_tab_sits_between_episodes_and_procedures(staff_client):

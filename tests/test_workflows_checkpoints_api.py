@@ -9,13 +9,10 @@ from memory.conf import memory_settings
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
 from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread
-from workflows.runtime import run_workflow
+
+from tests.workflow_helpers import saved, talk
 
 pytestmark = pytest.mark.django_db
-
-
-def talk(workflow, user, text="hello", **payload):
-    return run_workflow(workflow, {"type": "chat", "payload": {"user_id": user, "message": text, **payload}})
 
 
 def config(thread_id, checkpoint_id=None):
@@ -24,31 +21,6 @@ def config(thread_id, checkpoint_id=None):
         configurable["checkpoint_id"] = checkpoint_id
     return {"configurable": configurable}
 
-
-def saved(thread_id):
-    return list(get_checkpointer().list(config(thread_id)))
-
-
-@pytest.fixture
-def staff(django_user_model):
-    return django_user_model.objects.create_user("operator", is_staff=True)
-
-
-@pytest.fixture
-def api(staff):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=staff).key}")
-    return client
-
-
-@pytest.fixture
-def threads(demo_workflow):
-    """Ann talked four times, Bob once: two threads with checkpoints in the saver."""
-    # One checkpoint per turn (WORKFLOWS CHECKPOINT_DURABILITY "exit"): four turns, four checkpoints.
-    for text in ["my name is Ann", "my city is Oslo", "hello", "what is my name?"]:
-        ann = talk(demo_workflow, "ann", text)
-    bob = talk(demo_workflow, "bob", "hi")
-    return {"ann": ann.thread_id, "bob": bob.thread_id}
 
 
 def thread_ids(response):

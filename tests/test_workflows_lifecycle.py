@@ -7,17 +7,10 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from memory.service import MemoryService
 from workflows import lifecycle
-from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread
 from workflows.runtime import run_workflow
 
-
-def talk(workflow, user, text):
-    return run_workflow(workflow, {"type": "chat", "payload": {"user_id": user, "message": text}})
-
-
-def saved(thread_id):
-    return list(get_checkpointer().list({"configurable": {"thread_id": thread_id}}))
+from tests.workflow_helpers import saved, talk
 
 
 def test_trimming_keeps_the_newest_checkpoints_and_the_thread_resumes(demo_workflow):

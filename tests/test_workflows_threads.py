@@ -3,17 +3,11 @@ import pytest
 
 from memory.models import MemoryUser
 from workflows import threads
-from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread
-from workflows.runtime import run_workflow
 
 
-def talk(workflow, user, text="hello", **payload):
-    return run_workflow(workflow, {"type": "chat", "payload": {"user_id": user, "message": text, **payload}})
-
-
-def checkpoints(thread_id):
-    return list(get_checkpointer().list({"configurable": {"thread_id": thread_id}}))
+from tests.workflow_helpers import saved as checkpoints
+from tests.workflow_helpers import talk
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 """
 import django_filters
 from django.db import transaction
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
