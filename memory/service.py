@@ -984,7 +984,7 @@ class MemoryService(RecallMixin):
         """
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
-        ids = _check_ids(ids, max_ids)
+        ids = check_id_list(ids, max_ids)
         with transaction.atomic():
             found = _existing_ids(MemoryUser, ids)
             not_found = [i for i in ids if i not in found]
@@ -1022,7 +1022,7 @@ class MemoryService(RecallMixin):
         return totals
 
     def _batch_delete(self, model, ids, max_ids):
-        ids = _check_ids(ids, max_ids)
+        ids = check_id_list(ids, max_ids)
         with transaction.atomic():
             found = _existing_ids(model, ids)
             # One set-based DELETE per chunk: a model nothing points at (facts) is deleted without
@@ -1270,19 +1270,26 @@ class BatchDelete:
     cascaded: dict[str, int] = field(default_factory=dict)
 
 
-def _check_ids(ids, max_ids=None):
-    """A list of positive integer ids (duplicates dropped, order kept); errors name `ids` or `ids[i]`."""
+def _is_row_id(ident):
+    return not isinstance(ident, bool) and isinstance(ident, int) and 0 < ident <= MAX_ID
+
+
+def check_id_list(ids, max_ids=None, *, noun="id", valid=_is_row_id, expected=f"a positive integer id up to {MAX_ID}"):
+    """A non-empty list of ids, each passing `valid` (duplicates dropped, order kept), at most
+    `max_ids`; errors name `ids` or `ids[i]`. Other apps' batch deletes use it with their own ids."""
     if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
-        raise InvalidMemoryArgument("ids", f"must be a list of ids, got {type(ids).__name__}")
+        raise InvalidMemoryArgument("ids", f"must be a list of {noun}s, got {type(ids).__name__}")
     ids = list(ids)
     if not ids:
-        raise InvalidMemoryArgument("ids", "must name at least one id")
+        raise InvalidMemoryArgument("ids", f"must name at least one {noun}")
     if max_ids is not None and len(ids) > max_ids:
         raise InvalidMemoryArgument("ids", f"at most {max_ids} ids per call, got {len(ids)}")
     for n, ident in enumerate(ids):
-        if isinstance(ident, bool) or not isinstance(ident, int) or not 0 < ident <= MAX_ID:
-            raise InvalidMemoryArgument(f"ids[{n}]", f"must be a positive integer id up to {MAX_ID}, got {ident!r}")
+        if not valid(ident):
+            raise InvalidMemoryArgument(f"ids[{n}]", f"must be {expected}, got {ident!r}")
     return list(dict.fromkeys(ids))
+
+
 
 
 def _chunks(items, size=_ID_CHUNK):

@@ -15,8 +15,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from memory.exceptions import InvalidMemoryArgument
-from memory.service import BatchDelete
+from memory.service import BatchDelete, check_id_list
 
 from .checkpointer import get_checkpointer
 from .models import Thread
@@ -99,19 +98,13 @@ def delete_checkpoints(thread_ids, *, max_ids=None):
     it (left over by an untracked run); the rest are `not_found`. Rows go in this transaction, the
     saver's checkpoints once it commits. Malformed ids raise InvalidMemoryArgument naming `ids[i]`.
     """
-    if isinstance(thread_ids, (str, bytes, dict)) or not hasattr(thread_ids, "__iter__"):
-        raise InvalidMemoryArgument("ids", f"must be a list of thread ids, got {type(thread_ids).__name__}")
-    thread_ids = list(thread_ids)
-    if not thread_ids:
-        raise InvalidMemoryArgument("ids", "must name at least one thread id")
-    if max_ids is not None and len(thread_ids) > max_ids:
-        raise InvalidMemoryArgument("ids", f"at most {max_ids} ids per call, got {len(thread_ids)}")
-    for n, thread_id in enumerate(thread_ids):
-        if not is_valid_thread_id(thread_id):
-            raise InvalidMemoryArgument(
-                f"ids[{n}]", f"must be a thread id (a non-empty string of at most {MAX_THREAD_ID_LENGTH} characters), got {thread_id!r}"
-            )
-    thread_ids = list(dict.fromkeys(thread_ids))
+    thread_ids = check_id_list(
+        thread_ids,
+        max_ids,
+        noun="thread id",
+        valid=is_valid_thread_id,
+        expected=f"a thread id (a non-empty string of at most {MAX_THREAD_ID_LENGTH} characters)",
+    )
     with transaction.atomic():
         tracked = set(Thread.objects.filter(thread_id__in=thread_ids).values_list("thread_id", flat=True))
         saver = get_checkpointer()
