@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import scratch_django
+from .scratch import add_scratch_arguments, scratch_django
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = [("delete_10k_s", 10_000, 20_000), ("delete_100k_s", 100_000, 110_000)]  # (name, deleted, filled)
@@ -163,9 +163,7 @@ def plot(curves, vendor):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.batch_delete", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
-    parser.add_argument("--json", action="store_true", help='print exactly one JSON object {"delete_10k_s", "delete_100k_s"}')
+    add_scratch_arguments(parser, json_help='print exactly one JSON object {"delete_10k_s", "delete_100k_s"}')
     args = parser.parse_args(argv)
     err = Console(stderr=True)
     # WhiteNoise notes once that the scratch data folder has no collected static files; irrelevant here.

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import scratch_django
+from .scratch import add_scratch_arguments, scratch_django
 
 AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
 GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
@@ -168,9 +168,7 @@ def run(n, seed, progress):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.facts", description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="facts to fill (default 100,000)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
-    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_scratch_arguments(parser)
     args = parser.parse_args(argv)
     if args.n < 10_000:
         parser.error("--n must be at least 10,000 (the workload needs owners with facts)")

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .scratch import scratch_django
+from .scratch import add_scratch_arguments, scratch_django
 
 AGENTS, SESSIONS = 50, 2000
 
@@ -190,9 +190,7 @@ def run(n, seed, progress, workdir):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.lifecycle", description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="memories (rows) to export and import (default 100,000)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
-    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_scratch_arguments(parser)
     args = parser.parse_args(argv)
     if args.n < 20_000:
         parser.error("--n must be at least 20,000 (the search probe reads fact key_12344)")

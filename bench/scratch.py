@@ -54,3 +54,11 @@ def scratch_django(database_url=None):
 
                 with psycopg.connect(pg_admin[0], autocommit=True) as conn:
                     conn.execute(f'DROP DATABASE IF EXISTS "{pg_admin[1]}" WITH (FORCE)')
+
+
+def add_scratch_arguments(parser, *, seed=True, json_help="print exactly one JSON object"):
+    """The options every benchmark takes: --seed, --database-url (a scratch database there) and --json."""
+    if seed:
+        parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
+    parser.add_argument("--json", action="store_true", help=json_help)

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import REPO, scratch_django
+from .scratch import REPO, add_scratch_arguments, scratch_django
 
 TOKEN = "bench:token"
 SECRET = "bench-secret"
@@ -146,8 +146,7 @@ def main(argv=None):
     parser.add_argument("--updates", type=int, default=500, help="updates to send (default 500)")
     parser.add_argument("--users", type=int, default=50, help="Telegram users sending them (default 50)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
-    parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
-    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_scratch_arguments(parser, seed=False)
     args = parser.parse_args(argv)
     if args.updates < 1 or args.users < 1 or args.concurrency < 1:
         parser.error("--updates, --users and --concurrency must be positive")
