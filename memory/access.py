@@ -9,7 +9,7 @@ import logging
 import threading
 from collections import Counter, defaultdict
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -53,11 +53,12 @@ class AccessCounter:
             by_count[hits].append(fact_id)
         updated = 0
         try:
-            for hits, ids in by_count.items():
-                for start in range(0, len(ids), _CHUNK):
-                    updated += Fact.objects.filter(id__in=ids[start : start + _CHUNK]).update(
-                        access_count=F("access_count") + hits, last_accessed=when
-                    )
+            with transaction.atomic():  # one write transaction (queued with the others on SQLite)
+                for hits, ids in by_count.items():
+                    for start in range(0, len(ids), _CHUNK):
+                        updated += Fact.objects.filter(id__in=ids[start : start + _CHUNK]).update(
+                            access_count=F("access_count") + hits, last_accessed=when
+                        )
         except DatabaseError:
             logger.exception("could not write access counts for %d facts", len(pending))
         return updated

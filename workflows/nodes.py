@@ -21,7 +21,6 @@ from .memory_access import MEMORY_TYPES, RecallOptions, RecallScope, recall_for,
 from .registry import NodeType, register
 from .state import last_human_text
 from .triggers import parse_trigger
-from .writes import serialized_writes
 
 logger = logging.getLogger("engram.workflows")
 
@@ -43,10 +42,9 @@ def build_identify_user(config, context):
         except InvalidTrigger as exc:
             return {"user": None, "memory_errors": [_failure(context.node_id, "identify_user", exc)]}
         try:
-            with serialized_writes():
-                identified = MemoryService().identify(
-                    trigger.channel, trigger.external_id, display_name=trigger.display_name
-                )
+            identified = MemoryService().identify(
+                trigger.channel, trigger.external_id, display_name=trigger.display_name
+            )
         except MEMORY_FAILURES as exc:
             return {
                 "user": None,
@@ -178,7 +176,7 @@ def build_remember(config, context):
         errors = list(state.get("memory_errors") or [])
         reports, new_errors, episode_id = [], [], None
         try:
-            with serialized_writes(), transaction.atomic():
+            with transaction.atomic():
                 if record:
                     episode_id = _record_episode(service, state, context, user, errors).pk
                 for fact in facts:

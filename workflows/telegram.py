@@ -19,7 +19,6 @@ from .exceptions import TelegramError
 from .models import TelegramUpdate
 from .runtime import RunResult, run_workflow
 from .triggers import telegram_update_kind
-from .writes import serialized_writes
 
 logger = logging.getLogger("engram.workflows")
 
@@ -149,7 +148,7 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     if telegram_update_kind(update) is None:
         return UpdateOutcome("ignored")
     try:
-        with serialized_writes(), transaction.atomic():
+        with transaction.atomic():
             seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
     except IntegrityError:
         return UpdateOutcome("duplicate")

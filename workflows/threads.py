@@ -28,7 +28,6 @@ from memory.signals import users_deleting, users_merged
 from .checkpointer import get_checkpointer
 from .conf import workflow_settings
 from .models import Thread
-from .writes import serialized_writes
 
 logger = logging.getLogger("engram.workflows")
 
@@ -83,7 +82,7 @@ def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
         changes["channel"] = channel
     if head:
         changes["head_checkpoint_id"] = head
-    with serialized_writes():
+    with transaction.atomic():
         if ref.tracked and Thread.objects.filter(thread_id=ref.thread_id).update(**changes):
             return
         created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes)
