@@ -428,8 +428,12 @@ class MemoryService(RecallMixin):
         return bool(deleted)
 
     def optimize_search_index(self):
-        """Compact the search index; worth it after a bulk load of facts."""
+        """Compact the keyword indexes facts live in (substring search and recall); worth it after a bulk load.
+
+        Every write transaction adds a segment to each; later writes and queries visit them all.
+        """
         self.backend.optimize()
+        self.backend.optimize_recall_index()
 
     def flush_access_counts(self):
         """Write buffered access counts now; returns how many facts were updated."""

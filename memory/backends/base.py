@@ -24,6 +24,7 @@ def _q(name):
     return '"' + name + '"'
 
 
+@lru_cache(maxsize=None)
 def rank_sql(alias):
     """Specificity of a fact row: session 0, user 1, agent 2, global 3 (lower wins)."""
     whens = " ".join(f"WHEN '{scope}' THEN {rank}" for scope, rank in SCOPE_RANK.items())
@@ -134,11 +135,7 @@ class MemoryBackend(RecallSQL):
     def get_fact(self, key, viewer):
         """The most specific fact for `key` among the viewer's owners, or None. One query."""
         owners, params = owners_sql(viewer)
-        sql = (
-            f"SELECT {select_list('f')} FROM {FACT_TABLE} f "
-            f"WHERE f.{_q('key')} = %s AND f.scope_key {owners} ORDER BY {rank_sql('f')} LIMIT 1"
-        )
-        found = self._facts(sql, [key, *params])
+        found = self._facts(_get_fact_sql(owners), [key, *params])
         return found[0] if found else None
 
     def visible_facts(self, viewer, *, tokens=(), min_confidence=None, fact_type=None, order="key", limit=None):
@@ -241,6 +238,15 @@ class MemoryBackend(RecallSQL):
         fact.pk, fact.user_id = row
         fact._state.adding = False
         return True
+
+
+@lru_cache(maxsize=64)
+def _get_fact_sql(owners):
+    """get_fact's statement for one shape of viewer (`owners`: its IN list), built once."""
+    return (
+        f"SELECT {select_list('f')} FROM {FACT_TABLE} f "
+        f"WHERE f.{_q('key')} = %s AND f.scope_key {owners} ORDER BY {rank_sql('f')} LIMIT 1"
+    )
 
 
 _INSERT_FIELDS = [f for f in _FIELDS if not (f.primary_key or f.generated)]
