@@ -10,7 +10,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import (
     CharField,
     Count,
-    Exists,
     F,
     FloatField,
     OuterRef,
@@ -798,7 +797,7 @@ class MemoryService(RecallMixin):
         error="",
         summary="",
     ):
-        """Record a finished run as one episode (two statements: the row, then its start time)."""
+        """Record a finished run as one episode, in one statement (under the surviving user of a merge)."""
         if not isinstance(started_at, datetime):
             raise InvalidMemoryArgument("started_at", "must be a datetime")
         if not isinstance(success, bool):
@@ -819,22 +818,16 @@ class MemoryService(RecallMixin):
             success=success,
             error=_check_text("error", error, required=False),
             summary=_check_text("summary", summary, required=False),
+            started_at=started_at,
         )
         ended_at = timezone.now()
         episode.ended_at = ended_at
         episode.duration_ms = max(0, int((ended_at - started_at).total_seconds() * 1000))
+        episode.user_id = user_id
         with transaction.atomic():
-            episode.save(force_insert=True)
-            rows = Episode.objects.filter(pk=episode.pk)
-            changes = {"started_at": started_at}  # auto_now_add set the insert time; the run began earlier
-            if user_id is not None:
-                # The surviving user of a merge; an unknown id updates nothing and undoes the insert.
-                rows = rows.filter(Exists(MemoryUser.objects.filter(pk=user_id)))
-                changes["user_id"] = _survivor_id(user_id)
-            if not rows.update(**changes):
+            self.backend.insert_episode(episode)
+            if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")
-        episode.started_at = started_at
-        episode.user_id = user_id  # the row holds the surviving user of any merge
         return episode
 
     def mark_episode_failed(self, episode_id, error):

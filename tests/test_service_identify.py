@@ -59,6 +59,7 @@ def test_record_episode_keeps_the_run_start_and_follows_merges(service):
     episode = service.record_episode(started_at=started, user_id=a.pk, success=True, summary="ran")
     row = Episode.objects.get(pk=episode.pk)
     assert row.user_id == b.pk and row.started_at == started and row.duration_ms >= 2000
+    assert (episode.user_id, episode.started_at) == (b.pk, started)  # the object says what the row holds
 
 
 def test_record_episode_with_an_unknown_user_writes_nothing(service):

@@ -273,5 +273,5 @@ def test_remember_queries_pinned(ada, capture_data_queries, keyword_only):  # an
     remember = build_remember({}, CTX)
     with capture_data_queries() as q:
         remember(remember_state(ada, [{"key": "city", "value": "Paris"}]))
-    # episode insert + start time; the fact: episode check, owner lookup, insert
-    assert len(q.data) == 5, q.data
+    # the episode (one insert); the fact: episode check, owner lookup, insert
+    assert len(q.data) == 4, q.data
