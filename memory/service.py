@@ -17,7 +17,6 @@ from django.db.models import (
     Q,
     Subquery,
     Value,
-    Window,
 )
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
@@ -738,43 +737,23 @@ class MemoryService(RecallMixin):
         return Identified(context=context, created=True)
 
     def _identified(self, channel, external_id, display_name):
-        survivor = Subquery(
-            ChannelIdentity.objects.filter(channel=channel, external_id=external_id)
-            .annotate(survivor=Coalesce("user__merged_into_id", "user_id"))
-            .values("survivor")[:1]
-        )
-        identities = list(
-            ChannelIdentity.objects.filter(user_id=survivor).select_related("user").order_by("channel", "external_id")
-        )
-        if not identities:
+        user, identities = self.backend.identities_of(channel, external_id)
+        if user is None:
             return None
-        user = identities[0].user
         now = timezone.now()
-        changes = {"total_conversations": F("total_conversations") + 1, "last_seen": now}
-        if display_name and not user.display_name:
-            changes["display_name"] = user.display_name = display_name
-        MemoryUser.objects.filter(pk=user.pk).update(**changes)
-        # Each list carries its total (a window count over the user's rows), so no separate count.
-        total = Window(Count("id"))
-        facts = list(
-            Fact.objects.filter(user=user)
-            .only("key", "value", "fact_type", "confidence")
-            .annotate(total=total)
-            .order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS]
-        )
-        episodes = list(
-            Episode.objects.filter(user=user)
-            .only("summary", "success", "started_at", "trigger_type")
-            .annotate(total=total)
-            .order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
-        )
+        renamed = display_name if display_name and not user.display_name else None
+        self.backend.count_visit(user.pk, now, renamed)
+        if renamed:
+            user = user._replace(display_name=renamed)
+        facts, fact_count = self.backend.context_facts(user.pk, memory_settings.CONTEXT_FACTS)
+        episodes, episode_count = self.backend.context_episodes(user.pk, memory_settings.RECENT_EPISODES)
         context = UserContext.of(
             user,
             identities,
             facts,
             episodes,
-            fact_count=facts[0].total if facts else 0,
-            episode_count=episodes[0].total if episodes else 0,
+            fact_count=fact_count,
+            episode_count=episode_count,
             total_conversations=user.total_conversations + 1,
             last_seen=now,
         )

@@ -11,10 +11,12 @@ from django.utils import timezone
 
 from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Scope
 from .recall import RecallSQL
+from .rows import fetch_rows
+from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
 USER_TABLE = MemoryUser._meta.db_table
-_FIELDS = [f for f in Fact._meta.concrete_fields]
+_FIELDS = tuple(Fact._meta.concrete_fields)
 FACT_ATTNAMES = [f.attname for f in _FIELDS]
 _FIELDS_BY_COLUMN = {f.column: f for f in _FIELDS}
 
@@ -67,23 +69,11 @@ def select_list(alias):
     return ", ".join(f"{alias}.{_q(f.column)}" for f in _FIELDS)
 
 
-@lru_cache(maxsize=None)
-def fact_converters(vendor):
-    """Per column, the functions Django applies to a raw value (JSON decoding, datetimes on SQLite)."""
-    result = []
-    for i, field in enumerate(_FIELDS):
-        col = field.get_col(FACT_TABLE)
-        funcs = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
-        if funcs:
-            result.append((i, col, funcs))
-    return result
-
-
 def escape_like(token):
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-class MemoryBackend(RecallSQL):
+class MemoryBackend(RecallSQL, UserSQL):
     """Database-specific parts of the memory; subclasses fill in the NotImplementedError methods."""
 
     vendor = None
@@ -118,19 +108,7 @@ class MemoryBackend(RecallSQL):
     # ---- shared SQL
 
     def _facts(self, sql, params):
-        conn = connections[DEFAULT_DB_ALIAS]
-        with conn.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        converters = fact_converters(conn.vendor)
-        facts = []
-        for row in rows:
-            values = list(row)
-            for i, col, funcs in converters:
-                for func in funcs:
-                    values[i] = func(values[i], col, conn)
-            facts.append(Fact.from_db(DEFAULT_DB_ALIAS, FACT_ATTNAMES, values))
-        return facts
+        return [Fact.from_db(DEFAULT_DB_ALIAS, FACT_ATTNAMES, values) for values in fetch_rows(sql, params, _FIELDS)]
 
     def get_fact(self, key, viewer):
         """The most specific fact for `key` among the viewer's owners, or None. One query."""
