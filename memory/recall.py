@@ -35,6 +35,7 @@ from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, get_embedder
 from .exceptions import InvalidMemoryArgument
 from .models import EmbeddingModelRecord, Episode, Fact, Procedure, RecallEvent, RecallKind
+from .backends.rows import models_by_id
 from .vectors import get_vector_index
 
 logger = logging.getLogger("engram.memory")
@@ -320,7 +321,7 @@ class Recaller:
             by_kind.setdefault(kind, []).append(item_id)
         items = {}
         for kind, ids in by_kind.items():
-            for pk, item in ITEM_MODELS[kind].objects.in_bulk(ids).items():
+            for pk, item in models_by_id(ITEM_MODELS[kind], ids).items():
                 items[(kind, pk)] = item
         return items
 

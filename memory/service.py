@@ -509,13 +509,11 @@ class MemoryService(RecallMixin):
     def recent_episodes(self, *, agent_id=None, user_id=None, limit=None):
         """The latest episodes of an agent and/or a user (following merges), newest first."""
         limit = _check_limit(limit, memory_settings.RECENT_EPISODES)
-        qs = Episode.objects.all()
         if agent_id is not None:
-            qs = qs.filter(agent_id=_check_text("agent_id", agent_id, max_length=128))
+            agent_id = _check_text("agent_id", agent_id, max_length=128)
         if user_id is not None:
             user_id = _check_user_id("user_id", user_id, required=True)
-            qs = qs.filter(user_id=_survivor_id(user_id))
-        return list(qs.order_by("-started_at", "-id")[:limit])
+        return self.backend.recent_episodes(agent_id, user_id, limit)
 
     # ------------------------------------------------------------------ users
 
@@ -859,28 +857,24 @@ class MemoryService(RecallMixin):
         agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
         return Procedure.objects.filter(name=name, agent_id__in={agent_id, ""}).order_by("-agent_id").first()
 
-    def _procedures_matching(self, goal, context, agent_id):
+    def find_procedure(self, goal, context=None, *, agent_id=""):
+        """The best active procedure whose trigger conditions hold for this goal and context, or None.
+
+        `goal_contains`: at least one listed word occurs in the goal (case-insensitive);
+        `context_has`: every listed key is in the context. Matching happens in the database; the
+        agent's own procedures and shared ones compete on smoothed success rate, then use.
+        """
+        found = self.matching_procedures(goal, context, agent_id=agent_id, limit=1)
+        return found[0] if found else None
+
+    def matching_procedures(self, goal, context=None, *, agent_id="", limit=3):
+        """The best `limit` active procedures whose trigger conditions hold (see find_procedure)."""
         if not isinstance(goal, str):
             raise InvalidMemoryArgument("goal", "must be a string")
         if context is not None and not isinstance(context, dict):
             raise InvalidMemoryArgument("context", "must be a JSON object")
         agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)
-        qs = Procedure.objects.filter(is_active=True, agent_id__in={agent_id, ""})
-        qs = self.backend.filter_procedures_matching(qs, goal, list(context or {}))
-        # Smoothed success rate: an untried procedure (1/2) ranks above a failing one, below a good one.
-        smoothed = (Cast(F("times_succeeded"), FloatField()) + 1.0) / (Cast(F("times_used"), FloatField()) + 2.0)
-        return qs.annotate(score=smoothed).order_by("-score", "-times_used", "-agent_id", "name")
-
-    def find_procedure(self, goal, context=None, *, agent_id=""):
-        """The best active procedure whose trigger conditions hold for this goal and context, or None.
-
-        `goal_contains`: at least one listed word occurs in the goal (case-insensitive);
-        `context_has`: every listed key is in the context. Matching happens in the database.
-        """
-        return self._procedures_matching(goal, context, agent_id).first()
-
-    def matching_procedures(self, goal, context=None, *, agent_id="", limit=3):
-        return list(self._procedures_matching(goal, context, agent_id)[: _check_limit(limit, 3)])
+        return self.backend.matching_procedures(goal, list(context or {}), agent_id, _check_limit(limit, 3))
 
     def record_procedure_use(self, procedure_id, *, success, duration_ms=None):
         """Count one use and its outcome; success rate and mean duration update in one statement."""

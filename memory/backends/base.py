@@ -9,15 +9,14 @@ from functools import cached_property, lru_cache
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.utils import timezone
 
-from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Scope
+from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Procedure, Scope
 from .recall import RecallSQL
-from .rows import fetch_rows
+from .rows import fetch_models, select_columns
 from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
 USER_TABLE = MemoryUser._meta.db_table
 _FIELDS = tuple(Fact._meta.concrete_fields)
-FACT_ATTNAMES = [f.attname for f in _FIELDS]
 _FIELDS_BY_COLUMN = {f.column: f for f in _FIELDS}
 
 
@@ -47,7 +46,8 @@ def owner_keys(viewer, include_user=True):
 
 # The scope key of a user, or of the user it was merged into: `merged_into` always names a
 # surviving user, so one hop inside the query is enough. Takes the user id twice.
-USER_OWNER_SQL = f"'user:' || CAST(COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s) AS TEXT)"
+SURVIVOR_SQL = f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)"
+USER_OWNER_SQL = f"'user:' || CAST({SURVIVOR_SQL} AS TEXT)"
 
 
 def owner_terms(viewer):
@@ -64,9 +64,8 @@ def owners_sql(viewer):
     return f"IN ({', '.join(sql for sql, _, _ in terms)})", [p for _, params, _ in terms for p in params]
 
 
-@lru_cache(maxsize=None)
 def select_list(alias):
-    return ", ".join(f"{alias}.{_q(f.column)}" for f in _FIELDS)
+    return select_columns(Fact, alias)
 
 
 def escape_like(token):
@@ -87,11 +86,13 @@ class MemoryBackend(RecallSQL, UserSQL):
         """
         raise NotImplementedError("MemoryBackend subclasses must provide fact_candidates(tokens, viewer, best_first)")
 
-    def filter_procedures_matching(self, queryset, goal, context_keys):
-        """Narrow a Procedure queryset to those whose trigger conditions hold for goal and context."""
-        raise NotImplementedError(
-            "MemoryBackend subclasses must provide filter_procedures_matching(queryset, goal, context_keys)"
-        )
+    def procedure_match_sql(self, goal, context_keys):
+        """(SQL condition over memory_procedure, params): its trigger conditions hold for goal and context.
+
+        `goal_contains`: at least one listed word occurs in the goal (case-insensitive);
+        `context_has`: every listed key is in `context_keys`.
+        """
+        raise NotImplementedError("MemoryBackend subclasses must provide procedure_match_sql(goal, context_keys)")
 
     def optimize(self):
         """Compact the search index after a bulk load (a no-op where the database needs none)."""
@@ -108,7 +109,7 @@ class MemoryBackend(RecallSQL, UserSQL):
     # ---- shared SQL
 
     def _facts(self, sql, params):
-        return [Fact.from_db(DEFAULT_DB_ALIAS, FACT_ATTNAMES, values) for values in fetch_rows(sql, params, _FIELDS)]
+        return fetch_models(Fact, sql, params)
 
     def get_fact(self, key, viewer):
         """The most specific fact for `key` among the viewer's owners, or None. One query."""
@@ -154,6 +155,39 @@ class MemoryBackend(RecallSQL, UserSQL):
             sql += " LIMIT %s"
             params.append(limit)
         return self._facts(sql, params)
+
+    def matching_procedures(self, goal, context_keys, agent_id, limit):
+        """Active procedures of the agent or shared whose trigger conditions hold, best first. One query.
+
+        Best: the smoothed success rate (an untried procedure, 1/2, ranks above a failing one and
+        below a good one), then the most used, the agent's own before a shared one, then by name.
+        """
+        condition, params = self.procedure_match_sql(goal, context_keys)
+        table = Procedure._meta.db_table
+        used = f"CAST({table}.times_used AS DOUBLE PRECISION)"
+        succeeded = f"CAST({table}.times_succeeded AS DOUBLE PRECISION)"
+        sql = (
+            f"SELECT {select_columns(Procedure, table)} FROM {table} "
+            f"WHERE {table}.is_active AND {table}.agent_id IN (%s, %s) AND {condition} "
+            f"ORDER BY ({succeeded} + 1.0) / ({used} + 2.0) DESC, {table}.times_used DESC, "
+            f"{table}.agent_id DESC, {table}.name LIMIT %s"
+        )
+        return fetch_models(Procedure, sql, [agent_id, "", *params, limit])
+
+    def recent_episodes(self, agent_id, user_id, limit):
+        """The latest episodes of an agent and/or a user (following merges), newest first. One query."""
+        where, params = [], []
+        if agent_id is not None:
+            where.append("e.agent_id = %s")
+            params.append(agent_id)
+        if user_id is not None:
+            where.append(f"e.user_id = {SURVIVOR_SQL}")
+            params += [user_id, user_id]
+        sql = (
+            f"SELECT {select_columns(Episode, 'e')} FROM {Episode._meta.db_table} e "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY e.started_at DESC, e.id DESC LIMIT %s"
+        )
+        return fetch_models(Episode, sql, [*params, limit])
 
     def owned_fact(self, fact, *, lock):
         """The stored fact with the owner and key of `fact` (a user id follows merges), or None.

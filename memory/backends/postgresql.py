@@ -2,8 +2,6 @@
 import json
 
 from django.db import connection
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
 
 from .base import FACT_TABLE, MemoryBackend
 from .recall import DOC_TABLE
@@ -16,21 +14,15 @@ class PostgreSQLBackend(MemoryBackend):
         # The shared LIKE '%token%' filters on search_text are answered by the gin_trgm_ops index.
         return f"{FACT_TABLE} f", []
 
-    def filter_procedures_matching(self, queryset, goal, context_keys):
-        goal_ok = RawSQL(
+    def procedure_match_sql(self, goal, context_keys):
+        return (
             "(memory_procedure.trigger_conditions -> 'goal_contains' IS NULL OR EXISTS ("
             "SELECT 1 FROM jsonb_array_elements_text(memory_procedure.trigger_conditions -> 'goal_contains') "
-            "AS kw(v) WHERE strpos(%s, lower(kw.v)) > 0))",
-            [goal.lower()],
-            output_field=BooleanField(),
-        )
-        context_ok = RawSQL(
-            "(memory_procedure.trigger_conditions -> 'context_has' IS NULL OR "
+            "AS kw(v) WHERE strpos(%s, lower(kw.v)) > 0)) "
+            "AND (memory_procedure.trigger_conditions -> 'context_has' IS NULL OR "
             "(memory_procedure.trigger_conditions -> 'context_has') <@ %s::jsonb)",
-            [json.dumps(sorted(context_keys))],
-            output_field=BooleanField(),
+            [goal.lower(), json.dumps(sorted(context_keys))],
         )
-        return queryset.filter(goal_ok, context_ok)
 
     # ---- recall: full-text search (english configuration) ranked by ts_rank, any word matching
 

@@ -32,3 +32,28 @@ def fetch_rows(sql, params, fields):
                 values[i] = func(values[i], col, conn)
         result.append(values)
     return result
+
+
+@lru_cache(maxsize=None)
+def select_columns(model, alias):
+    """Every column of `model` in field order, for a SELECT that fetch_models turns into instances."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
+
+
+def fetch_models(model, sql, params):
+    """Instances of `model` from a hand-written SELECT of select_columns(model, ...)."""
+    fields = tuple(model._meta.concrete_fields)
+    attnames = [f.attname for f in fields]
+    return [model.from_db(DEFAULT_DB_ALIAS, attnames, values) for values in fetch_rows(sql, params, fields)]
+
+
+def models_by_id(model, ids):
+    """{id: instance} of `model` for these ids (like QuerySet.in_bulk, without compiling a queryset)."""
+    ids = list(ids)
+    if not ids:
+        return {}
+    sql = (
+        f"SELECT {select_columns(model, 't')} FROM {model._meta.db_table} t "
+        f"WHERE t.id IN ({', '.join(['%s'] * len(ids))})"
+    )
+    return {item.pk: item for item in fetch_models(model, sql, ids)}

@@ -13,8 +13,6 @@ import time
 
 from django.db import connection
 from django.db.backends.signals import connection_created
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
 
 from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys
 
@@ -208,22 +206,16 @@ class SQLiteBackend(MemoryBackend):
             params,
         )
 
-    def filter_procedures_matching(self, queryset, goal, context_keys):
-        goal_ok = RawSQL(
+    def procedure_match_sql(self, goal, context_keys):
+        return (
             "(json_type(memory_procedure.trigger_conditions, '$.goal_contains') IS NULL OR EXISTS ("
             "SELECT 1 FROM json_each(memory_procedure.trigger_conditions, '$.goal_contains') AS kw "
-            "WHERE instr(%s, lower(kw.value)) > 0))",
-            [goal.lower()],
-            output_field=BooleanField(),
-        )
-        context_ok = RawSQL(
-            "(json_type(memory_procedure.trigger_conditions, '$.context_has') IS NULL OR NOT EXISTS ("
+            "WHERE instr(%s, lower(kw.value)) > 0)) "
+            "AND (json_type(memory_procedure.trigger_conditions, '$.context_has') IS NULL OR NOT EXISTS ("
             "SELECT 1 FROM json_each(memory_procedure.trigger_conditions, '$.context_has') AS k "
             "WHERE k.value NOT IN (SELECT value FROM json_each(%s))))",
-            [json.dumps(sorted(context_keys))],
-            output_field=BooleanField(),
+            [goal.lower(), json.dumps(sorted(context_keys))],
         )
-        return queryset.filter(goal_ok, context_ok)
 
     # ---- recall: BM25 over the FTS5 recall index (porter stemming), two exact plans
     #
