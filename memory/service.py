@@ -293,7 +293,7 @@ class MemoryService(RecallMixin):
         user_id = _check_user_id("user_id", user_id, required=scope == Scope.USER)
         if source_episode_id is not None:
             source_episode_id = _check_user_id("source_episode_id", source_episode_id, required=False)
-            if not Episode.objects.filter(pk=source_episode_id).exists():
+            if not self.backend.episode_exists(source_episode_id):
                 raise InvalidMemoryArgument("source_episode_id", f"no episode with id {source_episode_id}")
         # Each scope carries its own owner only (a database constraint says the same).
         owners = {

@@ -1,8 +1,13 @@
 """Signals of the memory app, and the receivers that keep buffered state written."""
+import logging
+
 from django.core.signals import request_finished
+from django.db import DatabaseError, transaction
 from django.dispatch import Signal, receiver
 
 from .access import access_counter
+
+logger = logging.getLogger("engram.memory")
 
 # Sent inside the merge transaction with `source_id` and `target_id`, so apps that keep their own
 # per-user rows (conversation threads) can move them to the surviving user.
@@ -15,20 +20,24 @@ users_merged = Signal()
 users_deleting = Signal()
 
 
-@receiver(request_finished, dispatch_uid="memory_flush_access_counts")
-def flush_access_counts(**kwargs):
-    access_counter.flush()
-
 # Sent by MemoryService.prune() (the `memory prune` command) with `agent_id` (None: every agent) and
 # `dry_run`, after the memory tables are pruned, so apps that keep their own growing rows
 # (conversation threads and checkpoints, recall events) prune them with the same command.
 # A receiver returns {what: rows deleted (or that would be, on a dry run)}; the counts join the report.
 prune_requested = Signal()
 
-# ---- recall: buffered recall events and reference counts are written with the access counts.
+# ---- buffered statistics: access counts, recall events and reference counts.
 from .recall_events import recall_log  # noqa: E402
 
 
-@receiver(request_finished, dispatch_uid="memory_flush_recall_log")
-def flush_recall_log(**kwargs):
-    recall_log.flush()
+@receiver(request_finished, dispatch_uid="memory_flush_buffers")
+def flush_buffers(**kwargs):
+    """Write what the request's reads noted, in one write transaction."""
+    if not (access_counter.pending or recall_log.pending):
+        return
+    try:
+        with transaction.atomic():
+            access_counter.flush()
+            recall_log.flush()
+    except DatabaseError:  # statistics, not memory: say so and let the response go out
+        logger.exception("could not write buffered access counts and recall events")

@@ -174,6 +174,11 @@ class MemoryBackend(RecallSQL, UserSQL):
         )
         return fetch_models(Procedure, sql, [agent_id, "", *params, limit])
 
+    def episode_exists(self, episode_id):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {Episode._meta.db_table} WHERE id = %s", [episode_id])
+            return cursor.fetchone() is not None
+
     def recent_episodes(self, agent_id, user_id, limit):
         """The latest episodes of an agent and/or a user (following merges), newest first. One query."""
         where, params = [], []
