@@ -32,6 +32,12 @@ def rank_sql(alias):
     return f"(CASE {alias}.scope {whens} END)"
 
 
+@lru_cache(maxsize=None)
+def _scopes_up_to(rank):
+    """The scopes as specific as `rank` or more, as an SQL list: "'session', 'user'" for the user's rank."""
+    return ", ".join(f"'{scope}'" for scope, r in SCOPE_RANK.items() if r <= rank)
+
+
 def owner_keys(viewer, include_user=True):
     """The scope keys a viewer may see (the user's as given, before following merges)."""
     keys = ["global"]
@@ -123,16 +129,11 @@ class MemoryBackend(RecallSQL, UserSQL):
         A fact is shadowed when a more specific visible fact has the same key, whatever the
         confidence of either: it is not what this viewer knows under that key.
         """
-        # The viewer's owners with their ranks, computed once; the shadow check probes only the
-        # owners more specific than the row it checks (none for the most specific one).
-        terms = owner_terms(viewer)
-        rows = [f"({sql}, {rank})" for sql, _, rank in terms]
-        params = [p for _, term_params, _ in terms for p in term_params]
-        cte = f"WITH viewer_owners(k, r) AS MATERIALIZED (VALUES {', '.join(rows)}) "
         best_first = order == "confidence" and limit is not None
-        source, source_params = self.fact_candidates(tokens, viewer, best_first)
-        params += source_params
-        where = ["f.scope_key IN (SELECT k FROM viewer_owners)"]
+        source, params = self.fact_candidates(tokens, viewer, best_first)
+        terms = owner_terms(viewer)
+        where = [f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"]
+        params += [p for _, term_params, _ in terms for p in term_params]
         for token in tokens:
             where.append(f"f.search_text LIKE %s{self.like_escape}")
             params.append(f"%{escape_like(token)}%")
@@ -142,15 +143,20 @@ class MemoryBackend(RecallSQL, UserSQL):
         if fact_type:
             where.append("f.fact_type = %s")
             params.append(fact_type)
-        where.append(
-            f"NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g WHERE g.{_q('key')} = f.{_q('key')} "
-            f"AND g.scope_key IN (SELECT k FROM viewer_owners WHERE r < {rank_sql('f')}))"
-        )
+        # Shadowing: one unique-index probe per owner more specific than the row (rows of that rank
+        # or more specific skip it), rather than a correlated scan of the viewer's owners per row.
+        for sql, term_params, rank in terms:
+            if rank < SCOPE_RANK[Scope.GLOBAL]:
+                where.append(
+                    f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
+                    f"WHERE g.{_q('key')} = f.{_q('key')} AND g.scope_key = {sql}))"
+                )
+                params += term_params
         order_by = {
             "key": f"f.{_q('key')}, f.id",
             "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
         }[order]
-        sql = f"{cte}SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
+        sql = f"SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)

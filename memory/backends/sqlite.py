@@ -10,6 +10,7 @@ import hashlib
 import json
 import threading
 import time
+from functools import lru_cache
 
 from django.db import connection
 from django.db.backends.signals import connection_created
@@ -74,6 +75,7 @@ def prepare_recall_connection(sender, connection, **kwargs):
         )
 
 
+@lru_cache(maxsize=8192)  # the index triggers ask for it on every write, searches on every query
 def owner_marker(scope_key):
     """Three private-use characters standing for an owner: one trigram, so one FTS5 doclist."""
     h = int.from_bytes(hashlib.blake2b(scope_key.encode(), digest_size=8).digest(), "big")
