@@ -7,18 +7,16 @@ buffer when a process is killed are lost; they are statistics, not memory.
 import atexit
 import logging
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 
 from django.db import DatabaseError, transaction
-from django.db.models import F
 from django.utils import timezone
 
+from .backends.rows import bump_counters
 from .conf import memory_settings
 from .models import Fact
 
 logger = logging.getLogger("engram.memory")
-
-_CHUNK = 2000
 
 
 class AccessCounter:
@@ -48,17 +46,10 @@ class AccessCounter:
             self._pending, self._last = Counter(), None
         if not pending:
             return 0
-        by_count = defaultdict(list)
-        for fact_id, hits in pending.items():
-            by_count[hits].append(fact_id)
         updated = 0
         try:
             with transaction.atomic():  # one write transaction (queued with the others on SQLite)
-                for hits, ids in by_count.items():
-                    for start in range(0, len(ids), _CHUNK):
-                        updated += Fact.objects.filter(id__in=ids[start : start + _CHUNK]).update(
-                            access_count=F("access_count") + hits, last_accessed=when
-                        )
+                updated = bump_counters(Fact, pending, "access_count", "last_accessed", when)
         except DatabaseError:
             logger.exception("could not write access counts for %d facts", len(pending))
         return updated

@@ -8,11 +8,11 @@ in the buffer when a process is killed are lost; they are statistics, not memory
 import atexit
 import logging
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 
 from django.db import DatabaseError, transaction
-from django.db.models import F
 
+from .backends.rows import bump_counters
 from .conf import memory_settings
 from .models import RecallDocument, RecallEvent
 
@@ -51,17 +51,10 @@ class RecallLog:
             self._events, self._references, self._last = [], Counter(), None
         if not events:
             return 0
-        by_count = defaultdict(list)
-        for doc_id, hits in references.items():
-            by_count[hits].append(doc_id)
         try:
             with transaction.atomic():
                 RecallEvent.objects.bulk_create(events, batch_size=_CHUNK)
-                for hits, ids in by_count.items():
-                    for start in range(0, len(ids), _CHUNK):
-                        RecallDocument.objects.filter(id__in=ids[start : start + _CHUNK]).update(
-                            reference_count=F("reference_count") + hits, last_referenced=when
-                        )
+                bump_counters(RecallDocument, references, "reference_count", "last_referenced", when)
         except DatabaseError:
             logger.exception("could not write %d recall events", len(events))
             return 0

@@ -15,9 +15,10 @@ import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
@@ -61,13 +62,27 @@ class ThreadRef:
     tracked: bool = False
 
 
+# Every agent turn runs these two statements: written once here rather than compiled from querysets
+# per run (which took longer than running them).
+_TABLE = Thread._meta.db_table
+_THREAD_FOR_SQL = (
+    f"SELECT thread_id, head_checkpoint_id FROM {_TABLE} WHERE user_id = %s AND workflow_id = %s AND conversation_id = %s"
+)
+
+
+@lru_cache(maxsize=None)
+def _activity_sql(channel, head):
+    """The UPDATE of a tracked thread's activity; `channel`, `head`: whether those change too."""
+    sets = ["last_activity = %s", "checkpoint_count = checkpoint_count + %s"]
+    sets += ["channel = %s"] * channel + ["head_checkpoint_id = %s"] * head
+    return f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE thread_id = %s"
+
+
 def thread_for(*, workflow_id, user_id, conversation_id):
     """The thread a user's conversation with a workflow continues (one query)."""
-    row = (
-        Thread.objects.filter(user_id=user_id, workflow_id=workflow_id, conversation_id=conversation_id)
-        .values_list("thread_id", "head_checkpoint_id")
-        .first()
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_THREAD_FOR_SQL, [user_id, workflow_id, conversation_id])
+        row = cursor.fetchone()
     if row is None:
         return ThreadRef(thread_id_for(user_id, conversation_id, workflow_id))
     return ThreadRef(row[0], row[1], tracked=True)
@@ -83,8 +98,13 @@ def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
     if head:
         changes["head_checkpoint_id"] = head
     with transaction.atomic():
-        if ref.tracked and Thread.objects.filter(thread_id=ref.thread_id).update(**changes):
-            return
+        if ref.tracked:
+            params = [Thread._meta.get_field("last_activity").get_db_prep_save(now, connection), added]
+            params += [channel] * bool(channel) + [head] * bool(head)
+            with connection.cursor() as cursor:
+                cursor.execute(_activity_sql(bool(channel), bool(head)), [*params, ref.thread_id])
+                if cursor.rowcount:
+                    return
         created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes)
     if created:
         prune_threads(workflow_id)
