@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
 
+from memory.backends.rows import fetch_models, select_columns
+
 from . import lifecycle
 from .definition import compile_definition, validate_definition
 from .exceptions import WorkflowError
@@ -53,11 +55,17 @@ class RunResult:
         }
 
 
+# Every trigger looks its workflow up: one statement written once, not a queryset compiled per run.
+_ACTIVE_WORKFLOW_SQL = (
+    f"SELECT {select_columns(Workflow, 'w')} FROM {Workflow._meta.db_table} w WHERE w.slug = %s AND w.is_active"
+)
+
+
 def get_workflow(slug):
-    try:
-        return Workflow.objects.get(slug=slug, is_active=True)
-    except Workflow.DoesNotExist:
-        raise WorkflowNotFound(slug) from None
+    found = fetch_models(Workflow, _ACTIVE_WORKFLOW_SQL, [slug])
+    if not found:
+        raise WorkflowNotFound(slug)
+    return found[0]
 
 
 def compiled_graph(workflow):

@@ -4,14 +4,13 @@ The hot reads (get, search, list) are hand-written SQL built once per query shap
 equivalent ORM expression costs more than running the query.
 """
 import contextlib
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
-from django.utils import timezone
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Procedure, Scope
 from .recall import RecallSQL
-from .rows import fetch_models, select_columns
+from .rows import RowInsert, fetch_models, select_columns
 from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
@@ -253,70 +252,14 @@ class MemoryBackend(RecallSQL, UserSQL):
         episode._state.adding = False
 
 
-_PLAIN, _NOW, _CONVERT = object(), object(), object()
-
-
-def _insert_kind(field):
-    """How RowInsert turns a field's value into a parameter (Field.get_db_prep_save is the general
-    path; most columns need nothing, and it is a third of a write's Python time)."""
-    if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add):
-        return _NOW
-    if isinstance(field, (models.CharField, models.TextField, models.FloatField, models.IntegerField, models.ForeignKey)):
-        return _PLAIN
-    return _CONVERT
-
-
-class RowInsert:
-    """One model's INSERT ... RETURNING, its statement and parameter plan prepared once.
-
-    Called with an unsaved instance: returns the RETURNING row, or None when `suffix`'s ON CONFLICT
-    inserted nothing. Timestamps Django would fill in (auto_now, auto_now_add) take the insert time
-    unless the instance carries one (an episode's start). A `user_id` column takes the surviving user
-    of a merge, or NULL for an unknown id (which a user fact's scope constraint refuses at once; a
-    deferred foreign key would only fail at the caller's final commit).
-    """
-
-    def __init__(self, model, suffix):
-        self.table = model._meta.db_table
-        self.fields = [f for f in model._meta.concrete_fields if not (f.primary_key or f.generated)]
-        self.plan = [(f, _insert_kind(f)) for f in self.fields]
-        self.suffix = suffix
-
-    @cached_property
-    def sql(self):
-        placeholders = [
-            f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)" if f.attname == "user_id" else "%s"
-            for f in self.fields
-        ]
-        return (
-            f"INSERT INTO {self.table} ({', '.join(_q(f.column) for f in self.fields)}) "
-            f"VALUES ({', '.join(placeholders)}) {self.suffix}"
-        )
-
-    def __call__(self, obj):
-        conn = connections[DEFAULT_DB_ALIAS]
-        now = now_db = None
-        params = []
-        for field, kind in self.plan:
-            value = getattr(obj, field.attname)
-            if kind is _PLAIN:  # validated str/int/float/None: the driver takes it as it is
-                params.append(value)
-            elif kind is _NOW and value is None:  # one timestamp for all of them, converted once
-                if now is None:
-                    now = timezone.now()
-                    now_db = field.get_db_prep_save(now, conn)
-                setattr(obj, field.attname, now)
-                params.append(now_db)
-            else:
-                params.append(field.get_db_prep_save(value, conn))
-        with conn.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            return cursor.fetchone()
-
-
-_FACT_INSERT = RowInsert(Fact, f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id, user_id")
+# A user id is stored as the surviving user of a merge, or NULL for an unknown id (which a user
+# fact's scope constraint refuses at once; a deferred foreign key would only fail at the final commit).
+_SURVIVING_USER = {"user_id": f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)"}
+_FACT_INSERT = RowInsert(
+    Fact, f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id, user_id", placeholders=_SURVIVING_USER
+)
 # The surviving user of the run's user: the recall triggers index the episode under its final owner.
-_EPISODE_INSERT = RowInsert(Episode, "RETURNING id, user_id")
+_EPISODE_INSERT = RowInsert(Episode, "RETURNING id, user_id", placeholders=_SURVIVING_USER)
 
 
 @lru_cache(maxsize=64)

@@ -3,9 +3,10 @@
 SELECTs come back with the ORM's value conversions; counters are bumped in one UPDATE per distinct step.
 """
 from collections import defaultdict
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.utils import timezone
 
 
 @lru_cache(maxsize=None)
@@ -90,3 +91,60 @@ def bump_counters(model, counts, count_field, time_field, when):
                 )
                 updated += cursor.rowcount
     return updated
+
+
+_PLAIN, _NOW, _CONVERT = object(), object(), object()
+
+
+def _insert_kind(field):
+    """How RowInsert turns a field's value into a parameter (Field.get_db_prep_save is the general
+    path; most columns need nothing, and it is a third of a write's Python time)."""
+    if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add):
+        return _NOW
+    if isinstance(field, (models.CharField, models.TextField, models.FloatField, models.IntegerField, models.ForeignKey)):
+        return _PLAIN
+    return _CONVERT
+
+
+class RowInsert:
+    """One model's INSERT ... RETURNING, its statement and parameter plan prepared once.
+
+    Called with an unsaved instance: returns the RETURNING row, or None when `suffix`'s ON CONFLICT
+    inserted nothing. Timestamps Django would fill in (auto_now, auto_now_add) take the insert time
+    unless the instance carries one (an episode's start). Text, number and foreign key values go to
+    the driver as they are: the caller has validated them. `placeholders` gives a column's value SQL
+    other than "%s" (by attname, taking the value as its one parameter).
+    """
+
+    def __init__(self, model, suffix="", *, placeholders=None):
+        self.table = model._meta.db_table
+        self.fields = [f for f in model._meta.concrete_fields if not (f.primary_key or f.generated)]
+        self.plan = [(f, _insert_kind(f)) for f in self.fields]
+        self.suffix = suffix
+        self.placeholders = placeholders or {}
+
+    @cached_property
+    def sql(self):
+        columns = ", ".join('"' + f.column + '"' for f in self.fields)
+        values = ", ".join(self.placeholders.get(f.attname, "%s") for f in self.fields)
+        return f"INSERT INTO {self.table} ({columns}) VALUES ({values}) {self.suffix}"
+
+    def __call__(self, obj):
+        conn = connections[DEFAULT_DB_ALIAS]
+        now = now_db = None
+        params = []
+        for field, kind in self.plan:
+            value = getattr(obj, field.attname)
+            if kind is _PLAIN:  # validated str/int/float/None: the driver takes it as it is
+                params.append(value)
+            elif kind is _NOW and value is None:  # one timestamp for all of them, converted once
+                if now is None:
+                    now = timezone.now()
+                    now_db = field.get_db_prep_save(now, conn)
+                setattr(obj, field.attname, now)
+                params.append(now_db)
+            else:
+                params.append(field.get_db_prep_save(value, conn))
+        with conn.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return cursor.fetchone()
