@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import add_scratch_arguments, scratch_django
+from .scratch import add_scratch_arguments, machine_reference, scratch_django
 
 AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
 GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
@@ -198,6 +198,7 @@ def main(argv=None):
     flush = results["access_flush"]
     table.add_row("access flush", "", "", f"{flush['facts']:,} facts' counts written in {flush['ms']:.0f} ms after the gets")
     Console().print(table)
+    Console().print(machine_reference())
     return 0
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import REPO, add_scratch_arguments, scratch_django
+from .scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
 
 TOKEN = "bench:token"
 SECRET = "bench-secret"
@@ -192,6 +192,7 @@ def main(argv=None):
     )
     for error in results["first_errors"]:
         console.print(f"[red]error:[/] {error}")
+    console.print(machine_reference())
     return 0
 
 
