@@ -5,30 +5,45 @@ SELECTs come back with the ORM's value conversions; counters are bumped in one U
 from collections import defaultdict
 from functools import cached_property, lru_cache
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 
 
+class Columns:
+    """The model fields a hand-written SELECT returns, one per column, with the value converters the
+    ORM would apply (JSON decoding, datetimes on SQLite), worked out once per database vendor."""
+
+    def __init__(self, fields):
+        self.fields = tuple(fields)
+        self.attnames = [f.attname for f in self.fields]
+        self._converters = {}
+
+    def converters(self, conn):
+        found = self._converters.get(conn.vendor)
+        if found is None:
+            found = []
+            for i, field in enumerate(self.fields):
+                col = field.get_col(field.model._meta.db_table)
+                funcs = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+                if funcs:
+                    found.append((i, col, funcs))
+            self._converters[conn.vendor] = found
+        return found
+
+
 @lru_cache(maxsize=None)
-def _converters(vendor, fields):
-    """Per column, the functions Django applies to a raw value (JSON decoding, datetimes on SQLite)."""
-    result = []
-    for i, field in enumerate(fields):
-        col = field.get_col(field.model._meta.db_table)
-        funcs = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
-        if funcs:
-            result.append((i, col, funcs))
-    return result
+def model_columns(model):
+    """Columns of every concrete field of `model`, in field order (what select_columns selects)."""
+    return Columns(model._meta.concrete_fields)
 
 
-def fetch_rows(sql, params, fields):
-    """Run a hand-written SELECT; each row as a list of values converted as the ORM would for `fields`
-    (a tuple of model fields, one per selected column)."""
+def fetch_rows(sql, params, columns):
+    """Run a hand-written SELECT; each row as a list of values converted as the ORM would (`columns`: a Columns)."""
     conn = connections[DEFAULT_DB_ALIAS]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    converters = _converters(conn.vendor, fields)
+    converters = columns.converters(conn)
     result = []
     for row in rows:
         values = list(row)
@@ -47,9 +62,8 @@ def select_columns(model, alias):
 
 def fetch_models(model, sql, params):
     """Instances of `model` from a hand-written SELECT of select_columns(model, ...)."""
-    fields = tuple(model._meta.concrete_fields)
-    attnames = [f.attname for f in fields]
-    return [model.from_db(DEFAULT_DB_ALIAS, attnames, values) for values in fetch_rows(sql, params, fields)]
+    columns = model_columns(model)
+    return [model.from_db(DEFAULT_DB_ALIAS, columns.attnames, values) for values in fetch_rows(sql, params, columns)]
 
 
 def models_by_id(model, ids):

@@ -10,7 +10,7 @@ from functools import lru_cache
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser
-from .rows import fetch_rows
+from .rows import Columns, fetch_rows
 
 ContextUser = namedtuple("ContextUser", "pk canonical_id display_name total_conversations")
 ContextIdentity = namedtuple("ContextIdentity", "channel external_id")
@@ -24,11 +24,12 @@ _EPISODES = Episode._meta.db_table
 
 
 def _fields(model, *names):
-    return tuple(model._meta.get_field(name) for name in names)
+    return [model._meta.get_field(name) for name in names]
 
 
-_USER_COLUMNS = _fields(MemoryUser, "id", "canonical_id", "display_name", "total_conversations") + _fields(
-    ChannelIdentity, "channel", "external_id"
+_USER_COLUMNS = Columns(
+    _fields(MemoryUser, "id", "canonical_id", "display_name", "total_conversations")
+    + _fields(ChannelIdentity, "channel", "external_id")
 )
 # The identities of the user behind (channel, external id), or of the user it was merged into.
 _IDENTITIES_SQL = (
@@ -38,13 +39,13 @@ _IDENTITIES_SQL = (
     f"JOIN {_USERS} v ON v.id = j.user_id WHERE j.channel = %s AND j.external_id = %s) "
     "ORDER BY i.channel, i.external_id"
 )
-_FACT_COLUMNS = _fields(Fact, "key", "value", "fact_type", "confidence")
+_FACT_COLUMNS = Columns(_fields(Fact, "key", "value", "fact_type", "confidence"))
 # Each list carries its total (a window count over the user's rows), so no separate count.
 _FACTS_SQL = (
     f'SELECT "key", value, fact_type, confidence, COUNT(*) OVER () FROM {_FACTS} '
     'WHERE user_id = %s ORDER BY confidence DESC, "key" LIMIT %s'
 )
-_EPISODE_COLUMNS = _fields(Episode, "id", "summary", "success", "started_at", "trigger_type")
+_EPISODE_COLUMNS = Columns(_fields(Episode, "id", "summary", "success", "started_at", "trigger_type"))
 _EPISODES_SQL = (
     f"SELECT id, summary, success, started_at, trigger_type, COUNT(*) OVER () FROM {_EPISODES} "
     "WHERE user_id = %s ORDER BY started_at DESC, id DESC LIMIT %s"
