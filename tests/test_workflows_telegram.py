@@ -139,6 +139,14 @@ def test_an_unknown_workflow_is_404(live_server, db):
     assert response.status_code == 404
 
 
+def test_a_deactivated_workflow_is_404_and_runs_nothing(post, fake_bot, demo_workflow):
+    demo_workflow.is_active = False
+    demo_workflow.save()
+    response = post(telegram_update(1, 42, "my name is Ada"))
+    assert response.status_code == 404 and response.json()["errors"]["slug"]
+    assert not Episode.objects.exists() and fake_bot.sent_messages() == []
+
+
 def test_telegram_poll_handles_queued_updates_once(fake_bot, demo_workflow, capsys):
     fake_bot.queue_update(telegram_update(10, 42, "my name is Ada"))
     fake_bot.queue_update(telegram_update(11, 42, "what is my name?"))
