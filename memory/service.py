@@ -805,6 +805,7 @@ class MemoryService(RecallMixin):
             self.backend.insert_episode(episode)
             if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")
+            self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def mark_episode_failed(self, episode_id, error):

@@ -5,6 +5,7 @@ each vector: equal texts, equal vectors), so they need no model; tests/test_reca
 covers the real local model when the `embeddings` extra is installed.
 """
 import pytest
+from django.utils import timezone
 from django.db import connection
 
 from memory.embeddings import EmbeddingModelChanged, to_blob
@@ -242,6 +243,19 @@ def test_episode_and_procedure_edits_update_both_indexes(service, fake_embedder)
     pdoc = RecallDocument.objects.get(kind="procedure")
     assert "statements" in pdoc.text and fts_rows("invoices") == [doc.pk]
     assert pdoc.embedding is not None
+
+
+def test_a_recorded_run_is_embedded_in_its_own_transaction(service, fake_embedder):
+    # record_episode is how workflow runs store their episode: it must be found by vector too.
+    started = timezone.now()
+    episode = service.record_episode(
+        started_at=started, agent_id="bot", success=True, summary="booked a table for two",
+        conversation=[{"role": "user", "content": "book a table"}],
+    )
+    doc = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
+    assert doc.embedding is not None
+    hits = service.recall("booked a table for two", agent_id="bot", types=("episodes",), mode="vector", limit=1)
+    assert [h.id for h in hits] == [episode.pk]
 
 
 def test_a_write_outside_the_service_clears_the_stale_vector(service, fake_embedder):
