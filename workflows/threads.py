@@ -15,11 +15,10 @@ import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -92,25 +91,24 @@ def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
     """Track a run on a thread: last activity, channel, and the checkpoints it added (one statement)."""
     now = timezone.now()
     added, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
-    changes = {"last_activity": now, "checkpoint_count": F("checkpoint_count") + added}
-    if channel:
-        changes["channel"] = channel
-    if head:
-        changes["head_checkpoint_id"] = head
     with transaction.atomic():
-        if ref.tracked:
-            params = [Thread._meta.get_field("last_activity").get_db_prep_save(now, connection), added]
-            params += [channel] * bool(channel) + [head] * bool(head)
-            with connection.cursor() as cursor:
-                cursor.execute(_activity_sql(bool(channel), bool(head)), [*params, ref.thread_id])
-                if cursor.rowcount:
-                    return
-        created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes)
+        if ref.tracked and _count_activity(ref.thread_id, now, added, channel, head):
+            return
+        created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head)
     if created:
         prune_threads(workflow_id)
 
 
-def _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head, changes):
+def _count_activity(thread_id, now, added, channel, head):
+    """Count a run on an existing thread's row; False if there is no such row."""
+    params = [Thread._meta.get_field("last_activity").get_db_prep_save(now, connection), added]
+    params += [channel] * bool(channel) + [head] * bool(head)
+    with connection.cursor() as cursor:
+        cursor.execute(_activity_sql(bool(channel), bool(head)), [*params, thread_id])
+        return cursor.rowcount > 0
+
+
+def _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head):
     try:
         with transaction.atomic():
             Thread.objects.create(
@@ -125,7 +123,7 @@ def _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, add
             )
     except IntegrityError:
         # Another request tracked it first: count ours on its row.
-        Thread.objects.filter(thread_id=ref.thread_id).update(**changes)
+        _count_activity(ref.thread_id, now, added, channel, head)
         return False
     return True
 

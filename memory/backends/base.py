@@ -254,6 +254,7 @@ class MemoryBackend(RecallSQL, UserSQL):
 
 # A user id is stored as the surviving user of a merge, or NULL for an unknown id (which a user
 # fact's scope constraint refuses at once; a deferred foreign key would only fail at the final commit).
+# Unlike SURVIVOR_SQL, which keeps an unknown id as it is (a lookup then simply finds nothing).
 _SURVIVING_USER = {"user_id": f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)"}
 _FACT_INSERT = RowInsert(
     Fact, f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id, user_id", placeholders=_SURVIVING_USER
