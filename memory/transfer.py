@@ -536,14 +536,12 @@ def import_(stream, *, dry_run=False, on_progress=None):
     from .backends import get_backend
 
     backend = get_backend()
-    with transaction.atomic(), backend.bulk_fact_load() as new_fact_ids:
+    with transaction.atomic(), backend.bulk_fact_load():
         for lineno, data in _rows(stream, fingerprint=again):
             inserter = inserters[data["kind"]]
             if data["id"] in present[data["kind"]]:
                 continue
             inserter.add(data, lineno)
-            if data["kind"] == "fact":
-                new_fact_ids.append(data["id"])
             if len(inserter.pending) >= _BATCH:
                 flush(inserter)
         for inserter in inserters.values():

@@ -84,7 +84,8 @@ class MemoryBackend(RecallSQL, UserSQL):
     like_escape = ""
 
     def fact_candidates(self, tokens, viewer, best_first):
-        """FROM clause and params, aliasing memory_fact as `f`, for rows that may hold every token.
+        """(FROM clause aliasing memory_fact as `f`, a condition on `f` or None, params) for rows
+        that may hold every token.
 
         The shared query still applies the exact owner, text and shadowing filters; this only picks
         where rows come from. `best_first`: the caller orders by confidence and takes a few.
@@ -104,12 +105,11 @@ class MemoryBackend(RecallSQL, UserSQL):
 
     @contextlib.contextmanager
     def bulk_fact_load(self):
-        """Inside a transaction, around inserts of many facts: yields a list to append the new ids to.
+        """Inside a transaction, around inserts of many facts: the search index takes them in one go on exit.
 
-        Backends whose search index is kept by per-row triggers index the listed rows in one
-        statement on exit instead; the default keeps the database's own indexing as it is.
+        The default keeps the database's own indexing as it is.
         """
-        yield []
+        yield
 
     # ---- shared SQL
 
@@ -129,9 +129,10 @@ class MemoryBackend(RecallSQL, UserSQL):
         confidence of either: it is not what this viewer knows under that key.
         """
         best_first = order == "confidence" and limit is not None
-        source, params = self.fact_candidates(tokens, viewer, best_first)
+        source, candidates, params = self.fact_candidates(tokens, viewer, best_first)
+        where = [candidates] if candidates else []
         terms = owner_terms(viewer)
-        where = [f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"]
+        where.append(f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})")
         params += [p for _, term_params, _ in terms for p in term_params]
         for token in tokens:
             where.append(f"f.search_text LIKE %s{self.like_escape}")

@@ -12,7 +12,7 @@ class PostgreSQLBackend(MemoryBackend):
 
     def fact_candidates(self, tokens, viewer, best_first):
         # The shared LIKE '%token%' filters on search_text are answered by the gin_trgm_ops index.
-        return f"{FACT_TABLE} f", []
+        return f"{FACT_TABLE} f", None, []
 
     def procedure_match_sql(self, goal, context_keys):
         return (

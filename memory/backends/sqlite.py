@@ -12,10 +12,10 @@ import threading
 import time
 from functools import lru_cache
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 
-from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys
+from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys, owners_sql
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
@@ -28,7 +28,23 @@ _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
 _STATS_MAX = 100_000
 _TERM_LOOKUP = "SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"
 _BRANCHES = 400
-_INSERT_TRIGGER = "memory_fact_fts_ai"
+# The index's delta (migration 0007): facts not yet indexed under their current text, entries to
+# remove. These statements move it into the index, as the flush trigger does every 256 facts.
+_FLUSH_TRIGGER = "memory_fact_fts_flush"
+_FLUSH_DELTA = (
+    "INSERT INTO memory_fact_fts (memory_fact_fts, rowid, search_text, owner) "
+    "SELECT 'delete', fact_id, search_text, owner FROM memory_fact_fts_stale ORDER BY id",
+    "DELETE FROM memory_fact_fts_stale",
+    "INSERT INTO memory_fact_fts (rowid, search_text, owner) "
+    f"SELECT f.id, f.search_text, engram_owner_marker(f.scope_key) FROM memory_fact_fts_pending p CROSS JOIN {FACT_TABLE} f ON f.id = p.fact_id",
+    "DELETE FROM memory_fact_fts_pending",
+)
+
+
+def _flush_delta(cursor):
+    """Move the delta into the index now; inside a transaction, or a writer could slip in between."""
+    for sql in _FLUSH_DELTA:
+        cursor.execute(sql)
 
 
 _RECALL_JOIN_SHARE = 0.3  # the viewer owns at least this share of recall documents: join plan
@@ -146,39 +162,30 @@ class SQLiteBackend(MemoryBackend):
 
     def optimize(self):
         # Every write transaction adds an FTS5 segment and queries visit each one; after a bulk
-        # load, merge them into one (the index's own 'optimize' command).
-        with connection.cursor() as cursor:
+        # load, catch up with the delta and merge the segments into one (the index's own 'optimize').
+        with transaction.atomic(), connection.cursor() as cursor:
+            _flush_delta(cursor)
             cursor.execute("INSERT INTO memory_fact_fts(memory_fact_fts) VALUES ('optimize')")
 
     @contextlib.contextmanager
     def bulk_fact_load(self):
-        # The per-row insert trigger of the search index costs ~15x one INSERT ... SELECT over the same
-        # rows. Inside the caller's transaction (SQLite's write lock is held, so no other writer can
-        # insert meanwhile) the trigger is set aside, the new rows are indexed in one statement, and the
-        # trigger is restored from its own stored definition; a rollback restores it too.
+        # New facts wait in the index's delta (migration 0007), which a trigger moves into the index
+        # every 256 facts. Inside the caller's transaction (SQLite's write lock is held, so no other
+        # writer can add to the delta meanwhile) that trigger is set aside, the whole load goes in as
+        # one segment at the end, and the trigger is restored from its own stored definition; a
+        # rollback restores it too.
         if not connection.in_atomic_block:
             raise RuntimeError("bulk_fact_load() must run inside a transaction")
         with connection.cursor() as cursor:
-            cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = %s", [_INSERT_TRIGGER])
+            cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = %s", [_FLUSH_TRIGGER])
             row = cursor.fetchone()
-        if row is None:  # no per-row indexing to replace
-            yield []
-            return
+            if row is not None:
+                cursor.execute(f"DROP TRIGGER {_FLUSH_TRIGGER}")
+        yield
         with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER {_INSERT_TRIGGER}")
-        ids = []
-        yield ids
-        with connection.cursor() as cursor:
-            for start in range(0, len(ids), _BRANCHES):
-                chunk = ids[start : start + _BRANCHES]
-                # The same row the trigger writes (migration 0002): rowid, search text, owner marker.
-                cursor.execute(
-                    "INSERT INTO memory_fact_fts(rowid, search_text, owner) "
-                    f"SELECT id, search_text, engram_owner_marker(scope_key) FROM {FACT_TABLE} "
-                    f"WHERE id IN ({', '.join(['%s'] * len(chunk))})",
-                    chunk,
-                )
-            cursor.execute(row[0])
+            _flush_delta(cursor)
+            if row is not None:
+                cursor.execute(row[0])
 
     def fact_candidates(self, tokens, viewer, best_first):
         indexed = [t for t in tokens if len(t) >= _TRIGRAM]
@@ -186,15 +193,20 @@ class SQLiteBackend(MemoryBackend):
             rows_by_token = self.stats.token_rows(indexed)
             rarest = min(indexed, key=rows_by_token.get)
             if rows_by_token[rarest] <= _SELECTIVE_ROWS:
-                return self._match_owned(rarest, viewer)
+                return (f"{FACT_TABLE} f", *self._match_owned(rarest, viewer))
         if best_first:
             markers = [owner_marker(k) for k in owner_keys(viewer)]
             if sum(self.stats.rows(markers).values()) >= _SMALL_VISIBLE:
-                return f"{FACT_TABLE} f INDEXED BY fact_confidence_desc", []
-        return f"{FACT_TABLE} f", []
+                return f"{FACT_TABLE} f INDEXED BY fact_confidence_desc", None, []
+        return f"{FACT_TABLE} f", None, []
 
     def _match_owned(self, token, viewer):
-        """Rows holding `token` that belong to one of the viewer's owners, in one MATCH."""
+        """Rows holding `token` that belong to one of the viewer's owners: one MATCH, plus the
+        viewer's facts still waiting in the index's delta (the shared query checks both exactly).
+
+        As `f.id IN (...)`, so SQLite looks the few ids up; joined as a subquery, the union's
+        unknown size made it filter through a Bloom filter built by scanning every fact.
+        """
         static = [owner_marker(k) for k in owner_keys(viewer, include_user=False)]
         head = f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)
         if viewer.user_id is None:
@@ -202,10 +214,11 @@ class SQLiteBackend(MemoryBackend):
         else:  # the user's marker follows merges inside the query, like the owner filter does
             match_sql = f"%s || engram_owner_marker({USER_OWNER_SQL}) || '\")'"
             params = [head + ' OR "', viewer.user_id, viewer.user_id]
+        owners, owner_params = owners_sql(viewer)
         return (
-            f"(SELECT rowid AS id FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql}) c "
-            f"CROSS JOIN {FACT_TABLE} f ON f.id = c.id",
-            params,
+            f"f.id IN (SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql} "
+            f"UNION SELECT fact_id FROM memory_fact_fts_pending WHERE scope_key {owners})",
+            [*params, *owner_params],
         )
 
     def procedure_match_sql(self, goal, context_keys):
