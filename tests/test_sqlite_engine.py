@@ -1,11 +1,12 @@
 """The SQLite engine queues this process's write transactions on one lock (memory/sqlite_engine/base.py)."""
 import threading
+import time
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
 
 from memory.models import MemoryUser
-from memory.sqlite_engine.base import write_lock
+from memory.sqlite_engine.base import WalCheckpointer, write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,3 +98,22 @@ def test_a_writer_that_waits_longer_than_the_timeout_fails_as_sqlite_would_and_w
         options["timeout"] = old_timeout
     assert not lock.locked()
     assert not MemoryUser.objects.exists()
+
+
+def test_commits_leave_wal_checkpoints_to_a_background_thread():
+    """Writers only append to the WAL; the process's checkpointer copies it back into the database."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        assert cursor.fetchone()[0] == WalCheckpointer.BACKSTOP_PAGES
+    checkpointer = connection.checkpointer
+    assert checkpointer is WalCheckpointer.for_file(connection.settings_dict["NAME"])
+    before = checkpointer.checkpoints
+    for i in range(WalCheckpointer.CHECKPOINT_EVERY):
+        with transaction.atomic():
+            MemoryUser.objects.create(canonical_id=f"test:{i}")
+    deadline = time.monotonic() + 10
+    while checkpointer.checkpoints == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert checkpointer.checkpoints > before
+    busy, wal_frames, copied = checkpointer.last_result
+    assert wal_frames > 0 and copied > 0

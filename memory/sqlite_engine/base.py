@@ -11,15 +11,25 @@ at most the connection's `timeout` option (as SQLite would) and then fails as SQ
 
 Autocommit statements outside `transaction.atomic()` take no lock; writers that may meet others
 (buffered counters, thread tracking) run inside atomic blocks.
+
+WAL checkpoints (copying committed pages from the -wal file back into the database file) run on a
+background thread per file, not inside a writer's commit; see WalCheckpointer.
 """
+import logging
+import os
+import sqlite3
 import threading
 from collections import defaultdict
+from urllib.parse import quote
 
 from django.db.backends.sqlite3 import base as sqlite3_base
 from django.db.utils import OperationalError
 
+logger = logging.getLogger(__name__)
+
 _locks = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
+_checkpointers = {}
 
 
 def write_lock(name):
@@ -28,8 +38,75 @@ def write_lock(name):
         return _locks[str(name)]
 
 
+class WalCheckpointer:
+    """Copies a WAL-mode database's committed pages back into its file, on a background thread.
+
+    By default the commit that takes the WAL past 1,000 pages does that copy itself: on a store of
+    100,000 facts, one commit in about fifty then took ~10 ms, some 40% of all write time. Here
+    commits only append; this thread runs a PASSIVE checkpoint (which never waits for readers or
+    writers) after every CHECKPOINT_EVERY commits, or a second after the last commit. Connections
+    keep SQLite's automatic checkpoint at BACKSTOP_PAGES, in case the thread falls behind.
+    """
+
+    CHECKPOINT_EVERY = 64
+    BACKSTOP_PAGES = 10_000
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.checkpoints = 0
+        self.last_result = None  # (busy, frames in the WAL, frames copied back) of the last run
+        self._commits = 0
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engram-wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_file(cls, path):
+        """The process's checkpointer of a database file, started on first use."""
+        key = (os.getpid(), str(path))  # a forked child starts its own thread
+        with _locks_guard:
+            if key not in _checkpointers:
+                _checkpointers[key] = cls(path)
+            return _checkpointers[key]
+
+    def committed(self):
+        self._commits += 1  # a count lost to a race only delays a checkpoint until the next one
+        if self._commits >= self.CHECKPOINT_EVERY:
+            self._wake.set()
+
+    def _run(self):
+        while True:
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if self._commits:
+                self._commits = 0
+                self.checkpoint()
+
+    def checkpoint(self):
+        # Its own short-lived connection: mode=rw never creates a file that has gone (a test database).
+        try:
+            conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=0)
+        except sqlite3.Error:
+            return
+        try:
+            self.last_result = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.checkpoints += 1
+        except sqlite3.Error as exc:  # the file was removed or is not a database any more
+            logger.debug("WAL checkpoint of %s skipped: %s", self.path, exc)
+        finally:
+            conn.close()
+
+
 class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     _holds_write_lock = False
+    checkpointer = None
+
+    def get_new_connection(self, conn_params):
+        conn = super().get_new_connection(conn_params)
+        if not self.is_in_memory_db() and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WalCheckpointer.BACKSTOP_PAGES}")
+            self.checkpointer = WalCheckpointer.for_file(self.settings_dict["NAME"])
+        return conn
 
     def _write_lock(self):
         return write_lock(self.settings_dict["NAME"])
@@ -54,6 +131,8 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
         # A failed COMMIT leaves the transaction open; the rollback (or close) that follows releases.
         result = super()._commit()
         self._release_write_lock()
+        if self.checkpointer is not None:
+            self.checkpointer.committed()
         return result
 
     def _rollback(self):
