@@ -536,7 +536,7 @@ def import_(stream, *, dry_run=False, on_progress=None):
     from .backends import get_backend
 
     backend = get_backend()
-    with transaction.atomic(), backend.bulk_fact_load():
+    with transaction.atomic(), backend.bulk_load():
         for lineno, data in _rows(stream, fingerprint=again):
             inserter = inserters[data["kind"]]
             if data["id"] in present[data["kind"]]:

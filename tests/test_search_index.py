@@ -1,12 +1,13 @@
-"""SQLite's substring index takes fact changes through a delta (migration 0007): searches see every
-change at once, and the index, once caught up, holds exactly the facts' current text and owners."""
+"""SQLite's FTS5 indexes take changes through deltas (migrations 0007, 0008): searches and recalls see
+every change at once, and an index, once caught up, holds exactly the current text and owners."""
 import random
 
 import pytest
 from django.db import connection
 
 from memory.backends.sqlite import owner_marker
-from memory.models import Fact, Scope
+from memory.backends import get_backend
+from memory.models import Fact, RecallDocument, Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -122,3 +123,45 @@ def test_after_any_mix_of_writes_the_caught_up_index_holds_exactly_the_current_f
         assert indexed_ids(None, f"agent:{agent}") == expected
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO memory_fact_fts(memory_fact_fts) VALUES ('integrity-check')")
+
+
+def recall_indexed_ids(word):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rowid FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rowid", [f'text : "{word}"']
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_keyword_recall_catches_the_recall_index_up_before_reading_it(service):
+    service.set_fact("drink", "espresso", scope=Scope.AGENT, agent_id="bot")
+    assert count("memory_recall_fts_pending") == 1 and recall_indexed_ids("espresso") == []
+    assert [h.item.key for h in service.recall("espresso", agent_id="bot", mode="keyword")] == ["drink"]
+    assert count("memory_recall_fts_pending") == 0 and len(recall_indexed_ids("espresso")) == 1
+
+    service.set_fact("drink", "matcha", scope=Scope.AGENT, agent_id="bot")  # the index still says espresso
+    assert service.recall("espresso", agent_id="bot", mode="keyword").hits == []
+    assert [h.item.key for h in service.recall("matcha", agent_id="bot", mode="keyword")] == ["drink"]
+
+
+def test_after_any_mix_of_writes_the_caught_up_recall_index_holds_exactly_the_current_documents(service):
+    rng = random.Random(11)
+    words = ["amber", "birch", "cedar", "delta", "ember", "fjord"]
+    for step in range(700):
+        roll = rng.random()
+        facts = list(Fact.objects.values_list("pk", flat=True)[:50])
+        if facts and roll < 0.15:
+            service.delete_fact(rng.choice(facts))
+        elif roll < 0.3:
+            episode = service.start_episode(agent_id=rng.choice("ab"))
+            service.add_message(episode.pk, "user", f"{rng.choice(words)} and {rng.choice(words)}")
+        elif roll < 0.35:
+            service.save_procedure(f"p{rng.randrange(5)}", description=rng.choice(words))
+        else:
+            service.set_fact(f"k{rng.randrange(80)}", rng.choice(words), scope=Scope.AGENT, agent_id=rng.choice("ab"))
+    get_backend().catch_up_recall_index()
+
+    assert count("memory_recall_fts_pending") == 0 and count("memory_recall_fts_stale") == 0
+    docs = list(RecallDocument.objects.values_list("pk", "text"))
+    for word in words:
+        assert recall_indexed_ids(word) == sorted(pk for pk, text in docs if word in text.split()), word

@@ -104,8 +104,8 @@ class MemoryBackend(RecallSQL, UserSQL):
         """Compact the search index after a bulk load (a no-op where the database needs none)."""
 
     @contextlib.contextmanager
-    def bulk_fact_load(self):
-        """Inside a transaction, around inserts of many facts: the search index takes them in one go on exit.
+    def bulk_load(self):
+        """Inside a transaction, around inserts of many items: the search indexes take them in one go on exit.
 
         The default keeps the database's own indexing as it is.
         """

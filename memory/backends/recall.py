@@ -131,3 +131,6 @@ class RecallSQL:
 
     def optimize_recall_index(self):
         """Compact the keyword index after a bulk load (a no-op where the database needs none)."""
+
+    def catch_up_recall_index(self):
+        """Bring the keyword index up to date with every document (a no-op where the database keeps it so)."""

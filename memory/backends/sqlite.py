@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 
 from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys, owners_sql
+from .recall import DOC_TABLE
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
@@ -28,23 +29,47 @@ _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
 _STATS_MAX = 100_000
 _TERM_LOOKUP = "SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"
 _BRANCHES = 400
-# The index's delta (migration 0007): facts not yet indexed under their current text, entries to
-# remove. These statements move it into the index, as the flush trigger does every 256 facts.
-_FLUSH_TRIGGER = "memory_fact_fts_flush"
-_FLUSH_DELTA = (
-    "INSERT INTO memory_fact_fts (memory_fact_fts, rowid, search_text, owner) "
-    "SELECT 'delete', fact_id, search_text, owner FROM memory_fact_fts_stale ORDER BY id",
-    "DELETE FROM memory_fact_fts_stale",
-    "INSERT INTO memory_fact_fts (rowid, search_text, owner) "
-    f"SELECT f.id, f.search_text, engram_owner_marker(f.scope_key) FROM memory_fact_fts_pending p CROSS JOIN {FACT_TABLE} f ON f.id = p.fact_id",
-    "DELETE FROM memory_fact_fts_pending",
+
+
+class IndexDelta:
+    """An FTS5 index's delta (migrations 0007 and 0008): rows whose current text the index lacks,
+    and index entries to remove. FTS5 writes a segment per changing transaction; the delta lets one
+    segment take many changes. A trigger moves it in every 256 rows; `flush` does so now."""
+
+    def __init__(self, index, pending, stale, *, row, text, owner, source):
+        self.index, self.pending, self.stale = index, pending, stale
+        self.flush_trigger = f"{index}_flush"
+        # An entry is removed before the row's new text goes in. CROSS JOIN: SQLite has no
+        # statistics for the delta and could otherwise scan every source row to probe it.
+        self.statements = (
+            f"INSERT INTO {index} ({index}, rowid, {text}, owner) "
+            f"SELECT 'delete', {row}, {text}, owner FROM {stale} ORDER BY id",
+            f"DELETE FROM {stale}",
+            f"INSERT INTO {index} (rowid, {text}, owner) SELECT s.id, s.{text}, engram_owner_marker(s.{owner}) "
+            f"FROM {pending} p CROSS JOIN {source} s ON s.id = p.{row}",
+            f"DELETE FROM {pending}",
+        )
+
+    def flush(self, cursor):
+        """Move the delta into the index; inside a transaction, or a writer could slip in between."""
+        for sql in self.statements:
+            cursor.execute(sql)
+
+
+FACT_DELTA = IndexDelta(
+    "memory_fact_fts", "memory_fact_fts_pending", "memory_fact_fts_stale",
+    row="fact_id", text="search_text", owner="scope_key", source=FACT_TABLE,
 )
-
-
-def _flush_delta(cursor):
-    """Move the delta into the index now; inside a transaction, or a writer could slip in between."""
-    for sql in _FLUSH_DELTA:
-        cursor.execute(sql)
+RECALL_DELTA = IndexDelta(
+    "memory_recall_fts", "memory_recall_fts_pending", "memory_recall_fts_stale",
+    row="doc_id", text="text", owner="owner", source=DOC_TABLE,
+)
+# A keyword recall first asks whether the recall delta holds anything (BM25 ranks only what the
+# index holds), in a sentinel row (id NULL) of the same statement.
+_RECALL_DELTA_SENTINEL = (
+    f"SELECT NULL, EXISTS (SELECT 1 FROM {RECALL_DELTA.pending}) OR EXISTS (SELECT 1 FROM {RECALL_DELTA.stale}) "
+    "UNION ALL SELECT * FROM ({})"
+)
 
 
 _RECALL_JOIN_SHARE = 0.3  # the viewer owns at least this share of recall documents: join plan
@@ -164,28 +189,33 @@ class SQLiteBackend(MemoryBackend):
         # Every write transaction adds an FTS5 segment and queries visit each one; after a bulk
         # load, catch up with the delta and merge the segments into one (the index's own 'optimize').
         with transaction.atomic(), connection.cursor() as cursor:
-            _flush_delta(cursor)
+            FACT_DELTA.flush(cursor)
             cursor.execute("INSERT INTO memory_fact_fts(memory_fact_fts) VALUES ('optimize')")
 
     @contextlib.contextmanager
-    def bulk_fact_load(self):
-        # New facts wait in the index's delta (migration 0007), which a trigger moves into the index
-        # every 256 facts. Inside the caller's transaction (SQLite's write lock is held, so no other
-        # writer can add to the delta meanwhile) that trigger is set aside, the whole load goes in as
-        # one segment at the end, and the trigger is restored from its own stored definition; a
-        # rollback restores it too.
+    def bulk_load(self):
+        # New rows wait in the indexes' deltas, which triggers move into the indexes every 256 rows.
+        # Inside the caller's transaction (SQLite's write lock is held, so no other writer can add to
+        # a delta meanwhile) those triggers are set aside, the whole load goes in as one segment per
+        # index at the end, and the triggers are restored from their own stored definitions; a
+        # rollback restores them too.
         if not connection.in_atomic_block:
-            raise RuntimeError("bulk_fact_load() must run inside a transaction")
+            raise RuntimeError("bulk_load() must run inside a transaction")
+        deltas = (FACT_DELTA, RECALL_DELTA)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = %s", [_FLUSH_TRIGGER])
-            row = cursor.fetchone()
-            if row is not None:
-                cursor.execute(f"DROP TRIGGER {_FLUSH_TRIGGER}")
+            cursor.execute(
+                f"SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({', '.join(['%s'] * len(deltas))})",
+                [d.flush_trigger for d in deltas],
+            )
+            triggers = [row[0] for row in cursor.fetchall()]
+            for delta in deltas:
+                cursor.execute(f"DROP TRIGGER IF EXISTS {delta.flush_trigger}")
         yield
         with connection.cursor() as cursor:
-            _flush_delta(cursor)
-            if row is not None:
-                cursor.execute(row[0])
+            for delta in deltas:
+                delta.flush(cursor)
+            for sql in triggers:
+                cursor.execute(sql)
 
     def fact_candidates(self, tokens, viewer, best_first):
         indexed = [t for t in tokens if len(t) >= _TRIGRAM]
@@ -244,22 +274,32 @@ class SQLiteBackend(MemoryBackend):
         if not terms or not owners:
             return []
         words = " OR ".join(_phrase(t) for t in terms)
+        if self.recall_stats.share(owners) >= _RECALL_JOIN_SHARE:
+            sql = (
+                "SELECT f.rowid, -f.rank FROM memory_recall_fts f CROSS JOIN memory_recall_doc d ON d.id = f.rowid "
+                f"WHERE memory_recall_fts MATCH %s AND d.owner IN ({', '.join(['%s'] * len(owners))}) "
+                "ORDER BY f.rank LIMIT %s"
+            )
+            params = [f"text : ({words})", *owners, depth]
+        else:
+            marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
+            sql = "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s"
+            params = [f"text : ({words}) AND owner : ({marks})", depth]
         with connection.cursor() as cursor:
-            if self.recall_stats.share(owners) >= _RECALL_JOIN_SHARE:
-                cursor.execute(
-                    "SELECT f.rowid, -f.rank FROM memory_recall_fts f CROSS JOIN memory_recall_doc d ON d.id = f.rowid "
-                    f"WHERE memory_recall_fts MATCH %s AND d.owner IN ({', '.join(['%s'] * len(owners))}) "
-                    "ORDER BY f.rank LIMIT %s",
-                    [f"text : ({words})", *owners, depth],
-                )
-            else:
-                marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
-                cursor.execute(
-                    "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s",
-                    [f"text : ({words}) AND owner : ({marks})", depth],
-                )
-            return cursor.fetchall()
+            cursor.execute(_RECALL_DELTA_SENTINEL.format(sql), params)
+            rows = cursor.fetchall()
+            if any(doc_id is None and waiting for doc_id, waiting in rows):
+                self.catch_up_recall_index()
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+        return [row for row in rows if row[0] is not None]
+
+    def catch_up_recall_index(self):
+        """Move the recall index's delta in now (keyword recall does before reading)."""
+        with transaction.atomic(), connection.cursor() as cursor:
+            RECALL_DELTA.flush(cursor)
 
     def optimize_recall_index(self):
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:
+            RECALL_DELTA.flush(cursor)
             cursor.execute("INSERT INTO memory_recall_fts(memory_recall_fts) VALUES ('optimize')")
