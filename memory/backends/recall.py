@@ -42,6 +42,9 @@ _EPOCH = {
 class RecallSQL:
     """Mixed into MemoryBackend: the recall queries both databases share."""
 
+    # SQL true when the keyword index lacks recent changes (see catch_up_recall_index).
+    recall_index_behind_sql = "0"
+
     def recall_keyword(self, terms, owners, depth):
         """[(document id, score)] of the `depth` best keyword matches among `owners`, best first.
 
@@ -54,7 +57,8 @@ class RecallSQL:
 
         The user's owner follows merges inside the query. Besides the fact owners (session, user,
         agent, global) a viewer with a user and an agent sees "user:<id>/agent:<id>": the episodes
-        that agent had with that user.
+        that agent had with that user. Recall asks this first, so the same query also says whether
+        the keyword index is behind, and it is caught up before anything reads it.
         """
         terms = list(owner_terms(viewer))
         if viewer.user_id is not None and viewer.agent_id:
@@ -63,11 +67,15 @@ class RecallSQL:
         params = [p for _, term_params, _ in terms for p in term_params]
         sql = (
             f"WITH o(k, r) AS (VALUES {values}) "
-            f"SELECT o.k, o.r, s.generation, s.removed FROM o LEFT JOIN {SCOPE_TABLE} s ON s.owner = o.k"
+            f"SELECT o.k, o.r, s.generation, s.removed, {self.recall_index_behind_sql} "
+            f"FROM o LEFT JOIN {SCOPE_TABLE} s ON s.owner = o.k"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return [(k, int(r), g, rm) for k, r, g, rm in cursor.fetchall()]
+            rows = cursor.fetchall()
+        if rows and rows[0][4]:
+            self.catch_up_recall_index()
+        return [(k, int(r), g, rm) for k, r, g, rm, _ in rows]
 
     def recall_documents(self, doc_ids, owners, kinds, min_confidence):
         """The candidates a viewer may be shown, with what ranking needs. One query.
@@ -133,4 +141,6 @@ class RecallSQL:
         """Compact the keyword index after a bulk load (a no-op where the database needs none)."""
 
     def catch_up_recall_index(self):
-        """Bring the keyword index up to date with every document (a no-op where the database keeps it so)."""
+        """Bring the keyword index up to date with every document (a no-op where the database keeps it so).
+
+        SQLite's FTS5 index takes changes through a delta (migration 0008) that recall moves in first."""

@@ -64,12 +64,6 @@ RECALL_DELTA = IndexDelta(
     "memory_recall_fts", "memory_recall_fts_pending", "memory_recall_fts_stale",
     row="doc_id", text="text", owner="owner", source=DOC_TABLE,
 )
-# A keyword recall first asks whether the recall delta holds anything (BM25 ranks only what the
-# index holds), in a sentinel row (id NULL) of the same statement.
-_RECALL_DELTA_SENTINEL = (
-    f"SELECT NULL, EXISTS (SELECT 1 FROM {RECALL_DELTA.pending}) OR EXISTS (SELECT 1 FROM {RECALL_DELTA.stale}) "
-    "UNION ALL SELECT * FROM ({})"
-)
 
 
 _RECALL_JOIN_SHARE = 0.3  # the viewer owns at least this share of recall documents: join plan
@@ -286,16 +280,15 @@ class SQLiteBackend(MemoryBackend):
             sql = "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s"
             params = [f"text : ({words}) AND owner : ({marks})", depth]
         with connection.cursor() as cursor:
-            cursor.execute(_RECALL_DELTA_SENTINEL.format(sql), params)
-            rows = cursor.fetchall()
-            if any(doc_id is None and waiting for doc_id, waiting in rows):
-                self.catch_up_recall_index()
-                cursor.execute(sql, params)
-                rows = cursor.fetchall()
-        return [row for row in rows if row[0] is not None]
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    # Asked by recall's first query (its owners): BM25 ranks only what the index holds.
+    recall_index_behind_sql = (
+        f"EXISTS (SELECT 1 FROM {RECALL_DELTA.pending}) OR EXISTS (SELECT 1 FROM {RECALL_DELTA.stale})"
+    )
 
     def catch_up_recall_index(self):
-        """Move the recall index's delta in now (keyword recall does before reading)."""
         with transaction.atomic(), connection.cursor() as cursor:
             RECALL_DELTA.flush(cursor)
 
