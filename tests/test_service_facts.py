@@ -769,3 +769,16 @@ def test_concurrent_same_value_writers(service, run_in_threads, owner):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_alternating_writers(service, run_in_threads, owner):
     check_alternating_value_writers(service, run_in_threads, owner)
+
+
+def test_hand_written_reads_return_the_values_the_orm_does(service, user_factory):
+    """get and search skip queryset compiling; their rows must still be what the ORM would build."""
+    user = user_factory()
+    write = service.set_fact("pet", {"kind": "cat", "age": 3}, scope="user", user_id=user.pk, confidence=0.7)
+    service.get_fact("pet", user_id=user.pk)
+    service.flush_access_counts()  # last_accessed set, so every datetime column holds a value
+    orm = Fact.objects.get(pk=write.fact.pk)
+    for fact in (service.get_fact("pet", user_id=user.pk), service.search_facts("cat", user_id=user.pk)[0]):
+        for field in Fact._meta.concrete_fields:
+            assert getattr(fact, field.attname) == getattr(orm, field.attname), field.name
+        assert fact.created_at.tzinfo is not None and fact.last_accessed.tzinfo is not None
