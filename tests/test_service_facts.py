@@ -782,3 +782,28 @@ def test_hand_written_reads_return_the_values_the_orm_does(service, user_factory
         for field in Fact._meta.concrete_fields:
             assert getattr(fact, field.attname) == getattr(orm, field.attname), field.name
         assert fact.created_at.tzinfo is not None and fact.last_accessed.tzinfo is not None
+        # ... and behave as loaded instances: saved, on this database, with working relations.
+        assert (fact._state.adding, fact._state.db) == (False, "default")
+        assert fact.user == user
+        fact.provenance = "edited"
+        fact.save(update_fields=["provenance"])
+        assert Fact.objects.get(pk=fact.pk).provenance == "edited"
+
+
+def test_hand_written_reads_send_init_signals_when_someone_listens(service):
+    """A post_init receiver (an ImageField's, a project's own) sees instances built by get and search."""
+    from django.db.models.signals import post_init
+
+    service.set_fact("colour", "green")
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.key)
+
+    post_init.connect(receiver, sender=Fact)
+    try:
+        service.get_fact("colour")
+        service.search_facts("green")
+    finally:
+        post_init.disconnect(receiver, sender=Fact)
+    assert seen == ["colour", "colour"]
