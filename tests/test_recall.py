@@ -208,6 +208,34 @@ def test_updating_a_fact_updates_both_indexes(service, fake_embedder):
     assert service.recall("espresso", agent_id="bot", mode="keyword").hits == []
 
 
+def test_an_edit_moving_a_fact_to_another_owner_with_a_new_text_moves_its_document(service, fake_embedder):
+    """Owner and text changed in one write (the admin can): the document moves, the old owner counts
+    its vector as removed, and only the new owner recalls the new text."""
+    fact = service.set_fact("drink", "espresso", scope="agent", agent_id="bot").fact
+    assert service.recall("espresso", agent_id="bot", mode="vector").hits  # index warmed
+    removed_before = RecallScope.objects.get(owner="agent:bot").removed
+
+    Fact.objects.filter(pk=fact.pk).update(agent_id="barista", value="matcha", search_text="drink matcha")
+
+    doc = RecallDocument.objects.get(kind="fact", item_id=fact.pk)
+    assert (doc.owner, doc.shadow_key, doc.text) == ("agent:barista", "drink", "world knowledge drink matcha")
+    assert doc.embedding is None  # the text changed: embedded again by `memory reindex --missing`
+    assert RecallScope.objects.get(owner="agent:bot").removed == removed_before + 1
+    assert [h.item.key for h in service.recall("matcha", agent_id="barista", mode="keyword")] == ["drink"]
+    assert service.recall("matcha", agent_id="bot", mode="keyword").hits == []
+    assert service.recall("espresso", agent_id="bot", mode="keyword").hits == []
+
+
+def test_a_value_change_leaves_the_document_with_its_owner(service, keyword_only):
+    fact = service.set_fact("drink", "espresso", scope="agent", agent_id="bot").fact
+    service.set_fact("drink", "matcha", scope="agent", agent_id="bot")
+    service.set_fact("drink", "matcha", scope="agent", agent_id="bot")  # confirmed
+    doc = RecallDocument.objects.get(kind="fact", item_id=fact.pk)
+    assert (doc.owner, doc.shadow_key, doc.text) == ("agent:bot", "drink", "world knowledge drink matcha")
+    assert doc.importance == Fact.objects.get(pk=fact.pk).confidence
+    assert [h.item.key for h in service.recall("matcha", agent_id="bot", mode="keyword")] == ["drink"]
+
+
 def test_deleting_items_removes_them_from_both_indexes(service, user_factory, fake_embedder):
     u = user_factory()
     fact = service.set_fact("drink", "espresso", scope="agent", agent_id="bot").fact
