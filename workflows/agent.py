@@ -24,7 +24,7 @@ from django.db import DatabaseError
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from . import threads
+from . import threads, turns
 from .chat_models import get_chat_model
 from .checkpointer import get_checkpointer
 from .conf import workflow_settings
@@ -135,7 +135,7 @@ def build_agent_node(config, context):
             # One turn at a time per conversation (keyed before the lookup, which may find a thread
             # kept from a merged user): two quick messages must not both continue the same checkpoint.
             key = threads.thread_id_for(user["id"], conversation_id, context.workflow_id)
-            with threads.one_turn_at_a_time(key):
+            with turns.one_turn_at_a_time(key):
                 try:
                     thread_ref = threads.thread_for(
                         workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id

@@ -11,9 +11,6 @@ to the surviving user, so a person continues their conversation after the merge;
 thread for the same conversation and workflow, the more recently active one is kept.
 """
 import logging
-import threading
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -137,29 +134,6 @@ def _count_new_checkpoints(thread_id, head):
         newest = newest or checkpoint_id
         added += 1
     return added, newest
-
-
-class _ThreadLock:
-    __slots__ = ("lock", "__weakref__")
-
-    def __init__(self):
-        self.lock = threading.Lock()
-
-
-_registry_lock = threading.Lock()
-_thread_locks = weakref.WeakValueDictionary()
-
-
-@contextmanager
-def one_turn_at_a_time(thread_id):
-    """Hold while a turn runs on `thread_id`, so two messages of one person in one process do not
-    both continue from the same checkpoint (the later would drop the earlier from the history)."""
-    with _registry_lock:
-        holder = _thread_locks.get(thread_id)
-        if holder is None:
-            holder = _thread_locks[thread_id] = _ThreadLock()
-    with holder.lock:
-        yield
 
 
 def list_threads(*, workflow_id=None, user_ids=None):
