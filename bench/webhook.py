@@ -1,9 +1,9 @@
 """Webhook benchmark: Telegram updates over HTTP to the demo workflow on a real threaded WSGI server.
 
-    python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--database-url postgres://...] [--json]
+    python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--database-url postgres://...] [--json]
 
-Starts the site in its own process with waitress (a production WSGI server, 8 threads) on a free
-port of 127.0.0.1, over a scratch database with the demo workflow (identify_user -> recall -> agent with the offline
+Starts the site under gunicorn (WORKERS processes of 4 threads each) on a free port of 127.0.0.1,
+over a scratch database with the demo workflow (identify_user -> recall -> agent with the offline
 responder and conversation memory -> remember), and a fake Telegram Bot API on another port that
 takes the replies (in this process, like the HTTP client: Telegram's side). Then sends N updates from U users, C at a time, each user alternately telling
 ("my favourite number is K") and asking ("what is my favourite number?"), and times each request
@@ -29,8 +29,8 @@ from .scratch import REPO, add_scratch_arguments, machine_reference, scratch_dja
 
 TOKEN = "bench:token"
 SECRET = "bench-secret"
-WARMUP = 8
-SERVER_THREADS = 8
+WARMUP = 8  # per server worker
+THREADS_PER_WORKER = 4
 
 
 def text_for(n, user):
@@ -45,11 +45,14 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def start_server(port):
-    """The site under waitress in a child process with this process's environment (the scratch database)."""
+def start_server(port, workers):
+    """The site under gunicorn in child processes with this process's environment (the scratch database)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
     server = subprocess.Popen(
-        [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", f"--threads={SERVER_THREADS}", "config.wsgi:application"],
+        [
+            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", str(THREADS_PER_WORKER),
+            "--bind", f"127.0.0.1:{port}", "config.wsgi:application",
+        ],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
@@ -74,7 +77,7 @@ def wait_until_serving(server, port, timeout=60):
     raise RuntimeError("the server did not start within a minute")
 
 
-def run(updates, users, concurrency, progress):
+def run(updates, users, concurrency, workers, progress):
     import httpx
     from django.db import connections
 
@@ -84,14 +87,16 @@ def run(updates, users, concurrency, progress):
     workflow, _ = ensure_demo_workflow()
     connections.close_all()
     port = free_port()
-    server = start_server(port)
+    server = start_server(port, workers)
     url = f"http://127.0.0.1:{port}/telegram/{workflow.slug}/webhook/"
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
     local = threading.local()
 
     def client():
+        # A new connection per update, as the kernel then hands each to whichever worker accepts
+        # first; kept-alive connections would each stay with one worker, however busy.
         if not hasattr(local, "client"):
-            local.client = httpx.Client(timeout=30)
+            local.client = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
         return local.client
 
     def send(update):
@@ -108,8 +113,10 @@ def run(updates, users, concurrency, progress):
 
     try:
         wait_until_serving(server, port)
-        for i in range(WARMUP):  # compile the graph, open connections, create the checkpoint tables
-            send(telegram_update(10_000_000 + i, 999_999, "hello"))
+        # Every worker compiles the graph, opens its connections, creates the checkpoint tables.
+        warmup = [telegram_update(10_000_000 + i, 999_000 + i, "hello") for i in range(WARMUP * workers)]
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            list(pool.map(send, warmup))
         plan = [telegram_update(n + 1, 1000 + n % users, text_for(n, n % users)) for n in range(updates)]
         task = progress.add_task(f"{updates} updates, {concurrency} at a time", total=updates)
         latencies, errors = [], []
@@ -146,10 +153,11 @@ def main(argv=None):
     parser.add_argument("--updates", type=int, default=500, help="updates to send (default 500)")
     parser.add_argument("--users", type=int, default=50, help="Telegram users sending them (default 50)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
+    parser.add_argument("--workers", type=int, default=2, help="server processes, 4 threads each (default 2)")
     add_scratch_arguments(parser, seed=False)
     args = parser.parse_args(argv)
-    if args.updates < 1 or args.users < 1 or args.concurrency < 1:
-        parser.error("--updates, --users and --concurrency must be positive")
+    if min(args.updates, args.users, args.concurrency, args.workers) < 1:
+        parser.error("--updates, --users, --concurrency and --workers must be positive")
     from workflows.fake_telegram import FakeBotAPI
 
     err = Console(stderr=True)
@@ -161,15 +169,17 @@ def main(argv=None):
             from django.db import connection
 
             database = connection.vendor
-            results = run(args.updates, args.users, args.concurrency, progress)
-        sent = len(bot.sent_messages()) - WARMUP
+            results = run(args.updates, args.users, args.concurrency, args.workers, progress)
+        sent = len(bot.sent_messages()) - WARMUP * args.workers
     if sent != args.updates - results["errors"]:
         results["errors"] = max(results["errors"], args.updates - sent)
     if args.json:
         keys = ["updates", "per_s", "p50_ms", "p95_ms", "errors"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
-    table = Table(title=f"Telegram webhook -> demo workflow ({database}; waitress, {SERVER_THREADS} threads, own process)")
+    table = Table(
+        title=f"Telegram webhook -> demo workflow ({database}; gunicorn, {args.workers} workers x {THREADS_PER_WORKER} threads)"
+    )
     table.add_column("updates", justify="right")
     table.add_column("per second", justify="right")
     table.add_column("p50 ms", justify="right")
@@ -187,7 +197,7 @@ def main(argv=None):
     console = Console()
     console.print(table)
     console.print(
-        f"{args.users} users, {args.concurrency} requests in flight, {WARMUP} warm-up updates not counted; "
+        f"{args.users} users, {args.concurrency} requests in flight, {WARMUP * args.workers} warm-up updates not counted; "
         f"{sent:,} replies reached the fake Bot API."
     )
     for error in results["first_errors"]:
