@@ -38,7 +38,7 @@ def _database_url():
 
 
 @pytest.fixture
-def other_process(tmp_path, _workflow_settings):
+def other_process(_workflow_settings):
     """Starts a process that holds the turn lock of a thread until told to let go."""
     started = []
 
