@@ -177,8 +177,9 @@ class Fact(models.Model):
         ]
         indexes = [
             # Owner lookups (an agent's facts included) use the unique (scope_key, key) index.
-            # Lets a broad search ("key 5" matches half the store) walk facts best-first and stop early.
-            models.Index(fields=["-confidence"], name="fact_confidence_desc"),
+            # Lets a broad search ("key 5" matches half the store) read each visible owner's facts
+            # best-first and stop at the limit.
+            models.Index(fields=["scope_key", "-confidence"], name="fact_owner_confidence"),
         ]
 
     def __str__(self):

@@ -336,6 +336,55 @@ def test_search_on_a_large_store(service, user_factory):
     assert service.search_facts("common mine", user_id=v.pk) == []
 
 
+def test_broad_search_returns_exactly_the_best_visible_facts(service, user_factory):
+    """A broad word over a large store, owners of every scope, tied confidences, shadowing and
+    filters: each search returns exactly what sorting every visible fact would give."""
+    import random
+
+    from memory.models import SCOPE_RANK
+
+    rng = random.Random(3)
+    u, v = user_factory(), user_factory()
+    fill_large_store(u)
+    owners = [
+        {"scope": "session", "session_id": "s1"}, {"scope": "session", "session_id": "s2"},
+        {"scope": "user", "user_id": u.pk}, {"scope": "user", "user_id": v.pk},
+        {"scope": "agent", "agent_id": "a1"}, {"scope": "agent", "agent_id": "a2"}, {"scope": "global"},
+    ]
+    for i in range(300):
+        # Keys overlap the global items, so specific facts shadow some of the most confident ones.
+        key = f"item_{rng.choice([rng.randrange(2000, LARGE), rng.randrange(LARGE)])}" if i % 2 else f"own_{i}"
+        service.set_fact(
+            key, f"common {i}", **rng.choice(owners), confidence=rng.choice([0.2, 0.5, 0.9, 0.95, 1.0]),
+            fact_type=rng.choice(["world_knowledge", "user_preference"]),
+        )
+
+    def best(viewer, limit, min_confidence, fact_type):
+        seen = {"global", f"agent:{viewer['agent_id']}", f"user:{viewer['user_id']}", f"session:{viewer['session_id']}"}
+        visible = [f for f in Fact.objects.all() if f.scope_key in seen]
+        winner = {}
+        for f in visible:
+            if f.key not in winner or SCOPE_RANK[f.scope] < SCOPE_RANK[winner[f.key].scope]:
+                winner[f.key] = f
+        kept = [
+            f for f in visible
+            if winner[f.key] is f and f.confidence >= min_confidence and fact_type in (None, f.fact_type)
+        ]
+        kept.sort(key=lambda f: (-f.confidence, SCOPE_RANK[f.scope], -f.updated_at.timestamp(), f.id))
+        return [f.id for f in kept[:limit]]
+
+    for viewer in [
+        {"agent_id": "a1", "user_id": u.pk, "session_id": "s1"},
+        {"agent_id": "a2", "user_id": v.pk, "session_id": ""},
+        {"agent_id": "", "user_id": None, "session_id": "s2"},
+    ]:
+        for limit, min_confidence, fact_type in [(1, 0.0, None), (7, 0.0, None), (25, 0.5, None), (12, 0.0, "user_preference")]:
+            found = service.search_facts(
+                "common", **viewer, limit=limit, min_confidence=min_confidence, fact_type=fact_type
+            )
+            assert [f.id for f in found] == best(viewer, limit, min_confidence, fact_type), (viewer, limit)
+
+
 def test_search_bad_queries(service):
     for query, field in [("", "query"), ("   ", "query"), (None, "query"), (42, "query")]:
         with pytest.raises(InvalidMemoryArgument) as exc:

@@ -77,18 +77,28 @@ def escape_like(token):
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+# fact_candidates' answer for "read each owner's facts best-first": one index walk per owner, each
+# stopping at the limit, instead of walking the whole store by confidence or sorting every visible fact.
+WALK_OWNERS = "walk owners"
+# Best first within one owner (one scope, so no rank): the order of visible_facts' "confidence".
+_WALK_ORDER = "f.confidence DESC, f.updated_at DESC, f.id"
+
+
 class MemoryBackend(RecallSQL, UserSQL):
     """Database-specific parts of the memory; subclasses fill in the NotImplementedError methods."""
 
     vendor = None
     like_escape = ""
+    owner_walk_hint = ""  # after `FROM memory_fact f` in a WALK_OWNERS walk
 
     def fact_candidates(self, tokens, viewer, best_first):
-        """(FROM clause aliasing memory_fact as `f`, a condition on `f` or None, params) for rows
-        that may hold every token.
+        """Where rows that may hold every token come from: (FROM clause aliasing memory_fact as `f`,
+        a condition on `f` or None, params), or WALK_OWNERS.
 
         The shared query still applies the exact owner, text and shadowing filters; this only picks
-        where rows come from. `best_first`: the caller orders by confidence and takes a few.
+        where rows come from. `best_first`: the caller orders by confidence and takes a few, and
+        WALK_OWNERS may answer it: each owner's facts are read best-first from the (scope_key,
+        confidence) index until enough pass the filters.
         """
         raise NotImplementedError("MemoryBackend subclasses must provide fact_candidates(tokens, viewer, best_first)")
 
@@ -129,11 +139,40 @@ class MemoryBackend(RecallSQL, UserSQL):
         confidence of either: it is not what this viewer knows under that key.
         """
         best_first = order == "confidence" and limit is not None
-        source, candidates, params = self.fact_candidates(tokens, viewer, best_first)
-        where = [candidates] if candidates else []
         terms = owner_terms(viewer)
-        where.append(f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})")
-        params += [p for _, term_params, _ in terms for p in term_params]
+        filters, filter_params = self._fact_filters(terms, tokens, min_confidence, fact_type)
+        plan = self.fact_candidates(tokens, viewer, best_first)
+        if plan is WALK_OWNERS:
+            # The best `limit` of each owner (every filter applied) hold the best `limit` of all.
+            walks, params = [], []
+            for sql, term_params, _ in terms:
+                walks.append(
+                    f"SELECT id FROM (SELECT f.id FROM {FACT_TABLE} f{self.owner_walk_hint} "
+                    f"WHERE {' AND '.join([f'f.scope_key = {sql}', *filters])} ORDER BY {_WALK_ORDER} LIMIT %s)"
+                )
+                params += [*term_params, *filter_params, limit]
+            where = f"f.id IN ({' UNION ALL '.join(walks)})"
+            source = f"{FACT_TABLE} f"
+        else:
+            source, candidates, params = plan
+            owners = f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"
+            where = " AND ".join([*([candidates] if candidates else []), owners, *filters])
+            params += [p for _, term_params, _ in terms for p in term_params]
+            params += filter_params
+        order_by = {
+            "key": f"f.{_q('key')}, f.id",
+            "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
+        }[order]
+        sql = f"SELECT {select_list('f')} FROM {source} WHERE {where} ORDER BY {order_by}"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        return self._facts(sql, params)
+
+    def _fact_filters(self, terms, tokens, min_confidence, fact_type):
+        """([SQL condition on `f`], params): what a visible fact meets besides its owner: text,
+        confidence, type, and not shadowed."""
+        where, params = [], []
         for token in tokens:
             where.append(f"f.search_text LIKE %s{self.like_escape}")
             params.append(f"%{escape_like(token)}%")
@@ -152,15 +191,7 @@ class MemoryBackend(RecallSQL, UserSQL):
                     f"WHERE g.{_q('key')} = f.{_q('key')} AND g.scope_key = {sql}))"
                 )
                 params += term_params
-        order_by = {
-            "key": f"f.{_q('key')}, f.id",
-            "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
-        }[order]
-        sql = f"SELECT {select_list('f')} FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}"
-        if limit is not None:
-            sql += " LIMIT %s"
-            params.append(limit)
-        return self._facts(sql, params)
+        return where, params
 
     def matching_procedures(self, goal, context_keys, agent_id, limit):
         """Active procedures of the agent or shared whose trigger conditions hold, best first. One query.

@@ -2,7 +2,7 @@
 
 Search plans, chosen per query from the index's own term statistics:
 - a selective word: one MATCH for that word AND the viewer's owner markers, then exact filters;
-- only broad words, best-first with a limit: walk facts by confidence and stop at the limit;
+- only broad words, best-first with a limit: walk each owner's facts by confidence, stopping at the limit;
 - otherwise: the viewer's owners through the (scope_key, key) index.
 """
 import contextlib
@@ -15,7 +15,7 @@ from functools import lru_cache
 from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 
-from .base import FACT_TABLE, USER_OWNER_SQL, MemoryBackend, owner_keys, owners_sql
+from .base import FACT_TABLE, USER_OWNER_SQL, WALK_OWNERS, MemoryBackend, owner_keys, owners_sql
 from .recall import DOC_TABLE
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
@@ -23,8 +23,6 @@ _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced
 # A word whose rarest trigram is in more rows than this is "broad": the index would hand back
 # most of the store, so another plan is cheaper.
 _SELECTIVE_ROWS = 2000
-# Below this many visible facts, scanning them beats walking the whole store best-first.
-_SMALL_VISIBLE = 2000
 _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
 _STATS_MAX = 100_000
 _TERM_LOOKUP = "SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"
@@ -174,6 +172,8 @@ class TermStatistics:
 class SQLiteBackend(MemoryBackend):
     vendor = "sqlite"
     like_escape = " ESCAPE '\\'"
+    # The planner would also take the unique (scope_key, key) index and sort the owner's facts.
+    owner_walk_hint = " INDEXED BY fact_owner_confidence"
 
     def __init__(self):
         self.stats = TermStatistics()
@@ -219,9 +219,7 @@ class SQLiteBackend(MemoryBackend):
             if rows_by_token[rarest] <= _SELECTIVE_ROWS:
                 return (f"{FACT_TABLE} f", *self._match_owned(rarest, viewer))
         if best_first:
-            markers = [owner_marker(k) for k in owner_keys(viewer)]
-            if sum(self.stats.rows(markers).values()) >= _SMALL_VISIBLE:
-                return f"{FACT_TABLE} f INDEXED BY fact_confidence_desc", None, []
+            return WALK_OWNERS
         return f"{FACT_TABLE} f", None, []
 
     def _match_owned(self, token, viewer):
