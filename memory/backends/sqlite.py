@@ -217,7 +217,9 @@ class SQLiteBackend(MemoryBackend):
             rows_by_token = self.stats.token_rows(indexed)
             rarest = min(indexed, key=rows_by_token.get)
             if rows_by_token[rarest] <= _SELECTIVE_ROWS:
-                return (f"{FACT_TABLE} f", *self._match_owned(rarest, viewer))
+                # NOT INDEXED: rows by id from the match only (the id lookups still run); with a
+                # minimum confidence the planner would otherwise walk the owners' confidence index.
+                return (f"{FACT_TABLE} f NOT INDEXED", *self._match_owned(rarest, viewer))
         if best_first:
             return WALK_OWNERS
         return f"{FACT_TABLE} f", None, []
