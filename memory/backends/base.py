@@ -80,8 +80,10 @@ def escape_like(token):
 # fact_candidates' answer for "read each owner's facts best-first": one index walk per owner, each
 # stopping at the limit, instead of walking the whole store by confidence or sorting every visible fact.
 WALK_OWNERS = "walk owners"
-# Best first within one owner (one scope, so no rank): the order of visible_facts' "confidence".
-_WALK_ORDER = "f.confidence DESC, f.updated_at DESC, f.id"
+# Facts of equal confidence (and rank): the newer first. An owner walk (one scope, so one rank) must
+# order exactly as visible_facts' "confidence" does, or its limit could drop a row that wins overall.
+_TIE_BREAK = "f.updated_at DESC, f.id"
+_WALK_ORDER = f"f.confidence DESC, {_TIE_BREAK}"
 
 
 class MemoryBackend(RecallSQL, UserSQL):
@@ -161,7 +163,7 @@ class MemoryBackend(RecallSQL, UserSQL):
             params += filter_params
         order_by = {
             "key": f"f.{_q('key')}, f.id",
-            "confidence": f"f.confidence DESC, {rank_sql('f')}, f.updated_at DESC, f.id",
+            "confidence": f"f.confidence DESC, {rank_sql('f')}, {_TIE_BREAK}",
         }[order]
         sql = f"SELECT {select_list('f')} FROM {source} WHERE {where} ORDER BY {order_by}"
         if limit is not None:
