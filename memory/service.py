@@ -42,6 +42,7 @@ from .models import RecallKind
 from .recall_service import RecallMixin
 from .signals import users_deleting, users_merged
 from .text import fact_search_text, search_tokens
+from .validation import check_json, clean_text
 
 
 class WriteAction:
@@ -151,16 +152,7 @@ _CHOICE_VALUES = {c: frozenset(c.values) for c in (Scope, FactType, ProcedureTyp
 
 
 def _check_text(field_name, value, *, required=True, max_length=None):
-    if value is None:
-        value = ""
-    if not isinstance(value, str):
-        raise InvalidMemoryArgument(field_name, f"must be a string, got {type(value).__name__}")
-    value = value.strip()
-    if required and not value:
-        raise InvalidMemoryArgument(field_name, "must not be empty")
-    if max_length and len(value) > max_length:
-        raise InvalidMemoryArgument(field_name, f"must be at most {max_length} characters")
-    return value
+    return clean_text(field_name, value, required=required, max_length=max_length)
 
 
 _CHANNEL = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -189,11 +181,7 @@ def _check_unit_interval(field_name, value):
 
 
 def _check_json(field_name, value):
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMemoryArgument(field_name, f"must be JSON-serialisable ({exc})") from None
-    return value
+    return check_json(field_name, value)
 
 
 def _check_user_id(field_name, value, *, required):
