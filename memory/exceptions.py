@@ -27,6 +27,10 @@ class MemoryInUse(InvalidMemoryArgument):
     """The rows still hold other memory; `field` names the option that would delete it too. Nothing changed."""
 
 
+class MemoryConflict(InvalidMemoryArgument):
+    """A concurrent change made the request impossible as asked (e.g. the users were merged meanwhile). Nothing changed."""
+
+
 class ConsolidationFailed(MemoryServiceError):
     """A consolidation run could not process every episode it took; `report` says which and why."""
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import (
     CharField,
     Count,
@@ -25,7 +25,7 @@ from . import pruning
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryInUse, MemoryNotFound
+from .exceptions import InvalidMemoryArgument, MemoryConflict, MemoryInUse, MemoryNotFound
 from .models import (
     ChannelIdentity,
     ConsolidationRun,
@@ -43,6 +43,10 @@ from .recall_service import RecallMixin
 from .signals import users_deleting, users_merged
 from .text import fact_search_text, search_tokens
 from .validation import check_json, clean_text
+
+
+# Attempts of a merge that keeps meeting concurrent merges of the same users before it gives up.
+_MERGE_ATTEMPTS = 5
 
 
 class WriteAction:
@@ -586,17 +590,42 @@ class MemoryService(RecallMixin):
         same value is kept once, confirmed by both; different values keep the more recently updated
         fact (the target's on a tie) and count one contradiction. Every user merged into the source
         now points at the target, so `merged_into` always names a surviving user.
+
+        Concurrent merges touching the same users are serialised: both rows are locked in id order
+        (no deadlock between two merges), and the survivors are resolved again once the locks are
+        held, so a merge that raced another one (A->B while B->C, A->B while B->A) applies to the
+        users as they are now, or is refused with MemoryConflict when nothing is left to merge.
         """
-        source = self.resolve_user(source_id)
-        target = self.resolve_user(target_id)
-        if source.pk == target.pk:
-            raise InvalidMemoryArgument("target_id", "source and target are already the same user")
-        now = timezone.now()
+        source_id = _check_user_id("source_id", source_id, required=True)
+        target_id = _check_user_id("target_id", target_id, required=True)
+        for _ in range(_MERGE_ATTEMPTS):
+            try:
+                merged = self._merge_once(source_id, target_id)
+            except OperationalError as exc:  # PostgreSQL: a deadlock with another writer of these rows
+                if "deadlock" not in str(exc) or transaction.get_connection().in_atomic_block:
+                    raise
+                continue
+            if merged is not None:
+                return merged
+        raise MemoryConflict("source_id", "the users kept changing under concurrent merges; try again")
+
+    def _merge_once(self, source_id, target_id):
+        """One attempt: the merged survivor, or None when a concurrent merge moved a user after it was read."""
         with transaction.atomic():
-            source, target = (
-                MemoryUser.objects.select_for_update().get(pk=source.pk),
-                MemoryUser.objects.select_for_update().get(pk=target.pk),
-            )
+            source = self.resolve_user(source_id)
+            target = self.resolve_user(target_id)
+            if source.pk == target.pk:
+                raise MemoryConflict("target_id", f"users {source_id} and {target_id} are already the same user")
+            locked = {
+                u.pk: u for u in MemoryUser.objects.select_for_update().filter(pk__in=(source.pk, target.pk)).order_by("pk")
+            }
+            if len(locked) < 2:
+                gone = target_id if target.pk not in locked else source_id
+                raise MemoryNotFound("memory user", gone)
+            source, target = locked[source.pk], locked[target.pk]
+            if source.merged_into_id is not None or target.merged_into_id is not None:
+                return None  # merged meanwhile: nothing written yet; resolve again
+            now = timezone.now()
             self._merge_user_facts(source, target)
             ChannelIdentity.objects.filter(user=source).update(user=target)
             Episode.objects.filter(user=source).update(user=target)

@@ -4,7 +4,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from memory.exceptions import InvalidMemoryArgument, MemoryNotFound
+from memory.exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
 from memory.signals import users_merged
 
@@ -363,3 +363,37 @@ def test_count_conversation_with_the_old_user_id_counts_for_the_survivor(service
     service.count_conversation(a.pk)
     assert service.conversation_count(b.pk) == 1
     assert service.conversation_count(a.pk) == 1
+
+
+# ------------------------------------------------------- concurrent merges (bench.merges runs 40 of each)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["chain", "swap"])
+def test_concurrent_merges_keep_the_merge_rule(service, kind):
+    """A->B while B->C, and A->B while B->A, started together: merged_into always names a survivor,
+    every old id still finds its facts, forgetting the survivor forgets everyone, and the losing
+    merge of a swap is a MemoryConflict (409), never a raw IntegrityError or deadlock."""
+    from bench.merges import trial
+
+    for _ in range(8):
+        found = trial(service, kind)
+        assert found == {
+            "broken_chains": 0,
+            "raw_errors": 0,
+            "refused": 1 if kind == "swap" else 0,
+            "lost_facts": 0,
+            "leftovers": 0,
+            "errors": [],
+        }
+
+
+def test_merge_with_a_merged_user_merges_into_its_survivor(service, user_factory):
+    a, b, c = user_factory(), user_factory(), user_factory()
+    service.merge_users(b.pk, c.pk)
+    survivor = service.merge_users(a.pk, b.pk)  # b is c now: a goes to c, not to the merged-away b
+    assert survivor.pk == c.pk
+    a.refresh_from_db()
+    assert a.merged_into_id == c.pk
+    with pytest.raises(MemoryConflict):
+        service.merge_users(c.pk, a.pk)

@@ -3,12 +3,12 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from ..exceptions import InvalidMemoryArgument, MemoryInUse, MemoryNotFound
+from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryInUse, MemoryNotFound
 
 
 def exception_handler(exc, context):
-    """DRF's handler, plus InvalidMemoryArgument → 400 {field: [message]}, MemoryInUse → 409, MemoryNotFound → 404."""
-    if isinstance(exc, MemoryInUse):
+    """DRF's handler, plus InvalidMemoryArgument → 400 {field: [message]}, MemoryInUse and MemoryConflict → 409, MemoryNotFound → 404."""
+    if isinstance(exc, (MemoryInUse, MemoryConflict)):
         return Response({exc.field: [exc.message]}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, InvalidMemoryArgument):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
