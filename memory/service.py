@@ -259,6 +259,8 @@ class MemoryService(RecallMixin):
         )
         try:
             with transaction.atomic():
+                if fact.user_id is not None:
+                    self.backend.hold_user(fact.user_id)
                 write = self._upsert_fact(fact, overwrite)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
@@ -433,9 +435,10 @@ class MemoryService(RecallMixin):
 
     def start_episode(self, *, agent_id="", user_id=None, session_id="", workflow="", trigger_type="", trigger_input=None):
         user_id = _check_user_id("user_id", user_id, required=False)
-        if user_id is not None:
-            user_id = self.resolve_user(user_id).pk
         with transaction.atomic():
+            if user_id is not None:
+                self.backend.hold_user(user_id)
+                user_id = self.resolve_user(user_id).pk
             episode = Episode.objects.create(
                 agent_id=_check_text("agent_id", agent_id, required=False, max_length=128),
                 user_id=user_id,
@@ -819,6 +822,8 @@ class MemoryService(RecallMixin):
         episode.duration_ms = max(0, int((ended_at - started_at).total_seconds() * 1000))
         episode.user_id = user_id
         with transaction.atomic():
+            if user_id is not None:
+                self.backend.hold_user(user_id)
             self.backend.insert_episode(episode)
             if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")

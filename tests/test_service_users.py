@@ -1,7 +1,10 @@
 """Memory users through MemoryService: identities, linking, merges, user context, conversation counts."""
 import datetime
+import threading
+import time
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from memory.exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
@@ -397,3 +400,29 @@ def test_merge_with_a_merged_user_merges_into_its_survivor(service, user_factory
     assert a.merged_into_id == c.pk
     with pytest.raises(MemoryConflict):
         service.merge_users(c.pk, a.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", ["fact", "episode"])
+def test_a_write_by_the_old_id_during_a_merge_lands_on_the_survivor(service, user_factory, write):
+    """A write that starts while a merge of its user is in flight waits for it and goes to the survivor."""
+    a, b = user_factory(), user_factory()
+    inside = threading.Event()
+
+    def hold_the_merge_open(sender, **kwargs):  # users_merged is sent inside the merge transaction
+        inside.set()
+        time.sleep(0.5)
+
+    users_merged.connect(hold_the_merge_open, dispatch_uid="test-slow-merge")
+    try:
+        merging = threading.Thread(target=lambda: (service.merge_users(a.pk, b.pk), connection.close()))
+        merging.start()
+        assert inside.wait(10)
+        if write == "fact":
+            row = Fact.objects.get(pk=service.set_fact("late", "x", scope="user", user_id=a.pk).fact.pk)
+        else:
+            row = Episode.objects.get(pk=service.record_episode(started_at=timezone.now(), user_id=a.pk, success=True).pk)
+        merging.join(timeout=30)
+    finally:
+        users_merged.disconnect(dispatch_uid="test-slow-merge")
+    assert row.user_id == b.pk

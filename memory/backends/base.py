@@ -213,6 +213,14 @@ class MemoryBackend(RecallSQL, UserSQL):
         )
         return fetch_models(Procedure, sql, [agent_id, "", *params, limit])
 
+    def hold_user(self, user_id):
+        """Keep `user_id`'s surviving user from being merged away until this transaction ends.
+
+        A write by a user id stores its row under that id's survivor, read inside the INSERT. SQLite's
+        IMMEDIATE transactions already exclude a concurrent merge, so the base does nothing; see the
+        PostgreSQL backend.
+        """
+
     def episode_exists(self, episode_id):
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT 1 FROM {Episode._meta.db_table} WHERE id = %s", [episode_id])

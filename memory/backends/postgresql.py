@@ -3,12 +3,32 @@ import json
 
 from django.db import connection
 
-from .base import FACT_TABLE, MemoryBackend
+from .base import FACT_TABLE, USER_TABLE, MemoryBackend
 from .recall import DOC_TABLE
 
 
 class PostgreSQLBackend(MemoryBackend):
     vendor = "postgresql"
+
+    def hold_user(self, user_id):
+        """Share-lock the survivor row, so a merge (FOR UPDATE on both users) waits for this write.
+
+        Without it, a write by an old id that read "no merge yet" while a merge of that user was in
+        flight committed after it, under the merged-away user. FOR KEY SHARE is the lock a foreign key
+        check takes: writers of one user do not wait for each other. A merge that commits between the
+        two reads is seen on the next turn of the loop (READ COMMITTED re-reads the locked row).
+        """
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(
+                    f"SELECT id, merged_into_id FROM {USER_TABLE} WHERE id = "
+                    f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s) FOR KEY SHARE",
+                    [user_id],
+                )
+                row = cursor.fetchone()
+                if row is None or row[1] is None:  # unknown (the insert says so) or a held survivor
+                    return
+                user_id = row[0]
 
     def fact_candidates(self, tokens, viewer, best_first):
         # The shared LIKE '%token%' filters on search_text are answered by the gin_trgm_ops index.
