@@ -71,6 +71,11 @@ DEFAULTS = {
     "EMBEDDINGS_OPTIONS": {},
     # Recorded with the stored vectors; blank derives it from the embedder's class and model name.
     "EMBEDDINGS_MODEL_ID": "",
+    # "background": a write's vector is computed after it commits, by the process's embedding worker,
+    # in batches (memory/indexer.py); "inline": inside the write's transaction (tests, scripts).
+    "EMBED_ON_WRITE": "background",
+    # Most texts the worker embeds in one model call.
+    "EMBED_BATCH": 64,
     "RECALL_LIMIT": 10,
     # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
     "RECALL_KEYWORD_WEIGHT": 0.6,

@@ -7,6 +7,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from . import health
+from .indexer import indexer
 from .service import MemoryService
 
 logger = logging.getLogger("engram.memory")
@@ -40,6 +41,10 @@ def healthz(request):
         logger.warning("healthz: memory unreadable: %s", exc)
         body.update(status="unavailable", database="unreachable", last_consolidation=None, health=None)
         return JsonResponse(body, status=503)
+    body["vectors"] = {
+        "pending": service.pending_vectors(),  # committed documents the embedding worker has not reached yet
+        "failures": indexer.failures,  # failed embedding batches in this process (each is retried)
+    }
     body["last_consolidation"] = None if run is None else {
         "finished_at": run.finished_at.isoformat(),
         "ok": run.ok,

@@ -9,6 +9,7 @@ from .backends.recall import keyword_terms
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, reset_embedder, to_blob
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
+from .indexer import indexer, pending_count
 from .models import EmbeddingModelRecord, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events
 from .recall_events import recall_log
@@ -124,32 +125,24 @@ class RecallMixin:
     # ---- upkeep
 
     def _embed_for_recall(self, kind, item_ids):
-        """Embed these items' recall documents whose text changed; call inside the item's transaction.
+        """Have these items' recall documents embedded once the write commits (memory/indexer.py).
 
-        The triggers have already written the document and cleared a stale embedding; this fills
-        it in. Keyword-only: nothing to do (no query). A configured model other than the one that
-        made the stored vectors: the write keeps going without a vector (keyword recall still finds
-        it) and a warning says to run `memory reindex`, which embeds whatever is missing.
+        The triggers have already written the document and cleared a stale vector; no model is
+        called here, inside the write's transaction (unless MEMORY["EMBED_ON_WRITE"] is "inline").
         """
-        embedder = get_embedder()
-        if embedder is None:
-            return 0
-        try:
-            model_guard.check(embedder)
-        except EmbeddingModelChanged as exc:
-            logger.warning("not embedding %s %s: %s", kind, item_ids, exc)
-            return 0
-        rows = list(
-            RecallDocument.objects.filter(kind=kind, item_id__in=item_ids, embedding__isnull=True)
-            .exclude(text="")
-            .values_list("id", "text")
-        )
-        if not rows:
-            return 0
-        vectors = embedder.documents([text for _, text in rows])
-        for (doc_id, _), vector in zip(rows, vectors):
-            RecallDocument.objects.filter(pk=doc_id).update(embedding=to_blob(vector))
-        return len(rows)
+        indexer.schedule(kind, item_ids)
+
+    def wait_for_vectors(self, timeout=None):
+        """Block until every write committed so far has its vector (or its embedding failed).
+
+        The direct path for a caller that wants vector recall to see what it just wrote; recall's
+        keyword leg finds pending documents without it. False when `timeout` seconds passed first.
+        """
+        return indexer.wait(timeout)
+
+    def pending_vectors(self):
+        """How many recall documents wait for a vector (0 when recall is keyword-only)."""
+        return pending_count() if configured_mode() == "hybrid" else 0
 
     def reindex_recall(self, *, missing_only=False, batch_size=256, progress=None):
         """Embed recall documents with the configured embedder and record it as the vectors' model.
@@ -176,13 +169,12 @@ class RecallMixin:
             progress(0, total)
         for start in range(0, total, batch_size):
             batch = ids[start : start + batch_size]
+            # The model runs outside any transaction; a text changed meanwhile keeps its own turn.
+            rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
+            vectors = embedder.documents([text for _, text in rows])
             with transaction.atomic():
-                rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
-                vectors = embedder.documents([text for _, text in rows])
-                RecallDocument.objects.bulk_update(
-                    [RecallDocument(id=doc_id, embedding=to_blob(v)) for (doc_id, _), v in zip(rows, vectors)],
-                    ["embedding"],
-                )
+                for (doc_id, text), vector in zip(rows, vectors):
+                    RecallDocument.objects.filter(pk=doc_id, text=text).update(embedding=to_blob(vector))
             done += len(batch)
             if progress:
                 progress(done, total)

@@ -1,7 +1,7 @@
 """Signals of the memory app, and the receivers that keep buffered state written."""
 import logging
 
-from django.core.signals import request_finished
+from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, transaction
 from django.dispatch import Signal, receiver
 
@@ -27,6 +27,7 @@ users_deleting = Signal()
 prune_requested = Signal()
 
 # ---- buffered statistics: access counts, recall events and reference counts.
+from .indexer import indexer  # noqa: E402
 from .recall_events import recall_log  # noqa: E402
 
 
@@ -41,3 +42,9 @@ def flush_buffers(**kwargs):
             recall_log.flush()
     except DatabaseError:  # statistics, not memory: say so and let the response go out
         logger.exception("could not write buffered access counts and recall events")
+
+
+@receiver(request_started, dispatch_uid="memory_start_indexer")
+def start_indexer(**kwargs):
+    """A serving process starts its embedding worker with its first request: it embeds what is pending."""
+    indexer.start()

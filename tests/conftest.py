@@ -63,6 +63,14 @@ def _access_counts_do_not_leak(db):
     assert access_counter.pending == 0
 
 
+@pytest.fixture(autouse=True)
+def _embed_inline(settings):
+    """Writes embed inside their own transaction, as before the embedding worker: a test runs in a
+    transaction that never commits, so a vector computed after the commit would never come. Tests of
+    the worker itself set MEMORY["EMBED_ON_WRITE"] = "background" in a transactional test."""
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "EMBED_ON_WRITE": "inline"}
+
+
 @pytest.fixture
 def service(db):
     """A MemoryService on a fresh backend (no term statistics cached from earlier tests)."""

@@ -92,7 +92,7 @@ def test_a_repeated_fact_confirms_instead_of_duplicating(service, user_factory, 
 
 
 def test_oldest_first_at_most_n_per_run_and_only_finished_episodes(service, finished_episode, settings):
-    settings.MEMORY = {"CONSOLIDATION": {"MAX_EPISODES_PER_RUN": 2}}
+    settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"MAX_EPISODES_PER_RUN": 2}}
     first, second, third = (finished_episode(("user", f"My code {i} is {i}.")) for i in range(3))
     running = service.start_episode(agent_id=AGENT)  # not finished: its conversation may still grow
     report = run_consolidation()  # the default extractor is the built-in rules
@@ -172,7 +172,7 @@ def test_a_scope_without_its_owner_falls_back_to_the_episodes_owner(service, fin
 
 
 def test_the_llm_extractor_comes_from_settings(service, finished_episode, settings):
-    settings.MEMORY = {
+    settings.MEMORY = {**settings.MEMORY, 
         "CONSOLIDATION": {
             "EXTRACTOR": "memory.consolidation.LLMExtractor",
             "MODEL": "langchain_core.language_models.fake_chat_models.FakeListChatModel",
@@ -249,7 +249,7 @@ def test_a_fact_that_cannot_be_stored_rolls_back_the_whole_episode(service, fini
 
 
 def test_a_missing_model_setting_is_reported_not_raised(service, finished_episode, settings):
-    settings.MEMORY = {"CONSOLIDATION": {"EXTRACTOR": "memory.consolidation.LLMExtractor"}}
+    settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"EXTRACTOR": "memory.consolidation.LLMExtractor"}}
     finished_episode(("user", "My pin is 1."))
     report = run_consolidation()
     assert not report.ok and "CONSOLIDATION['MODEL'] is not set" in report.errors[0]
@@ -271,7 +271,7 @@ def test_an_episode_consolidated_meanwhile_is_not_stored_twice(service, finished
 def test_consolidate_after_run_follows_the_setting(service, finished_episode, settings):
     episode = finished_episode(("user", "My city is Porto."))
     assert consolidate_after_run(episode.pk) is None
-    settings.MEMORY = {"CONSOLIDATION": {"AFTER_EACH_RUN": True}}
+    settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"AFTER_EACH_RUN": True}}
     other = finished_episode(("user", "My city is Braga."))
     report = consolidate_after_run(episode.pk)
     assert report.processed == [episode.pk]

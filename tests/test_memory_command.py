@@ -80,7 +80,7 @@ def test_consolidate_then_stats_and_health(store):
 
 
 def test_consolidate_fails_with_exit_status_when_an_episode_fails(store, settings):
-    settings.MEMORY = {"CONSOLIDATION": {"EXTRACTOR": "memory.consolidation.LLMExtractor"}}
+    settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"EXTRACTOR": "memory.consolidation.LLMExtractor"}}
     with pytest.raises(CommandError) as info:
         run("consolidate")
     assert info.value.returncode == 1
@@ -149,7 +149,7 @@ def test_clear_by_agent_and_user(store):
 
 
 def test_prune(store, settings):
-    settings.MEMORY = {"LIMITS": {"MAX_FACTS": 0}}
+    settings.MEMORY = {**settings.MEMORY, "LIMITS": {"MAX_FACTS": 0}}
     assert run_json("prune", "--dry-run")["deleted"]["facts"] == 3
     assert Fact.objects.count() == 3
     data = run_json("prune")

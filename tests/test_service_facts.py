@@ -497,7 +497,7 @@ def test_reads_count_accesses_only_when_flushed(service, user_factory):
 
 
 def test_access_counts_are_written_when_enough_are_pending(service, settings):
-    settings.MEMORY = {"ACCESS_FLUSH_PENDING": 2}
+    settings.MEMORY = {**settings.MEMORY, "ACCESS_FLUSH_PENDING": 2}
     a = service.set_fact("a_key", "x").fact
     b = service.set_fact("b_key", "x").fact
     service.get_fact("a_key")
@@ -519,7 +519,7 @@ def test_access_counts_are_written_when_a_request_finishes(service, client):
 
 
 def test_confirm_and_contradict_weights_come_from_settings(service, settings):
-    settings.MEMORY = {"CONFIRM_WEIGHT": 0.5, "CONTRADICT_WEIGHT": 0.5, "DEFAULT_CONFIDENCE": 0.6}
+    settings.MEMORY = {**settings.MEMORY, "CONFIRM_WEIGHT": 0.5, "CONTRADICT_WEIGHT": 0.5, "DEFAULT_CONFIDENCE": 0.6}
     fact = service.set_fact("city", "Porto").fact
     assert Fact.objects.get(pk=fact.pk).confidence == pytest.approx(0.6)
     service.set_fact("city", "Porto")

@@ -25,7 +25,7 @@ def test_identify_fills_a_missing_display_name_only(service):
 
 
 def test_identify_context_counts_beyond_what_it_lists(service, settings):
-    settings.MEMORY = {"CONTEXT_FACTS": 2, "RECENT_EPISODES": 1}
+    settings.MEMORY = {**settings.MEMORY, "CONTEXT_FACTS": 2, "RECENT_EPISODES": 1}
     user = service.identify("chat", "u1").context.user_id
     for key in "abc":
         service.set_fact(key, key, scope="user", user_id=user)

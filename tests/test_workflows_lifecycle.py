@@ -151,7 +151,7 @@ class BrokenModel(FakeListChatModel):
 
 
 def test_a_failing_consolidation_model_leaves_the_run_answered_and_the_episode_unprocessed(demo_workflow, settings):
-    settings.MEMORY = {
+    settings.MEMORY = {**settings.MEMORY, 
         **settings.MEMORY,
         "CONSOLIDATION": {
             "AFTER_EACH_RUN": True,

@@ -1,0 +1,197 @@
+"""Vectors off the write path: one worker per process embeds committed recall documents in batches.
+
+A write commits its row and keyword index (the recall triggers write the item's document without a
+vector: *pending*) and, once committed, hands the item to the worker. The worker embeds up to
+MEMORY["EMBED_BATCH"] pending texts in one model call, outside any transaction, and stores each
+vector in one short transaction, only where the document still has that text and no vector (a newer
+write changed it meanwhile: its own turn embeds the new text). Writers never wait for the model, and
+concurrent writers share its calls.
+
+"Pending" is a state the database answers (`embedding IS NULL`, text not blank), so nothing is lost
+when a process dies between a commit and its embedding: the worker sweeps every pending document
+when it starts (with the first request or write of a process), `memory reindex --missing` does the
+same by hand, and /healthz reports the backlog. Until then the keyword leg of recall finds them.
+
+An embedder that raises never fails a write: the failure is logged, counted (/healthz), and the
+batch retried after a pause that doubles up to a minute. One that hangs holds up only the worker.
+
+MEMORY["EMBED_ON_WRITE"] = "inline" embeds inside the writer's own transaction instead (the behaviour
+before this worker existed): for tests and scripts that recall what they wrote before it commits.
+"""
+import logging
+import os
+import threading
+import time
+
+from django.db import connection, transaction
+
+from .conf import memory_settings
+from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
+from .models import RecallDocument
+
+logger = logging.getLogger("engram.memory")
+
+MAX_PAUSE_SECONDS = 60.0
+
+
+def embed_documents(docs):
+    """Embed (doc id, text) pairs and store the vectors of those whose text is unchanged; how many stored.
+
+    Never call inside a transaction: the model call happens here, the writes in one short transaction.
+    """
+    from .recall import model_guard
+
+    embedder = get_embedder()
+    if embedder is None or not docs:
+        return 0
+    model_guard.check(embedder)
+    vectors = embedder.documents([text for _, text in docs])
+    stored = 0
+    with transaction.atomic():
+        for (doc_id, text), vector in zip(docs, vectors):
+            stored += RecallDocument.objects.filter(pk=doc_id, embedding__isnull=True, text=text).update(
+                embedding=to_blob(vector)
+            )
+    return stored
+
+
+def pending_documents(*, kind_items=None, limit):
+    """(id, text) of documents without a vector, oldest first: of these (kind, item ids), or of all."""
+    docs = RecallDocument.objects.filter(embedding__isnull=True).exclude(text="")
+    if kind_items is not None:
+        from django.db.models import Q
+
+        match = Q(pk__in=[])
+        for kind, ids in kind_items.items():
+            match |= Q(kind=kind, item_id__in=sorted(ids))
+        docs = docs.filter(match)
+    return list(docs.order_by("id").values_list("id", "text")[:limit])
+
+
+def pending_count():
+    return RecallDocument.objects.filter(embedding__isnull=True).exclude(text="").count()
+
+
+class Indexer:
+    """The process's embedding worker: a queue of committed (kind, item id)s and the thread that drains it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._queue = {}  # kind -> set of item ids
+        self._thread = None
+        self._pid = None
+        self._sweep = True  # a new worker first embeds whatever an earlier process left pending
+        self._busy = False
+        self.failures = 0
+        self.last_error = ""
+        self.embedded = 0
+
+    # ---- producers
+
+    def schedule(self, kind, item_ids):
+        """Embed these items' documents once the current transaction commits (at once outside one)."""
+        if configured_mode() != "hybrid":
+            return
+        if memory_settings.EMBED_ON_WRITE == "inline":
+            self._inline(kind, item_ids)
+            return
+        ids = list(item_ids)
+        transaction.on_commit(lambda: self._enqueue(kind, ids))
+
+    def _inline(self, kind, item_ids):
+        try:
+            embed_documents(pending_documents(kind_items={kind: set(item_ids)}, limit=len(item_ids)))
+        except EmbeddingModelChanged as exc:
+            logger.warning("not embedding %s %s: %s", kind, list(item_ids), exc)
+
+    def _enqueue(self, kind, ids):
+        with self._cond:
+            self._queue.setdefault(kind, set()).update(ids)
+            self._start()
+            self._cond.notify_all()
+
+    def start(self):
+        """Start the worker (it sweeps what is pending) if recall is hybrid; cheap when it runs already."""
+        if configured_mode() != "hybrid" or memory_settings.EMBED_ON_WRITE == "inline":
+            return
+        with self._cond:
+            self._start()
+
+    def _start(self):
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            return
+        if self._pid is not None and self._pid != os.getpid():  # a forked child: the thread stayed behind
+            self._queue, self._busy, self._sweep = {}, False, True
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="engram-indexer", daemon=True)
+        self._thread.start()
+
+    # ---- the direct path
+
+    def wait(self, timeout=None):
+        """Block until everything committed so far is embedded (or failed); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy or self._sweep and self._thread is not None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    # ---- the worker
+
+    def _run(self):
+        pause = 0.0
+        while True:
+            with self._cond:
+                while not (self._queue or self._sweep):
+                    self._cond.wait()
+                work, self._queue = self._queue, {}
+                sweep, self._busy = self._sweep, True
+            try:
+                self._drain(None if sweep else work)
+                if sweep:
+                    self._drain(work)
+                pause = 0.0
+                with self._cond:
+                    self._sweep = self._sweep and not sweep
+            except EmbeddingModelChanged as exc:  # vectors of another model: only `memory reindex` helps
+                logger.warning("not embedding recall documents: %s", exc)
+                with self._cond:
+                    self._sweep = False
+            except Exception as exc:  # noqa: BLE001  (any embedder or database failure: count, retry later)
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                logger.exception("embedding recall documents failed (%d failures so far); retrying", self.failures)
+                with self._cond:  # put the work back, to retry after a pause
+                    for kind, ids in work.items():
+                        self._queue.setdefault(kind, set()).update(ids)
+                    self._sweep = self._sweep or sweep
+                pause = min(MAX_PAUSE_SECONDS, max(1.0, pause * 2))
+            finally:
+                if not connection.in_atomic_block:
+                    connection.close()  # a worker holds no connection between batches
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if pause:
+                time.sleep(pause)
+
+    def _drain(self, work):
+        """Embed the pending documents of `work` ({kind: ids}), or every pending document when None."""
+        batch = int(memory_settings.EMBED_BATCH)
+        if work == {}:
+            return
+        last = None
+        while True:
+            docs = pending_documents(kind_items=work, limit=batch)
+            if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
+                return
+            self.embedded += embed_documents(docs)
+            if work is not None and len(docs) < batch:
+                return
+            last = docs
+
+
+indexer = Indexer()

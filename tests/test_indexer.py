@@ -1,0 +1,154 @@
+"""Vectors off the write path (memory/indexer.py): no model call inside a transaction, nothing lost.
+
+Transactional tests: the worker embeds only what has committed, on its own connection.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+import indexer_embedders as emb
+from memory.indexer import Indexer, indexer
+from memory.models import RecallDocument
+from memory.vectors import reset_vector_index
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def configure(settings, embedder):
+    settings.MEMORY = {
+        **settings.MEMORY,
+        "EMBEDDINGS": f"indexer_embedders.{embedder}",
+        "EMBEDDINGS_MODEL_ID": emb.MODEL_ID,  # one model whichever wrapper: their vectors are the same
+        "EMBED_ON_WRITE": "background",
+    }
+    reset_vector_index()
+
+
+@pytest.fixture(autouse=True)
+def _clean_switches():
+    emb.calls_in_transaction.clear()
+    emb.failing.clear()
+    emb.released.set()
+    yield
+    emb.failing.clear()
+    emb.released.set()
+    assert indexer.wait(30)
+
+
+def pending():
+    return RecallDocument.objects.filter(embedding__isnull=True).exclude(text="").count()
+
+
+def test_no_write_path_calls_the_model_inside_a_transaction(settings, service, user_factory):
+    configure(settings, "TransactionCheckingEmbedding")
+    user = user_factory()
+    service.set_fact("drink", "green tea", scope="user", user_id=user.pk)
+    service.set_fact("drink", "black coffee", scope="user", user_id=user.pk)  # an update re-embeds
+    episode = service.start_episode(agent_id="bot", user_id=user.pk)
+    service.add_message(episode.pk, "user", "I booked a table for two")
+    service.complete_episode(episode.pk, success=True, summary="booked a table")
+    service.record_episode(started_at=timezone.now(), agent_id="bot", user_id=user.pk, success=True,
+                           conversation=[{"role": "user", "content": "the dentist is on friday"}])
+    service.save_procedure("weather", description="ask for the city first")
+    assert service.wait_for_vectors(timeout=30)
+    assert emb.calls_in_transaction == []
+    assert pending() == 0
+    hits = service.recall("black coffee", user_id=user.pk, types=("facts",), mode="vector", limit=1)
+    assert [h.item.value for h in hits] == ["black coffee"]
+
+
+def test_inline_mode_does_call_the_model_inside_the_write(settings, service):
+    """The check above can fail: the old, inline path embeds inside the write's transaction."""
+    configure(settings, "TransactionCheckingEmbedding")
+    settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline"}
+    service.set_fact("city", "Porto", scope="global")
+    assert len(emb.calls_in_transaction) == 1 and "porto" in emb.calls_in_transaction[0][0]
+
+
+def test_an_embedder_that_raises_leaves_every_write_committed_and_is_retried(settings, service, client):
+    configure(settings, "FailingEmbedding")
+    emb.failing.set()
+    failures = indexer.failures
+    write = service.set_fact("door", "blue", scope="global")
+    episode = service.record_episode(started_at=timezone.now(), success=True, summary="painted the door")
+    assert service.get_fact("door").value == "blue" and service.get_episode(episode.pk).summary
+    deadline = time.monotonic() + 10
+    while indexer.failures == failures and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert indexer.failures > failures  # counted, logged
+    assert service.pending_vectors() == 2
+    body = client.get("/healthz").json()
+    assert body["vectors"]["pending"] == 2 and body["vectors"]["failures"] >= 1
+    assert [h.item.pk for h in service.recall("door blue", types=("facts",), mode="keyword")] == [write.fact.pk]
+    emb.failing.clear()  # the service is back: the worker retries after its pause
+    assert service.wait_for_vectors(timeout=30)
+    assert service.pending_vectors() == 0
+
+
+def test_an_embedder_that_hangs_does_not_block_writes(settings, service):
+    configure(settings, "BlockingEmbedding")
+    emb.released.clear()
+    started = time.monotonic()
+    for i in range(5):
+        service.set_fact(f"note_{i}", f"text {i}", scope="global")
+    assert time.monotonic() - started < 5
+    assert not service.wait_for_vectors(timeout=0.2)  # the worker is stuck in the model...
+    assert service.pending_vectors() >= 4  # ...and said so
+    emb.released.set()
+    assert service.wait_for_vectors(timeout=30)
+    assert service.pending_vectors() == 0
+
+
+KILLED_WRITER = """
+import sys, django
+django.setup()
+from django.test import override_settings
+with override_settings(MEMORY={"EMBEDDINGS": "indexer_embedders.BlockingEmbedding", "EMBEDDINGS_MODEL_ID": "fake-32", "EMBED_ON_WRITE": "background"}):
+    import indexer_embedders
+    indexer_embedders.released.clear()  # the model hangs: the process dies before any vector is stored
+    from memory.service import MemoryService
+    MemoryService().set_fact("locker", "number 4711", scope="global")
+    print("committed", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _database_url():
+    db = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return f"sqlite:///{db['NAME']}"
+
+
+def test_documents_of_a_process_killed_before_embedding_are_embedded_after_restart(settings, service, tmp_path):
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO), str(REPO / "tests")]),
+        "DATABASE_URL": _database_url(),
+        "ENGRAM_DATA_DIR": str(tmp_path),
+    }
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER], env=env, cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "committed", proc.stderr.read()
+        time.sleep(0.3)  # the worker is inside the model call
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    configure(settings, "TransactionCheckingEmbedding")
+    assert service.pending_vectors() == 1  # committed, never embedded
+    restarted = Indexer()  # a new process's worker: its first act is to sweep what is pending
+    restarted.start()
+    assert restarted.wait(timeout=30)
+    assert service.pending_vectors() == 0
+    assert [h.item.key for h in service.recall("locker number", types=("facts",), mode="vector", limit=1)] == ["locker"]
