@@ -1,6 +1,6 @@
 """Fact benchmark: fill N facts in a scratch database, then time gets, sets and searches through MemoryService.
 
-    python -m bench.facts [--n 100000] [--seed 1] [--database-url postgres://postgres@127.0.0.1:5432/postgres] [--json]
+    python -m bench.facts [--n 100000] [--seed 1] [--mode keyword|hybrid] [--database-url postgres://...] [--json]
 
 Workload (see bench/README.md): 40% agent facts over 100 agents, 40% user facts over 1,000 users,
 10% session facts over 1,000 sessions, 10% global; keys from a pool of 2,000. Each owner holds a
@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import add_scratch_arguments, machine_reference, scratch_django
+from .scratch import add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
 
 AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
 GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
@@ -84,6 +84,35 @@ def fill(n, rng, progress):
     return user_ids
 
 
+def fill_vectors(progress, seed):
+    """Give every filled recall document a vector, as a store embedded over time would have.
+
+    Random unit vectors of the model's dimension, written directly (embedding 100,000 texts with the
+    local model would take minutes and time nothing the benchmark measures); the model is recorded
+    as theirs, so the writes timed afterwards are embedded by the real model through the real path.
+    """
+    import numpy as np
+
+    from memory.embeddings import get_embedder, to_blob
+    from memory.models import EmbeddingModelRecord, RecallDocument
+
+    embedder = get_embedder()
+    EmbeddingModelRecord.objects.all().delete()
+    EmbeddingModelRecord.objects.create(model=embedder.model, dimension=embedder.dimension)
+    ids = list(RecallDocument.objects.filter(embedding__isnull=True).values_list("id", flat=True))
+    rng = np.random.default_rng(seed)
+    task = progress.add_task("filling vectors", total=len(ids))
+    for start in range(0, len(ids), 5000):
+        chunk = ids[start : start + 5000]
+        vectors = rng.standard_normal((len(chunk), embedder.dimension)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        RecallDocument.objects.bulk_update(
+            [RecallDocument(id=i, embedding=to_blob(v)) for i, v in zip(chunk, vectors)], ["embedding"], batch_size=1000
+        )
+        progress.advance(task, len(chunk))
+    progress.remove_task(task)
+
+
 def timed(fn, calls, counter):
     before = counter.count
     start = time.perf_counter()
@@ -93,7 +122,7 @@ def timed(fn, calls, counter):
     return elapsed, counter.count - before
 
 
-def run(n, seed, progress):
+def run(n, seed, progress, mode="keyword"):
     from django.db import connection
 
     from memory.models import Fact, Scope
@@ -101,6 +130,8 @@ def run(n, seed, progress):
 
     rng = random.Random(seed)
     user_ids = fill(n, rng, progress)
+    if mode == "hybrid":
+        fill_vectors(progress, seed)
     # A bulk load ends as an import does: the search index compacted, statistics gathered (what
     # autovacuum or PRAGMA optimize would have done by now on a live store).
     service = MemoryService()
@@ -151,6 +182,11 @@ def run(n, seed, progress):
         results["set_per_s"] = SETS / elapsed
         results["set_actions"] = actions
         results["queries_per_set"] = queries / SETS
+        if mode == "hybrid":  # how long the embedding worker took to catch up after the last set
+            caught_up = time.perf_counter()
+            service.wait_for_vectors()
+            results["vectors_caught_up_ms"] = (time.perf_counter() - caught_up) * 1000
+            results["pending_vectors"] = service.pending_vectors()
 
         agent, user = f"a{rng.randrange(AGENTS)}", rng.choice(user_ids)  # one agent and user asks them all
         searches = [(f"key {rng.randrange(POOL)}", agent, user) for _ in range(SEARCHES)]
@@ -174,19 +210,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.facts", description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="facts to fill (default 100,000)")
     add_scratch_arguments(parser)
+    add_mode_argument(parser)
     args = parser.parse_args(argv)
     if args.n < 10_000:
         parser.error("--n must be at least 10,000 (the workload needs owners with facts)")
     err = Console(stderr=True)
     started = time.perf_counter()
-    with scratch_django(args.database_url), Progress(console=err, transient=True) as progress:
-        results = run(args.n, args.seed, progress)
+    with scratch_django(args.database_url, mode=args.mode), Progress(console=err, transient=True) as progress:
+        results = run(args.n, args.seed, progress, args.mode)
     total = time.perf_counter() - started
+    results["mode"] = args.mode
     if args.json:
-        keys = ["n", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
+        keys = ["n", "mode", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
-    table = Table(title=f"MemoryService on {results['n']:,} facts ({results['database']}, {total:.0f} s in all)")
+    table = Table(title=f"MemoryService on {results['n']:,} facts ({results['database']}, {args.mode}, {total:.0f} s in all)")
     table.add_column("operation")
     table.add_column("per second", justify="right")
     table.add_column("queries each", justify="right")
@@ -204,6 +242,12 @@ def main(argv=None):
         "broad search", f"{results['broad_search_per_s']:,.0f}", "",
         f"{BROAD_SEARCHES} 'key <k>' with k of two digits (no word the index narrows), same viewer",
     )
+    if args.mode == "hybrid":
+        table.add_row(
+            "vectors", "", "",
+            f"the embedding worker caught up {results['vectors_caught_up_ms']:,.0f} ms after the last set "
+            f"({results['pending_vectors']} left pending)",
+        )
     flush = results["access_flush"]
     table.add_row("access flush", "", "", f"{flush['facts']:,} facts' counts written in {flush['ms']:.0f} ms after the gets")
     Console().print(table)

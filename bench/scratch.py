@@ -11,11 +11,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
-def scratch_django(database_url=None):
+def scratch_django(database_url=None, mode=None):
     """Set Django up on a fresh, migrated database that is removed afterwards.
 
     `database_url` names a PostgreSQL server (postgres://user@host:port/any); a database with a
     random name is created there and dropped at the end. Without it, SQLite in a temporary folder.
+    `mode` "keyword" turns the embedder off (MEMORY["EMBEDDINGS"] = None); "hybrid" needs one.
     """
     sys.path.insert(0, str(REPO / "platform"))
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
@@ -37,6 +38,11 @@ def scratch_django(database_url=None):
         from django.core.management import call_command
 
         django.setup()
+        if mode == "keyword":
+            from django.conf import settings
+            from django.test import override_settings
+
+            override_settings(MEMORY={**getattr(settings, "MEMORY", {}), "EMBEDDINGS": None}).enable()
         call_command("migrate", verbosity=0)
         try:
             yield
@@ -44,7 +50,10 @@ def scratch_django(database_url=None):
             from django.db import connections
 
             from memory.access import access_counter
+            from memory.indexer import indexer
             from memory.recall_events import recall_log
+
+            indexer.wait(60)  # the embedding worker finishes with the database before it goes
 
             # Counts a benchmark noted are written while its database still exists, not at exit.
             access_counter.flush()
@@ -63,6 +72,17 @@ def add_scratch_arguments(parser, *, seed=True, json_help="print exactly one JSO
         parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--database-url", help="a PostgreSQL server to make a throw-away database on; default SQLite")
     parser.add_argument("--json", action="store_true", help=json_help)
+
+
+def add_mode_argument(parser):
+    """--mode keyword|hybrid: the recall mode to measure; default what a user gets (hybrid with the model installed)."""
+    from memory.embeddings import local_model_installed
+
+    default = "hybrid" if local_model_installed() else "keyword"
+    parser.add_argument(
+        "--mode", choices=["keyword", "hybrid"], default=default,
+        help=f"recall mode (default here: {default}, {'the local model is installed' if default == 'hybrid' else 'no local model'})",
+    )
 
 
 def machine_reference():
