@@ -76,6 +76,8 @@ DEFAULTS = {
     "EMBED_ON_WRITE": "background",
     # Most texts the worker embeds in one model call.
     "EMBED_BATCH": 64,
+    # Query vectors kept per process, by text (a repeated question skips the model).
+    "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,
     # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
     "RECALL_KEYWORD_WEIGHT": 0.6,

@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,7 +144,48 @@ class Embedder:
         return _unit_rows(self.embeddings.embed_documents(list(texts)), self.dimension)
 
     def query(self, text):
-        return _unit_rows([self.embeddings.embed_query(text)], self.dimension)[0]
+        """The query's unit vector, from a bounded per-process cache of recent query texts.
+
+        A conversation asks about the same things again (the same message recalled by a node and then
+        by a tool, a retried update): the model call is most of a hybrid recall's time.
+        """
+        key = (self.model, text)
+        vector = _query_cache.get(key)
+        if vector is None:
+            vector = _unit_rows([self.embeddings.embed_query(text)], self.dimension)[0]
+            vector.setflags(write=False)  # shared by every recall that asks the same
+            _query_cache.put(key, vector)
+        return vector
+
+
+class _LRU:
+    """A small thread-safe least-recently-used map (MEMORY["QUERY_EMBEDDING_CACHE"] entries)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+
+    def get(self, key):
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key, value):
+        size = int(memory_settings.QUERY_EMBEDDING_CACHE)
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > size:
+                self._items.popitem(last=False)
+
+    def clear(self):
+        with self._lock:
+            self._items.clear()
+
+
+_query_cache = _LRU()
 
 
 def _unit_rows(vectors, dimension):
@@ -206,6 +248,7 @@ def get_embedder():
 def reset_embedder():
     with _lock:
         _loaded.clear()
+    _query_cache.clear()
 
 
 def log_mode():

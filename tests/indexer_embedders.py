@@ -43,3 +43,14 @@ class BlockingEmbedding(TransactionCheckingEmbedding):
     def embed_documents(self, texts):
         released.wait()
         return super().embed_documents(texts)
+
+
+query_calls = []
+
+
+class QueryCountingEmbedding(TransactionCheckingEmbedding):
+    """Counts query embeddings (the dimension probe included)."""
+
+    def embed_query(self, text):
+        query_calls.append(text)
+        return super().embed_query(text)

@@ -152,3 +152,21 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
     assert restarted.wait(timeout=30)
     assert service.pending_vectors() == 0
     assert [h.item.key for h in service.recall("locker number", types=("facts",), mode="vector", limit=1)] == ["locker"]
+
+
+@pytest.mark.django_db
+def test_a_repeated_query_is_embedded_once(settings, service):
+    """Query vectors are cached per text: a question asked again skips the model (bounded cache)."""
+    from memory.embeddings import reset_embedder
+
+    configure(settings, "QueryCountingEmbedding")
+    settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline", "QUERY_EMBEDDING_CACHE": 2}
+    reset_embedder()
+    service.set_fact("drink", "green tea", scope="global")
+    emb.query_calls.clear()
+    for _ in range(3):
+        assert service.recall("what do I drink", mode="vector").hits
+    assert emb.query_calls == ["what do I drink"]
+    for question in ("tea?", "coffee?", "what do I drink"):  # two newer questions push it out
+        service.recall(question, mode="vector")
+    assert emb.query_calls == ["what do I drink", "tea?", "coffee?", "what do I drink"]
