@@ -245,6 +245,10 @@ def get_embedder():
     return _loaded[key]
 
 
+def clear_query_cache():
+    _query_cache.clear()
+
+
 def reset_embedder():
     with _lock:
         _loaded.clear()

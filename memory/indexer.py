@@ -24,6 +24,7 @@ import threading
 import time
 
 from django.db import connection, transaction
+from django.db.models import Q
 
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
@@ -55,17 +56,33 @@ def embed_documents(docs):
     return stored
 
 
-def pending_documents(*, kind_items=None, limit):
-    """(id, text) of documents without a vector, oldest first: of these (kind, item ids), or of all."""
-    docs = RecallDocument.objects.filter(embedding__isnull=True).exclude(text="")
-    if kind_items is not None:
-        from django.db.models import Q
+def pending_documents(*, kind_items=None, ids=None, limit):
+    """(id, text) of documents without a vector: of these {kind: item ids}, or of these document ids.
 
-        match = Q(pk__in=[])
-        for kind, ids in kind_items.items():
-            match |= Q(kind=kind, item_id__in=sorted(ids))
-        docs = docs.filter(match)
-    return list(docs.order_by("id").values_list("id", "text")[:limit])
+    Looked up by the (kind, item_id) index or the primary key, and not ordered in SQL: "ORDER BY id"
+    made SQLite walk the whole table in id order, reading every stored vector on its way.
+    """
+    docs = RecallDocument.objects.filter(embedding__isnull=True).exclude(text="")
+    chunks = (
+        [Q(pk__in=ids[i : i + 500]) for i in range(0, len(ids), 500)]
+        if ids is not None
+        else [
+            Q(kind=kind, item_id__in=sorted(items)[i : i + 500])
+            for kind, items in kind_items.items()
+            for i in range(0, len(items), 500)
+        ]
+    )
+    found = []
+    for match in chunks:
+        found += docs.filter(match).values_list("id", "text")
+        if len(found) >= limit:
+            break
+    return sorted(found)[:limit]
+
+
+def pending_ids():
+    """Ids of every document without a vector (one scan of the table: for a worker's start)."""
+    return list(RecallDocument.objects.filter(embedding__isnull=True).exclude(text="").values_list("id", flat=True))
 
 
 def pending_count():
@@ -179,17 +196,22 @@ class Indexer:
                 time.sleep(pause)
 
     def _drain(self, work):
-        """Embed the pending documents of `work` ({kind: ids}), or every pending document when None."""
+        """Embed the pending documents of `work` ({kind: ids}), or, when None, of every document
+        pending now (what an earlier process left: read once, so a steady stream of new writes,
+        which come through the queue, cannot keep the sweep going)."""
         batch = int(memory_settings.EMBED_BATCH)
-        if work == {}:
+        if work is None:
+            ids = pending_ids()
+            for start in range(0, len(ids), batch):
+                self.embedded += embed_documents(pending_documents(ids=ids[start : start + batch], limit=batch))
             return
         last = None
-        while True:
+        while work:
             docs = pending_documents(kind_items=work, limit=batch)
             if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
                 return
             self.embedded += embed_documents(docs)
-            if work is not None and len(docs) < batch:
+            if len(docs) < batch:
                 return
             last = docs
 
