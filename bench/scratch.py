@@ -34,15 +34,12 @@ def scratch_django(database_url=None, mode=None):
             os.environ["DATABASE_URL"] = f"{base}/{name}"
         else:
             os.environ["DATABASE_URL"] = f"sqlite:///{tmp}/bench.sqlite3"
+        if mode == "keyword":  # read by the settings, here and in server processes started from here
+            os.environ["ENGRAM_EMBEDDINGS"] = "none"
         import django
         from django.core.management import call_command
 
         django.setup()
-        if mode == "keyword":
-            from django.conf import settings
-            from django.test import override_settings
-
-            override_settings(MEMORY={**getattr(settings, "MEMORY", {}), "EMBEDDINGS": None}).enable()
         call_command("migrate", verbosity=0)
         try:
             yield

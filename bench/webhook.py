@@ -1,6 +1,7 @@
 """Webhook benchmark: Telegram updates over HTTP to the demo workflow on a real threaded WSGI server.
 
-    python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--database-url postgres://...] [--json]
+    python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--mode keyword|hybrid]
+                            [--database-url postgres://...] [--json]
 
 Starts the site under gunicorn (WORKERS processes of 4 threads each) on a free port of 127.0.0.1,
 over a scratch database with the demo workflow (identify_user -> recall -> agent with the offline
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
+from .scratch import REPO, add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
 
 TOKEN = "bench:token"
 SECRET = "bench-secret"
@@ -155,6 +156,7 @@ def main(argv=None):
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
     parser.add_argument("--workers", type=int, default=2, help="server processes, 4 threads each (default 2)")
     add_scratch_arguments(parser, seed=False)
+    add_mode_argument(parser)
     args = parser.parse_args(argv)
     if min(args.updates, args.users, args.concurrency, args.workers) < 1:
         parser.error("--updates, --users, --concurrency and --workers must be positive")
@@ -165,7 +167,7 @@ def main(argv=None):
         # Read by the site's settings when Django starts inside scratch_django.
         os.environ.update(TELEGRAM_API_BASE=bot.url, TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_WEBHOOK_SECRET=SECRET)
         os.environ.pop("ENGRAM_CHAT_MODEL", None)  # the offline responder: no network, no model time
-        with scratch_django(args.database_url), Progress(console=err, transient=True) as progress:
+        with scratch_django(args.database_url, mode=args.mode), Progress(console=err, transient=True) as progress:
             from django.db import connection
 
             database = connection.vendor
@@ -173,12 +175,13 @@ def main(argv=None):
         sent = len(bot.sent_messages()) - WARMUP * args.workers
     if sent != args.updates - results["errors"]:
         results["errors"] = max(results["errors"], args.updates - sent)
+    results["mode"] = args.mode
     if args.json:
-        keys = ["updates", "per_s", "p50_ms", "p95_ms", "errors"]
+        keys = ["updates", "mode", "per_s", "p50_ms", "p95_ms", "errors"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(
-        title=f"Telegram webhook -> demo workflow ({database}; gunicorn, {args.workers} workers x {THREADS_PER_WORKER} threads)"
+        title=f"Telegram webhook -> demo workflow ({database}, {args.mode}; gunicorn, {args.workers} workers x {THREADS_PER_WORKER} threads)"
     )
     table.add_column("updates", justify="right")
     table.add_column("per second", justify="right")

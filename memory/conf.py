@@ -74,8 +74,10 @@ DEFAULTS = {
     # "background": a write's vector is computed after it commits, by the process's embedding worker,
     # in batches (memory/indexer.py); "inline": inside the write's transaction (tests, scripts).
     "EMBED_ON_WRITE": "background",
-    # Most texts the worker embeds in one model call.
+    # Most texts the worker embeds in one model call, and how long it waits for more writers to
+    # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
+    "EMBED_WAIT_MS": 50,
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,

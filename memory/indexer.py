@@ -143,6 +143,9 @@ class Indexer:
         self._thread = threading.Thread(target=self._run, name="engram-indexer", daemon=True)
         self._thread.start()
 
+    def _queued(self):
+        return sum(len(ids) for ids in self._queue.values())
+
     # ---- the direct path
 
     def wait(self, timeout=None):
@@ -164,6 +167,11 @@ class Indexer:
             with self._cond:
                 while not (self._queue or self._sweep):
                     self._cond.wait()
+                # Let concurrent writers join the batch: one model call for many texts costs little
+                # more than for one (most of a small call is fixed overhead).
+                gather_until = time.monotonic() + float(memory_settings.EMBED_WAIT_MS) / 1000.0
+                while self._queued() < int(memory_settings.EMBED_BATCH) and time.monotonic() < gather_until:
+                    self._cond.wait(gather_until - time.monotonic())
                 work, self._queue = self._queue, {}
                 sweep, self._busy = self._sweep, True
             try:

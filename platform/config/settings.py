@@ -179,6 +179,10 @@ LOGGING = {
 
 # Engram's own settings: one namespaced dict per app, read through memory.conf.memory_settings.
 MEMORY = {}
+# ENGRAM_EMBEDDINGS=none: keyword-only recall even with the local model installed (or a dotted path).
+if "ENGRAM_EMBEDDINGS" in os.environ:
+    _embeddings = os.environ["ENGRAM_EMBEDDINGS"].strip()
+    MEMORY["EMBEDDINGS"] = None if _embeddings.lower() in ("", "none", "off") else _embeddings
 
 
 def chat_model_from_env():
