@@ -252,7 +252,8 @@ class Recaller:
         self._lap("neighbours")
         extra = [d for d in around if d not in candidates]
         rows = self.backend.recall_documents(
-            sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence
+            sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence,
+            for_person=self.viewer.user_id is not None,
         )
         self._lap("check")
         if not rows:

@@ -70,8 +70,9 @@ class RecallMixin:
             agent_id, user_id, session_id: the viewer, as for get_fact/search_facts. It sees global
                 facts, its agent's, its user's (following merges) and its session's facts, a more
                 specific fact hiding a less specific one with the same key; episodes of its agent
-                with its user, its user's episodes without an agent, its agent's episodes without a
-                user, its session's episodes without either, and episodes without any owner; shared
+                with its user, its user's episodes without an agent, its session's episodes without
+                either; a viewer without a user also its agent's episodes without a user and episodes
+                without any owner (never shown to a person: they may hold anyone's words); shared
                 procedures and its agent's, an agent's active procedure hiding the shared one of the
                 same name. Inactive procedures are never recalled.
             types: any of "facts", "episodes", "procedures".

@@ -161,9 +161,11 @@ def test_episode_visibility_follows_agent_and_user(service, user_factory, mode):
     def seen(**viewer):
         return sorted(h.text.split("colour ")[1] for h in service.recall("colour", mode=mode, types=["episodes"], **viewer))
 
-    assert seen(agent_id="a1", user_id=u1.pk) == ["a1 alone", "a1 with u1", "nobody's", "u1 alone"]
-    assert seen(agent_id="a1", user_id=u2.pk) == ["a1 alone", "nobody's"]
-    assert seen(agent_id="a2", user_id=u1.pk) == ["a2 with u1", "nobody's", "u1 alone"]
+    # A person sees only their own episodes: one without a person may hold anyone's words.
+    assert seen(agent_id="a1", user_id=u1.pk) == ["a1 with u1", "u1 alone"]
+    assert seen(agent_id="a1", user_id=u2.pk) == []
+    assert seen(agent_id="a2", user_id=u1.pk) == ["a2 with u1", "u1 alone"]
+    assert seen(agent_id="a1") == ["a1 alone", "nobody's"]
     assert seen(session_id="s9") == ["nobody's", "session only"]
     assert seen() == ["nobody's"]
 

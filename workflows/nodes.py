@@ -40,7 +40,7 @@ def build_identify_user(config, context):
         try:
             trigger = parse_trigger(state.get("trigger"))
         except InvalidTrigger as exc:
-            return {"user": None, "memory_errors": [_failure(context.node_id, "identify_user", exc)]}
+            return {"user": None, "identity_failed": True, "memory_errors": [_failure(context.node_id, "identify_user", exc)]}
         try:
             identified = MemoryService().identify(
                 trigger.channel, trigger.external_id, display_name=trigger.display_name
@@ -48,6 +48,7 @@ def build_identify_user(config, context):
         except MEMORY_FAILURES as exc:
             return {
                 "user": None,
+                "identity_failed": True,
                 "conversation_id": trigger.conversation_id,
                 "memory_errors": [_failure(context.node_id, "identify_user", exc)],
             }
@@ -74,11 +75,12 @@ register(
         category="memory",
         description=(
             "Recognise who the trigger is from (Telegram sender, email, chat user id or name), creating "
-            "the memory user if new and following merges; count the conversation and load their context."
+            "the memory user if new and following merges; count the conversation and load their context. "
+            "When that fails, sets `identity_failed`: later memory nodes and tools then store nothing."
         ),
         config_schema={"type": "object", "properties": {}, "additionalProperties": False},
         inputs=("trigger",),
-        outputs=("user", "conversation_id", "user_context", "memory_errors"),
+        outputs=("user", "identity_failed", "conversation_id", "user_context", "memory_errors"),
         build=build_identify_user,
     )
 )
@@ -158,6 +160,14 @@ REMEMBER_SCHEMA = {
         "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
         "overwrite": {"type": "boolean", "default": True},
         "record_episode": {"type": "boolean", "default": True},
+        "store_without_user": {
+            "type": "boolean",
+            "default": False,
+            "description": (
+                "When identify_user failed, still store agent, session and global facts and an episode "
+                "without a user. Off: such a run stores nothing (its words may be anyone's)."
+            ),
+        },
     },
     "additionalProperties": False,
 }
@@ -168,12 +178,15 @@ def build_remember(config, context):
     default_type = config.get("fact_type", FactType.WORLD_KNOWLEDGE)
     overwrite = config.get("overwrite", True)
     record = config.get("record_episode", True)
+    store_without_user = config.get("store_without_user", False)
 
     def remember(state):
         service = MemoryService()
         user = state.get("user") or {}
         facts = state.get("facts_to_remember") or []
         errors = list(state.get("memory_errors") or [])
+        if state.get("identity_failed") and not store_without_user:
+            return _refuse_unidentified(context, facts, default_scope)
         reports, new_errors, episode_id = [], [], None
         try:
             with transaction.atomic():
@@ -205,6 +218,21 @@ def build_remember(config, context):
         return {"remembered": reports, "episode_id": episode_id, "memory_errors": new_errors}
 
     return remember
+
+
+def _refuse_unidentified(context, facts, default_scope):
+    """Fail closed: the person behind this run is unknown, so their words are stored nowhere."""
+    reason = "the user could not be identified: nothing of this run is stored (store_without_user is off)"
+    refused = [
+        {
+            "key": str(f.get("key", "")) if isinstance(f, dict) else "",
+            "scope": str(f.get("scope") or default_scope) if isinstance(f, dict) else default_scope,
+            "action": "failed",
+            "error": reason,
+        }
+        for f in facts
+    ]
+    return {"remembered": refused, "episode_id": None, "memory_errors": [_failure(context.node_id, "remember", reason)]}
 
 
 def _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id):
@@ -317,6 +345,15 @@ AGENT_SCHEMA = {
                     "properties": {
                         "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
                         "overwrite": {"type": "boolean", "default": True},
+                        "agent_scope_without_user": {
+                            "type": "boolean",
+                            "default": False,
+                            "description": (
+                                "With no identified user, store facts as the agent's own (seen by every "
+                                "user of the agent). Off: the tool refuses, so one person's words never "
+                                "reach another."
+                            ),
+                        },
                     },
                     "additionalProperties": False,
                 },

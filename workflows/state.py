@@ -49,6 +49,9 @@ class WorkflowState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     # identify_user
     user: UserInfo | None
+    # True when the trigger named a person who could not be identified: the run fails closed, and
+    # nothing derived from their words is stored at a wider scope (see the remember node and tool).
+    identity_failed: bool
     conversation_id: str
     user_context: dict
     # recall

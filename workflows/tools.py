@@ -14,7 +14,7 @@ from django.db import DatabaseError, connection
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 
-from memory.exceptions import MemoryServiceError
+from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
 from memory.models import Scope
 from memory.service import MemoryService, WriteAction
 
@@ -103,14 +103,22 @@ def make_recall_tool(config):
 
 
 def make_remember_tool(config):
-    """The `remember` tool; config: fact_type (default for facts given without one), overwrite."""
+    """The `remember` tool; config: fact_type (default for facts given without one), overwrite,
+    agent_scope_without_user (off: with no identified user the tool refuses rather than storing the
+    words as the agent's own, where every other user of the agent would see them)."""
     default_type = config.get("fact_type", "world_knowledge")
     overwrite = bool(config.get("overwrite", True))
+    agent_scope_without_user = bool(config.get("agent_scope_without_user", False))
 
     @memory_tool
     def remember(runtime: ToolRuntime[AgentContext], key: str, value: str, fact_type: str = "") -> str:
         """Store a fact in long-term memory."""
         scope = _scope(runtime)
+        if scope.user_id is None and not agent_scope_without_user:
+            raise InvalidMemoryArgument(
+                "user", "nobody is identified in this conversation, so nothing is stored "
+                "(the agent's own memory would show it to every user)"
+            )
         owner = (
             {"scope": Scope.USER, "user_id": scope.user_id}
             if scope.user_id is not None

@@ -78,7 +78,7 @@ def parse_telegram_update(update) -> TriggerInfo:
         type="telegram",
         channel="telegram",
         external_id=str(sender["id"]),
-        display_name=name or (sender.get("username") if isinstance(sender.get("username"), str) else "") or "",
+        display_name=_display(name or (sender.get("username") if isinstance(sender.get("username"), str) else "") or ""),
         conversation_id=f"telegram-{chat_id}" if group and chat_id is not None else DIRECT,
         text=text.strip(),
         reply_to=str(chat_id if chat_id is not None else sender["id"]),
@@ -117,7 +117,7 @@ def _parse_direct(kind, payload):
         type=kind,
         channel=channel.strip().lower(),
         external_id=external_id,
-        display_name=display_name.strip(),
+        display_name=_display(display_name),
         conversation_id=str(conversation),
         text=text.strip(),
     )
@@ -125,3 +125,13 @@ def _parse_direct(kind, payload):
 
 def _is_id(value):
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+DISPLAY_NAME_LENGTH = 200  # memory users' display_name column
+
+
+def _display(name):
+    """A display name as stored: stripped, and cut to the column's length (it is cosmetic: a long one
+    must not keep the person from being identified)."""
+    name = " ".join(name.split())
+    return name if len(name) <= DISPLAY_NAME_LENGTH else name[: DISPLAY_NAME_LENGTH - 1] + "…"

@@ -77,12 +77,15 @@ class RecallSQL:
             self.catch_up_recall_index()
         return [(k, int(r), g, rm) for k, r, g, rm, _ in rows]
 
-    def recall_documents(self, doc_ids, owners, kinds, min_confidence):
+    def recall_documents(self, doc_ids, owners, kinds, min_confidence, *, for_person=False):
         """The candidates a viewer may be shown, with what ranking needs. One query.
 
         Keeps documents of the viewer's owners, of the wanted kinds, active, facts at or above
         `min_confidence`, and not shadowed: a fact (or an active procedure) of a more specific owner
         with the same key (name) hides one of a less specific owner, whatever the filters say of it.
+        `for_person` (a viewer with a user): episodes with no user (an agent's, or everyone's) are left
+        out. A conversation without an identified person may hold anyone's words (a run whose user
+        could not be identified), so it is never shown to a person; the agent alone still sees it.
         Returns {id: (kind, item_id, owner, importance, item time in Unix seconds, reference_count)}.
         """
         if not doc_ids:
@@ -94,6 +97,8 @@ class RecallSQL:
         if min_confidence:
             where.append("(d.kind <> 'fact' OR d.importance >= %s)")
             params.append(min_confidence)
+        if for_person:
+            where.append("(d.kind <> 'episode' OR d.owner LIKE 'user:%%' OR d.owner LIKE 'session:%%')")
         sql = (
             f"WITH viewer_owners(k, r) AS (VALUES {values}) "
             f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count "
