@@ -31,7 +31,7 @@ from django.utils.module_loading import import_string
 from .conf import memory_settings
 from .exceptions import ConsolidationFailed, MemoryServiceError
 from .models import FactType, Scope
-from .text import value_text
+from .text import attribute_fact_type, value_text
 
 logger = logging.getLogger("engram.memory.consolidation")
 
@@ -141,10 +141,6 @@ _DECISION = re.compile(
 )
 # "my X is ..." phrasings that are conversation, not facts about the user.
 _NOT_ATTRIBUTES = {"question", "point", "guess", "problem", "issue", "bad", "pleasure", "understanding", "concern", "answer"}
-_RELATIONS = {
-    "wife", "husband", "partner", "brother", "sister", "mother", "mum", "mom", "father", "dad", "son", "daughter",
-    "boss", "manager", "friend", "colleague", "child", "kid", "cousin", "uncle", "aunt",
-}
 
 
 def slug(text, max_words=None, max_length=60):
@@ -201,8 +197,9 @@ class RuleExtractor(BaseExtractor):
             subject = _X_IS_Y.match(statement)
             if subject and slug(subject.group("x")):
                 mine = re.match(r"\s*my\b", statement, re.IGNORECASE) is not None
-                add(slug(subject.group("x")), _clean_value(subject.group("y")),
-                    FactType.USER_PREFERENCE if mine else FactType.WORLD_KNOWLEDGE)
+                attribute = slug(subject.group("x"))
+                add(attribute, _clean_value(subject.group("y")),
+                    (attribute_fact_type(attribute) or FactType.USER_PREFERENCE) if mine else FactType.WORLD_KNOWLEDGE)
             else:
                 add("note_" + slug(statement, max_words=6), statement, FactType.WORLD_KNOWLEDGE)
             return
@@ -210,9 +207,7 @@ class RuleExtractor(BaseExtractor):
             attribute = slug(match.group("x"))
             if not attribute or attribute in _NOT_ATTRIBUTES:
                 continue
-            last_word = attribute.rsplit("_", 1)[-1]
-            fact_type = FactType.RELATIONSHIP if last_word in _RELATIONS else FactType.USER_PREFERENCE
-            add(attribute, _clean_value(match.group("y")), fact_type)
+            add(attribute, _clean_value(match.group("y")), attribute_fact_type(attribute) or FactType.USER_PREFERENCE)
 
 
 _SYSTEM_PROMPT = """You distil durable facts from the record of one agent run.

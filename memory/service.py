@@ -56,6 +56,9 @@ class WriteAction:
     UPDATED = "updated"
     CONFIRMED = "confirmed"
     SKIPPED = "skipped"
+    # Consolidation only: the stored fact changed after the episode began (the run's own remember
+    # node, or a later conversation), so the episode's older word is not replayed over it.
+    KEPT_NEWER = "kept_newer"
 
 
 @dataclass(frozen=True)
@@ -1047,18 +1050,43 @@ class MemoryService(RecallMixin):
 
         `facts`: set_fact keyword dicts (key, value, scope and owner, fact_type, confidence). Returns
         the writes, or None when the episode was processed by someone else meanwhile (nothing is then
-        written). Any failing write rolls everything back and leaves the episode unprocessed.
+        written). Any failing write rolls everything back and leaves the episode unprocessed. A fact
+        whose stored version changed after the episode began is left as it is (`kept_newer`): the
+        run's own remember node stored it, or a later conversation said something newer.
         """
+        episode = self.get_episode(episode_id)
         with transaction.atomic():
-            writes = [
-                self.set_fact(**fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance)
-                for fact in facts
-            ]
+            writes = []
+            for fact in facts:
+                stored = self._stored_fact(fact)
+                if stored is not None and self._said_since(stored, episode, provenance):
+                    writes.append(FactWrite(WriteAction.KEPT_NEWER, stored))
+                    continue
+                writes.append(
+                    self.set_fact(**fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance)
+                )
             marked = Episode.objects.filter(pk=episode_id, processed_for_facts=False).update(processed_for_facts=True)
             if not marked:
                 transaction.set_rollback(True)
                 return None
         return writes
+
+    def _said_since(self, fact, episode, provenance):
+        """Whether `fact` holds what was said in `episode` or after it (not by consolidation replaying)."""
+        if fact.source_episode_id == episode.pk:
+            return True  # the run stored it itself (its remember node)
+        if fact.source_episode_id is not None:
+            source = Episode.objects.filter(pk=fact.source_episode_id).values_list("started_at", flat=True).first()
+            return source is not None and source > episode.started_at
+        return fact.updated_at >= episode.started_at and fact.provenance != provenance
+
+    def _stored_fact(self, arguments):
+        """The fact set_fact(**arguments) would write to, as stored now (None when there is none)."""
+        probe = self._new_fact(
+            arguments["key"], arguments["value"], arguments.get("scope", Scope.GLOBAL), arguments.get("agent_id", ""),
+            arguments.get("user_id"), arguments.get("session_id", ""), None, None, None, "",
+        )
+        return self.backend.owned_fact(probe, lock=True)
 
     def record_consolidation_run(self, report):
         """Store a run's outcome (what /healthz shows as the last consolidation); returns its id."""

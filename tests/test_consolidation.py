@@ -276,3 +276,18 @@ def test_consolidate_after_run_follows_the_setting(service, finished_episode, se
     report = consolidate_after_run(episode.pk)
     assert report.processed == [episode.pk]
     assert not Episode.objects.get(pk=other.pk).processed_for_facts
+
+
+def test_consolidation_does_not_replay_what_the_runs_already_stored(demo_workflow):
+    """Three runs said COBOL, then Fortran, then Ada, and each run's remember node stored it. A later
+    `memory consolidate` must not walk the fact back through the older values, nor lower its confidence."""
+    from workflow_helpers import talk
+
+    for language in ("COBOL", "Fortran", "Ada"):
+        talk(demo_workflow, "lin", f"my language is {language}")
+    fact = Fact.objects.get(key="language")
+    assert (fact.value, fact.confidence) == ("Ada", 0.8)
+    report = run_consolidation(extractor=RuleExtractor())
+    assert len(report.processed) == 3 and report.actions == {"kept_newer": 3}
+    fact.refresh_from_db()
+    assert (fact.value, fact.confidence, fact.times_contradicted) == ("Ada", 0.8, 2)  # the runs' own two changes

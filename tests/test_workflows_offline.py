@@ -54,3 +54,23 @@ def test_as_a_chat_model_it_answers_the_last_human_message():
     answer = model.invoke([SystemMessage("be nice"), HumanMessage("what is my name?")])
     assert answer.content == f"{LABEL} Your name is Ada."
     assert model.bind_tools([]) is model
+
+
+@pytest.mark.parametrize(
+    "text, fact_type",
+    [
+        ("my sister is Dana", "relationship"),
+        ("my best friend is Sam", "relationship"),
+        ("my brother's name is Leo", "relationship"),
+        ("my favourite dog breed is the beagle", "user_preference"),
+        ("my city is Porto", "world_knowledge"),
+    ],
+)
+def test_fact_types_follow_what_was_said(text, fact_type):
+    """One rule for the offline responder and consolidation: a relation named is a relationship."""
+    from memory.consolidation import RuleExtractor
+
+    assert [f["fact_type"] for f in facts_in(text)] == [fact_type]
+    episode = type("E", (), {"conversation": [{"role": "user", "content": text}], "summary": ""})()
+    expected = "user_preference" if fact_type == "world_knowledge" else fact_type  # rules: "my X" defaults to the person's
+    assert [f.fact_type for f in RuleExtractor(confidence=0.6).extract(episode)] == [expected]

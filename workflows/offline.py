@@ -11,6 +11,8 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
+from memory.text import attribute_fact_type
+
 from .state import FactToRemember
 
 LABEL = "[offline responder]"
@@ -21,7 +23,6 @@ _MY_X_IS_Y = re.compile(r"^\s*my\s+(?P<key>[\w' -]{1,60}?)\s+(?:is|are|=)\s+(?P<
 _CALL_ME = re.compile(r"^\s*(?:call me|i am|i'm)\s+(?P<value>[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)?)\s*[.!]*\s*$")
 _WHAT_IS_MY = re.compile(r"^\s*(?:what(?:'s| is| are)|do you (?:know|remember))\s+my\s+(?P<key>[\w' -]{1,60}?)\s*\??\s*$", re.IGNORECASE)
 _ABOUT_ME = re.compile(r"\b(?:what do you (?:know|remember)(?: about me)?|who am i)\b", re.IGNORECASE)
-_PREFERENCE_WORDS = ("favourite", "favorite", "preferred", "preference")
 
 
 def fact_key(words):
@@ -45,7 +46,7 @@ def facts_in(text) -> list[FactToRemember]:
         mine = _MY_X_IS_Y.match(inner)
         if mine:
             key = fact_key(mine.group("key"))
-            fact_type = "user_preference" if any(w in key for w in _PREFERENCE_WORDS) else "world_knowledge"
+            fact_type = attribute_fact_type(mine.group("key")) or "world_knowledge"
             facts.append({"key": key, "value": mine.group("value").strip(), "fact_type": fact_type})
             continue
         called = _CALL_ME.match(inner)
