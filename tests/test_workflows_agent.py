@@ -53,6 +53,11 @@ def fake_model(settings):
     MODEL_CALLS.clear()
 
 
+def without_memory(messages):
+    """A model call's messages without the recalled-memory message the prompt adds to each call."""
+    return [m for m in messages if getattr(m, "name", None) != "memory"]
+
+
 def make_workflow(slug="helper", **agent_config):
     config = {"tools": {"recall": {"memory_type": "all"}, "remember": {}}, **agent_config}
     return Workflow.objects.create(
@@ -139,6 +144,8 @@ def test_a_failing_tool_becomes_an_error_tool_message_and_is_logged(transactiona
 
 
 def test_system_prompt_once_per_model_call_and_never_stored(db, fake_model):
+    """The system prompt holds the operator's words only; recalled memory, which users' words fill and
+    which is marked untrusted, comes as its own message before the latest one, and is never stored."""
     fake_model([AIMessage(content=f"reply {i}") for i in range(3)])
     workflow = make_workflow()
     for i in range(3):
@@ -147,10 +154,15 @@ def test_system_prompt_once_per_model_call_and_never_stored(db, fake_model):
     for messages in MODEL_CALLS:
         systems = [m for m in messages if isinstance(m, SystemMessage)]
         assert len(systems) == 1 and messages[0] is systems[0]
-        assert systems[0].content.startswith("You are Helper.") and "<recalled-memory>" in systems[0].content
-    assert [m.content for m in MODEL_CALLS[-1][1:]] == ["turn 0", "reply 0", "turn 1", "reply 1", "turn 2"]
+        assert systems[0].content == "You are Helper."
+        memory = [m for m in messages if getattr(m, "name", None) == "memory"]
+        assert len(memory) == 1 and isinstance(memory[0], HumanMessage) and "<recalled-memory>" in memory[0].content
+        assert messages[-2] is memory[0]  # right before the latest human message
+    assert [m.content for m in MODEL_CALLS[-1][1:-2]] == ["turn 0", "reply 0", "turn 1", "reply 1"]
+    assert MODEL_CALLS[-1][-1].content == "turn 2"
     stored = get_checkpointer().get_tuple({"configurable": {"thread_id": result.thread_id}}).checkpoint
-    assert not any(isinstance(m, SystemMessage) for m in stored["channel_values"]["messages"])
+    assert not any(isinstance(m, SystemMessage) or getattr(m, "name", None) == "memory"
+                   for m in stored["channel_values"]["messages"])
 
 
 def test_fallback_system_prompt_is_one_stable_message_across_turns(db, fake_model):
@@ -172,10 +184,10 @@ def test_history_is_trimmed_and_never_starts_with_an_ai_message(db, fake_model):
     for i in range(6):
         result = chat(workflow, f"turn {i}")
     for messages in MODEL_CALLS:
-        history = messages[1:]
+        history = without_memory(messages[1:])
         assert len(history) <= 3 and isinstance(history[0], HumanMessage)
-    assert [m.content for m in MODEL_CALLS[-1][1:]] == ["turn 4", "reply 4", "turn 5"]
-    assert [m.content for m in MODEL_CALLS[-2][1:]] == ["turn 3", "reply 3", "turn 4"]
+    assert [m.content for m in without_memory(MODEL_CALLS[-1][1:])] == ["turn 4", "reply 4", "turn 5"]
+    assert [m.content for m in without_memory(MODEL_CALLS[-2][1:])] == ["turn 3", "reply 3", "turn 4"]
     stored = get_checkpointer().get_tuple({"configurable": {"thread_id": result.thread_id}}).checkpoint
     messages = stored["channel_values"]["messages"]
     assert len(messages) <= 4 and isinstance(messages[0], HumanMessage)
@@ -202,7 +214,7 @@ def test_conversation_memory_off_leaves_no_thread(db, fake_model):
     chat(workflow, "first")
     result = chat(workflow, "second")
     assert result.thread_id == "" and not Thread.objects.exists()
-    assert [m.content for m in MODEL_CALLS[-1][1:]] == ["second"]
+    assert [m.content for m in without_memory(MODEL_CALLS[-1][1:])] == ["second"]
 
 
 def test_thread_is_tracked_with_its_checkpoints(db, fake_model):

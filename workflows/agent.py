@@ -4,10 +4,13 @@ With conversation memory on, the agent runs on the shared checkpointer under the
 user, conversation, workflow), so a person continues the conversation on any linked channel. The
 workflow run itself is not checkpointed: its thread is only known once identify_user has run.
 
-Each model call gets one SystemMessage (the node's system prompt plus the recalled memory). With
-`system_prompt_fallback`, the same text also travels as a HumanMessage with a stable id at the head
-of the history, for providers that ignore the system role; the stable id makes each turn replace it
-rather than add another. History is trimmed to `history_limit` messages before every model call (the
+Each model call gets one SystemMessage: the node's system prompt, the operator's words only. Recalled
+memory (facts, earlier conversations, learned procedures: what users once said, so untrusted) goes
+in a message of its own just before the latest human message, a HumanMessage named "memory" inside
+its untrusted-context block: never in the most privileged place of the prompt, and never stored in
+the conversation's history (it is added to each model call's input). With `system_prompt_fallback`,
+the system prompt also travels as a HumanMessage with a stable id at the head of the history, for
+providers that ignore the system role; the stable id makes each turn replace it rather than add another. History is trimmed to `history_limit` messages before every model call (the
 stored history too) and never starts with an AI or tool message.
 
 Without a user, with conversation memory off, or when the checkpointer fails (reported in
@@ -61,6 +64,18 @@ def trim_history(messages, limit):
     return fallback + kept
 
 
+MEMORY_MESSAGE_NAME = "memory"
+
+
+def with_memory(messages, memory_prompt):
+    """`messages` with the recalled-memory block as a message of its own before the latest human message."""
+    if not memory_prompt:
+        return list(messages)
+    last_human = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=len(messages))
+    block = HumanMessage(content=memory_prompt, name=MEMORY_MESSAGE_NAME)
+    return [*messages[:last_human], block, *messages[last_human:]]
+
+
 def build_agent_graph(config, model, checkpointer=None):
     """The compiled ReAct agent for one agent node (model None: the offline responder)."""
     from langgraph.prebuilt import create_react_agent
@@ -78,7 +93,7 @@ def build_agent_graph(config, model, checkpointer=None):
         return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *trim_history(state["messages"], limit)]}
 
     def prompt(state, runtime):
-        return [SystemMessage(content=runtime.context.system_prompt), *state["messages"]]
+        return [SystemMessage(content=runtime.context.system_prompt), *with_memory(state["messages"], runtime.context.memory_prompt)]
 
     if model is None:
 
@@ -121,8 +136,6 @@ def build_agent_node(config, context):
         user = state.get("user")
         conversation_id = state.get("conversation_id") or "direct"
         system_prompt = base_prompt
-        if state.get("memory_prompt"):
-            system_prompt = f"{base_prompt}\n\n{state['memory_prompt']}"
         text = last_human_text(state)
         turn = HumanMessage(content=text, id=f"turn-{uuid.uuid4().hex}")
         messages = [turn]
@@ -184,6 +197,7 @@ def _agent_context(context, user, session_id, system_prompt, state):
         user=user,
         session_id=session_id,
         system_prompt=system_prompt,
+        memory_prompt=state.get("memory_prompt") or "",
         memories=state.get("memories") or {},
     )
 

@@ -88,4 +88,6 @@ class AgentContext:
     user: UserInfo | None = None
     session_id: str = ""
     system_prompt: str = ""
+    # The recalled-memory block (untrusted): sent as its own message, never in the system prompt.
+    memory_prompt: str = ""
     memories: dict = field(default_factory=dict)
