@@ -1,6 +1,8 @@
 """GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content)."""
 import logging
+import threading
 
+from django.core.signals import got_request_exception
 from django.db import DatabaseError
 from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
@@ -11,6 +13,22 @@ from .indexer import indexer
 from .service import MemoryService
 
 logger = logging.getLogger("engram.memory")
+
+
+class _ErrorCount:
+    """Unhandled exceptions of requests served by this process since it started (shown on /healthz)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def __call__(self, sender, request=None, **kwargs):
+        with self.lock:
+            self.count += 1
+
+
+unhandled_errors = _ErrorCount()
+got_request_exception.connect(unhandled_errors, dispatch_uid="memory_healthz_count_errors")
 
 
 @never_cache
@@ -30,6 +48,7 @@ def healthz(request):
             logger.warning("healthz: %s check failed: %s", name, exc)
             body[name] = "error"
     body["recall"] = health.recall_mode()
+    body["unhandled_errors"] = unhandled_errors.count  # this process's, since it started; each is logged
     if database != "ok":
         body.update(status="unavailable", last_consolidation=None, health=None)
         return JsonResponse(body, status=503)

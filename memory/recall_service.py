@@ -10,6 +10,7 @@ from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, reset_embedder, to_blob
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .indexer import indexer, pending_count
+from .validation import clean_text
 from .models import EmbeddingModelRecord, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events
 from .recall_events import recall_log
@@ -88,13 +89,8 @@ class RecallMixin:
         """
         from .service import _check_limit, _check_unit_interval, _viewer
 
-        if not isinstance(query, str):
-            raise InvalidMemoryArgument("query", "must be a string")
-        query = query.strip()
-        if not query:
-            raise InvalidMemoryArgument("query", "must not be empty")
-        if len(query) > MAX_QUERY_LENGTH:
-            raise InvalidMemoryArgument("query", f"must be at most {MAX_QUERY_LENGTH} characters")
+        # Free text (a whole message): any number of words, but clean and at most MAX_QUERY_LENGTH.
+        query = clean_text("query", query, max_length=MAX_QUERY_LENGTH)
         viewer = _viewer(agent_id, user_id, session_id)
         kinds = _check_types(types)
         limit = _check_limit(limit, memory_settings.RECALL_LIMIT)

@@ -42,8 +42,11 @@ from .models import RecallKind
 from .recall_service import RecallMixin
 from .signals import users_deleting, users_merged
 from .text import fact_search_text, search_tokens
-from .validation import check_json, clean_text
+from .validation import check_json, check_search, clean_text
 
+
+# The longest text a fact search or a procedure match takes (a whole message is fine; a book is not).
+MAX_SEARCH_LENGTH = 4000
 
 # Attempts of a merge that keeps meeting concurrent merges of the same users before it gives up.
 _MERGE_ATTEMPTS = 5
@@ -380,6 +383,7 @@ class MemoryService(RecallMixin):
         """
         if not isinstance(query, str):
             raise InvalidMemoryArgument("query", "must be a string")
+        query = check_search("query", query, max_words=None, max_length=MAX_SEARCH_LENGTH)
         tokens = search_tokens(query)
         if not tokens:
             raise InvalidMemoryArgument("query", "must contain at least one word")
@@ -897,6 +901,7 @@ class MemoryService(RecallMixin):
         """The best `limit` active procedures whose trigger conditions hold (see find_procedure)."""
         if not isinstance(goal, str):
             raise InvalidMemoryArgument("goal", "must be a string")
+        goal = check_search("goal", goal, max_words=None, max_length=MAX_SEARCH_LENGTH)
         if context is not None and not isinstance(context, dict):
             raise InvalidMemoryArgument("context", "must be a JSON object")
         agent_id = _check_text("agent_id", agent_id, required=False, max_length=128)

@@ -75,37 +75,52 @@ def check_json(field_name, value, *, max_depth=MAX_JSON_DEPTH):
     """`value` if it is JSON that every database stores alike: finite numbers, 64-bit integers, clean text.
 
     Walks the value without recursion, so a hostile depth is refused rather than overflowing the stack.
+    The error names `field_name`; its `path` attribute (and its message) the offending part, such
+    as `payload.message` or `body.ids[0]`.
     """
     stack = [(value, 1, field_name)]
     while stack:
         item, depth, where = stack.pop()
         if depth > max_depth:
-            raise InvalidMemoryArgument(field_name, f"is nested deeper than {max_depth} levels")
+            raise _bad(field_name, field_name, f"is nested deeper than {max_depth} levels")
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    raise InvalidMemoryArgument(field_name, f"object keys must be strings, got {type(key).__name__}")
+                    raise _bad(field_name, where, f"object keys must be strings, got {type(key).__name__}")
                 problem = text_problem(key)
                 if problem:
-                    raise InvalidMemoryArgument(field_name, f"key {key!r} {problem}")
+                    raise _bad(field_name, where, f"key {key!r} {problem}")
                 stack.append((child, depth + 1, f"{where}.{key}"))
         elif isinstance(item, (list, tuple)):
             stack.extend((child, depth + 1, f"{where}[{i}]") for i, child in enumerate(item))
         elif isinstance(item, str):
             problem = text_problem(item)
             if problem:
-                raise InvalidMemoryArgument(field_name, f"{where} {problem}" if where != field_name else problem)
+                raise _bad(field_name, where, problem)
         elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int):
             if not INT64_MIN <= item <= INT64_MAX:
-                raise InvalidMemoryArgument(field_name, f"{where}: integers must fit in 64 bits")
+                raise _bad(field_name, where, "integers must fit in 64 bits")
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise InvalidMemoryArgument(field_name, f"{where}: numbers must be finite, got {item}")
+                raise _bad(field_name, where, f"numbers must be finite, got {item}")
         else:
-            raise InvalidMemoryArgument(field_name, f"must be JSON-serialisable, got {type(item).__name__} at {where}")
+            raise _bad(field_name, where, f"must be JSON-serialisable, got {type(item).__name__}")
     return value
+
+
+def _bad(field_name, path, message):
+    error = InvalidMemoryArgument(field_name, message if path == field_name else f"{path}: {message}")
+    error.path, error.problem = path, message
+    return error
+
+
+def top_field(error, default):
+    """The top-level key a check_json error's path names ("body.ids[0]" -> "ids"), or `default`."""
+    path = getattr(error, "path", error.field)
+    head, _, rest = path.partition(".")
+    return rest.split(".")[0].split("[")[0] or default if rest else default
 
 
 def loads(field_name, data, *, max_depth=MAX_JSON_DEPTH):
@@ -123,6 +138,6 @@ def check_search(field_name, query, *, max_words=MAX_SEARCH_WORDS, max_length=10
     """A search text: clean, at most `max_length` characters and `max_words` words."""
     query = clean_text(field_name, query, required=False, max_length=max_length)
     words = len(query.split())
-    if words > max_words:
+    if max_words is not None and words > max_words:
         raise InvalidMemoryArgument(field_name, f"has {words} words; a search takes at most {max_words}")
     return query

@@ -86,16 +86,18 @@ def test_a_wrong_or_missing_secret_is_refused_and_nothing_runs(post, fake_bot, h
     assert not Episode.objects.exists() and not MemoryUser.objects.exists() and not fake_bot.calls
 
 
-def test_malformed_json_is_a_400_naming_the_problem(post, fake_bot):
+def test_malformed_updates_are_acknowledged_as_rejected_naming_the_problem(post, fake_bot):
+    """An update that can never succeed is answered 200 (Telegram would retry anything else forever),
+    with the problem named, logged, and nothing run or written."""
     response = post(b'{"update_id": 1, "message": ', raw=True)
-    assert response.status_code == 400 and "body" in response.json()["errors"]
+    assert response.status_code == 200 and response.json()["status"] == "rejected" and "body" in response.json()["errors"]
     response = post({"message": {"text": "no id"}})
-    assert response.status_code == 400 and "update_id" in response.json()["errors"]
+    assert response.status_code == 200 and "update_id" in response.json()["errors"]
     bad_sender = telegram_update(2, 42, "hi")
     del bad_sender["message"]["from"]
     response = post(bad_sender)
-    assert response.status_code == 400 and "message.from.id" in response.json()["errors"]
-    assert not Episode.objects.exists()
+    assert response.status_code == 200 and "message.from.id" in response.json()["errors"]
+    assert not Episode.objects.exists() and not MemoryUser.objects.exists() and not fake_bot.calls
 
 
 def test_an_update_without_a_message_is_acknowledged_without_a_run(post, fake_bot):

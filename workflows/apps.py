@@ -9,6 +9,7 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self):
         from . import threads  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
+        from . import checks  # noqa: F401  (system checks: a webhook secret needs a bot token)
         from . import conf  # noqa: F401  (reloads settings on override)
         from . import lifecycle
 

@@ -12,6 +12,9 @@ one-to-one conversations are "direct".
 """
 from dataclasses import dataclass
 
+from memory.exceptions import InvalidMemoryArgument
+from memory.validation import INT64_MAX, INT64_MIN, check_json
+
 from .exceptions import InvalidTrigger
 
 TRIGGER_TYPES = ("telegram", "chat", "webhook", "manual")
@@ -40,6 +43,10 @@ def parse_trigger(trigger) -> TriggerInfo:
     payload = trigger.get("payload")
     if not isinstance(payload, dict):
         raise InvalidTrigger("payload", "must be a JSON object")
+    try:  # the payload is stored with the run's episode: text every database keeps, sane nesting
+        check_json("payload", payload)
+    except InvalidMemoryArgument as exc:
+        raise InvalidTrigger(exc.path, exc.problem) from None
     if kind == "telegram":
         return parse_telegram_update(payload)
     return _parse_direct(kind, payload)
@@ -59,20 +66,28 @@ def parse_telegram_update(update) -> TriggerInfo:
         raise InvalidTrigger("update", f"carries none of {', '.join(TELEGRAM_UPDATE_KINDS)}")
     part = update[kind]
     sender = part.get("from")
-    if not isinstance(sender, dict) or not _is_id(sender.get("id")):
+    if not isinstance(sender, dict) or not is_telegram_id(sender.get("id")):
         raise InvalidTrigger(f"{kind}.from.id", "is missing or not an integer")
     if kind == "callback_query":
         text = part.get("data") or ""
-        chat = (part.get("message") or {}).get("chat") or {}
+        message = part.get("message")
+        if message is not None and not isinstance(message, dict):
+            raise InvalidTrigger("callback_query.message", "must be an object (a Telegram Message)")
+        chat = (message or {}).get("chat") or {}
     else:
         text = part.get("text") or part.get("caption") or ""
         chat = part.get("chat") or {}
     if not isinstance(text, str):
         raise InvalidTrigger(f"{kind}.text", "must be a string")
-    chat_id = chat.get("id") if isinstance(chat, dict) else None
-    if chat_id is not None and not _is_id(chat_id):
+    if not isinstance(chat, dict):
+        raise InvalidTrigger(f"{kind}.chat", "must be an object (a Telegram Chat)")
+    chat_id = chat.get("id")
+    if chat_id is not None and not is_telegram_id(chat_id):
         raise InvalidTrigger(f"{kind}.chat.id", "must be an integer")
-    group = isinstance(chat, dict) and chat.get("type") in {"group", "supergroup", "channel"}
+    chat_type = chat.get("type")
+    if chat_type is not None and not isinstance(chat_type, str):
+        raise InvalidTrigger(f"{kind}.chat.type", "must be a string")
+    group = chat_type in {"group", "supergroup", "channel"}
     name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if isinstance(p, str) and p)
     return TriggerInfo(
         type="telegram",
@@ -89,6 +104,8 @@ def _parse_direct(kind, payload):
     text = payload.get("message", payload.get("text", ""))
     if not isinstance(text, str):
         raise InvalidTrigger("message", "must be a string")
+    if not text.strip():
+        raise InvalidTrigger("message", "must not be empty: a run answers a message")
     email, user_id, user_name = payload.get("email"), payload.get("user_id"), payload.get("user_name")
     channel = payload.get("channel") or kind
     if not isinstance(channel, str):
@@ -123,8 +140,9 @@ def _parse_direct(kind, payload):
     )
 
 
-def _is_id(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_telegram_id(value):
+    """A Telegram id: an integer that fits the signed 64 bits Telegram (and our columns) use."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
 
 
 DISPLAY_NAME_LENGTH = 200  # memory users' display_name column

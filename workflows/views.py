@@ -1,8 +1,8 @@
 """HTTP entry points: the node palette and workflow runs (staff API), and the Telegram webhook."""
 import hmac
-import json
 import logging
 
+from django.db import DatabaseError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -11,6 +11,9 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
+from memory import validation
+from memory.exceptions import InvalidMemoryArgument
+
 from .conf import workflow_settings
 from .exceptions import InvalidTrigger
 from .models import Workflow
@@ -18,6 +21,7 @@ from .registry import node_types
 from .runtime import WorkflowNotFound, get_workflow, run_workflow
 from .serializers import NodeTypeSerializer, WorkflowSerializer
 from .telegram import handle_update
+from .triggers import is_telegram_id, parse_trigger, telegram_update_kind
 
 logger = logging.getLogger("engram.workflows")
 
@@ -63,32 +67,55 @@ def _error(status_code, field, message):
     return JsonResponse({"ok": False, "errors": {field: [message]}}, status=status_code)
 
 
+def _rejected(slug, field, message):
+    """An update that can never succeed: acknowledged (200, so Telegram stops retrying it), logged, not run."""
+    logger.warning("telegram webhook %s: update rejected: %s: %s", slug, field, message)
+    return JsonResponse({"ok": False, "status": "rejected", "errors": {field: [message]}})
+
+
 @csrf_exempt
 @require_POST
 def telegram_webhook(request, slug):
-    """POST /telegram/<slug>/webhook/: one Bot API update, authenticated by the secret-token header."""
+    """POST /telegram/<slug>/webhook/: one Bot API update, authenticated by the secret-token header.
+
+    Answers: 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
+    "duplicate" or "ignored"; 200 "rejected" (logged, nothing written) for an update that can never
+    succeed — not JSON, nested too deep, not shaped like an update, text no database can store — so
+    Telegram does not retry it forever; 503 when the run cannot answer now (no bot token configured, the
+    database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
+    """
     expected = workflow_settings.TELEGRAM_WEBHOOK_SECRET
     given = request.headers.get(SECRET_HEADER, "")
     if not expected:
         logger.warning("telegram webhook refused: set WORKFLOWS['TELEGRAM_WEBHOOK_SECRET'] to accept updates")
         return _error(403, "secret_token", "webhooks are disabled until a secret token is configured")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    if not hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode()):
         return _error(403, "secret_token", f"the {SECRET_HEADER} header is missing or wrong")
     try:
         workflow = get_workflow(slug)
     except WorkflowNotFound as exc:
         return _error(404, "slug", str(exc))
     try:
-        update = json.loads(request.body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return _error(400, "body", f"is not valid JSON ({exc})")
+        update = validation.loads("body", request.body)
+    except InvalidMemoryArgument as exc:
+        return _rejected(slug, exc.field, exc.message)
     if not isinstance(update, dict):
-        return _error(400, "body", "must be a JSON object (a Telegram Update)")
+        return _rejected(slug, "body", "must be a JSON object (a Telegram Update)")
     update_id = update.get("update_id")
-    if isinstance(update_id, bool) or not isinstance(update_id, int):
-        return _error(400, "update_id", "is missing or not an integer")
+    if not is_telegram_id(update_id):
+        return _rejected(slug, "update_id", "is missing or not a 64-bit integer")
+    if telegram_update_kind(update) is not None:
+        try:
+            parse_trigger({"type": "telegram", "payload": update})
+        except InvalidTrigger as exc:
+            return _rejected(slug, exc.field, exc.message)
+    if not workflow_settings.TELEGRAM_BOT_TOKEN:
+        logger.error("telegram webhook %s: no bot token (WORKFLOWS['TELEGRAM_BOT_TOKEN']): update %s left for Telegram's retry",
+                     slug, update_id)
+        return _error(503, "bot_token", "no Telegram bot token is configured: the reply could not be sent")
     try:
         outcome = handle_update(workflow, update)
-    except InvalidTrigger as exc:
-        return _error(400, exc.field, exc.message)
+    except DatabaseError as exc:  # released by handle_update: Telegram's retry runs it
+        logger.exception("telegram webhook %s: update %s failed; released for Telegram's retry", slug, update_id)
+        return _error(503, "database", f"the update could not be processed now ({type(exc).__name__}); retry")
     return JsonResponse(outcome.as_dict())

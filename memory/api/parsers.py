@@ -1,9 +1,9 @@
-"""Request parsing of the operators' API: JSON only, with a limit on the body size."""
-import io
-
+"""Request parsing of the operators' API: JSON only, with a limit on the body size and on nesting."""
 from rest_framework import exceptions, parsers, status
 
+from .. import validation
 from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument
 
 
 class RequestBodyTooLarge(exceptions.APIException):
@@ -17,6 +17,9 @@ class LimitedJSONParser(parsers.JSONParser):
 
     DRF reads the request stream itself, past Django's DATA_UPLOAD_MAX_MEMORY_SIZE check, so the
     limit is enforced here: by the declared Content-Length, and by reading at most limit + 1 bytes.
+    The body then goes through memory.validation.loads: JSON nested past its depth (which would
+    overflow Python's recursive parser), NUL characters, lone surrogates and integers past 64 bits
+    are a 400 naming the body, before any view sees them.
     """
 
     def parse(self, stream, media_type=None, parser_context=None):
@@ -33,4 +36,7 @@ class LimitedJSONParser(parsers.JSONParser):
         body = stream.read(limit + 1) if stream is not None else b""
         if len(body) > limit:
             raise too_large
-        return super().parse(io.BytesIO(body), media_type, parser_context)
+        try:
+            return validation.loads("body", body)
+        except InvalidMemoryArgument as exc:  # named by the top-level key it is under, as views name fields
+            raise exceptions.ValidationError({validation.top_field(exc, "body"): [exc.message]}) from None

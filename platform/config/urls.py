@@ -17,3 +17,8 @@ urlpatterns = [
     path("", include("workflows.urls")),
     path("healthz", healthz, name="healthz"),
 ]
+
+# JSON error answers under /api/ and /telegram/ (memory/api/errors.py); Django's pages elsewhere.
+handler400 = "memory.api.errors.bad_request"
+handler404 = "memory.api.errors.not_found"
+handler500 = "memory.api.errors.server_error"

@@ -1,0 +1,19 @@
+"""System checks of the workflows app (`manage.py check`, and every server start)."""
+from django.core.checks import Error, Tags, register
+
+from .conf import workflow_settings
+
+
+@register(Tags.compatibility)
+def telegram_needs_a_bot_token(app_configs, **kwargs):
+    """A webhook secret without a bot token accepts updates it can never answer."""
+    if workflow_settings.TELEGRAM_WEBHOOK_SECRET and not workflow_settings.TELEGRAM_BOT_TOKEN:
+        return [
+            Error(
+                "WORKFLOWS['TELEGRAM_WEBHOOK_SECRET'] is set but WORKFLOWS['TELEGRAM_BOT_TOKEN'] is not: "
+                "Telegram updates would run but no reply could be sent.",
+                hint="Set TELEGRAM_BOT_TOKEN (the environment variable the settings read), or unset the secret.",
+                id="workflows.E001",
+            )
+        ]
+    return []
