@@ -99,7 +99,7 @@ def item_fields(kind, item):
             "fact_type": item.fact_type,
             "scope": item.scope,
             "scope_key": item.scope_key,
-            "confidence": item.confidence,
+            "confidence": round(item.confidence, 4),
             "updated_at": iso(item.updated_at),
         }
     if kind == RecallKind.EPISODE:
@@ -120,7 +120,7 @@ def item_fields(kind, item):
         "description": item.description,
         "procedure_type": item.procedure_type,
         "content": item.content,
-        "success_rate": item.success_rate,
+        "success_rate": round(item.success_rate, 4),
         "is_active": item.is_active,
     }
 

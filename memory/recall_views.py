@@ -8,7 +8,8 @@ from .embeddings import EmbeddingModelChanged
 from .exceptions import InvalidMemoryArgument
 from .recall import MODES
 from .recall_service import MAX_QUERY_LENGTH, MAX_RECALL_LIMIT
-from .service import MemoryService
+from .api.filters import check_query_parameters
+from .service import MAX_ID, MemoryService
 
 
 class RecallQuerySerializer(serializers.Serializer):
@@ -16,7 +17,8 @@ class RecallQuerySerializer(serializers.Serializer):
 
     q = serializers.CharField(max_length=MAX_QUERY_LENGTH, trim_whitespace=True)
     agent_id = serializers.CharField(required=False, allow_blank=True, max_length=128, default="")
-    user_id = serializers.IntegerField(required=False, min_value=1, allow_null=True, default=None)
+    # `user`, as in every list's filter: one name per parameter across the API.
+    user = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID, allow_null=True, default=None)
     session_id = serializers.CharField(required=False, allow_blank=True, max_length=128, default="")
     types = serializers.CharField(required=False, default="facts,episodes,procedures")
     limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_RECALL_LIMIT, default=None)
@@ -27,8 +29,9 @@ class RecallQuerySerializer(serializers.Serializer):
 class RecallView(APIView):
     """Recall the memories a viewer (agent, user, session) may see that best match `q`.
 
-    Query parameters: q (required), agent_id, user_id, session_id, types (comma-separated: facts,
-    episodes, procedures), limit, min_confidence, mode (auto, hybrid, keyword, vector). Answers
+    Query parameters: q (required), agent_id, user (a memory user id), session_id, types
+    (comma-separated: facts, episodes, procedures), limit, min_confidence, mode (auto, hybrid,
+    keyword, vector); any other parameter, a blank or a repeated one is a 400 naming it. Answers
     {"query", "mode", "count", "results": [{"kind", "id", "text", "score", ..., "item": {...}}]};
     a bad parameter answers 400 naming it; vectors of another embedding model answer 409.
     """
@@ -36,6 +39,7 @@ class RecallView(APIView):
     permission_classes = [IsAdminUser]
 
     def get(self, request):
+        check_query_parameters(request, set(RecallQuerySerializer().fields) | {"format"})
         params = RecallQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         data = params.validated_data
@@ -43,7 +47,7 @@ class RecallView(APIView):
             result = MemoryService().recall(
                 data["q"],
                 agent_id=data["agent_id"],
-                user_id=data["user_id"],
+                user_id=data["user"],
                 session_id=data["session_id"],
                 types=data["types"],
                 limit=data["limit"],
@@ -51,7 +55,7 @@ class RecallView(APIView):
                 mode=data["mode"],
             )
         except InvalidMemoryArgument as exc:
-            field = "q" if exc.field == "query" else exc.field
+            field = {"query": "q", "user_id": "user"}.get(exc.field, exc.field)
             return Response({field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
         except EmbeddingModelChanged as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)

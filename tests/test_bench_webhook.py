@@ -17,6 +17,6 @@ def test_webhook_benchmark_prints_one_json_object():
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout
     result = json.loads(lines[0])
-    assert set(result) == {"updates", "per_s", "p50_ms", "p95_ms", "errors"}
+    assert set(result) == {"updates", "mode", "per_s", "p50_ms", "p95_ms", "errors"}
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]

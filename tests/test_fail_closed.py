@@ -93,7 +93,7 @@ def test_an_episode_without_a_user_is_never_recalled_for_a_user(service, user_fa
     assert [h.id for h in as_user] == [mine.pk]
     as_agent = service.recall("bank pin", agent_id="demo", types=("episodes",), mode="keyword")
     assert [h.id for h in as_agent] == [ownerless.pk]  # the agent alone still sees its runs without a person
-    body = admin_client.get("/api/v1/recall/", {"q": "bank pin", "agent_id": "demo", "user_id": reader.pk}).json()
+    body = admin_client.get("/api/v1/recall/", {"q": "bank pin", "agent_id": "demo", "user": reader.pk}).json()
     assert "9931" not in str(body)
 
 

@@ -22,7 +22,7 @@ def test_recall_endpoint_returns_ranked_hits(staff_client, service, user_factory
     u = user_factory()
     service.set_fact("drink", "espresso doppio", scope="user", user_id=u.pk)
     service.set_fact("snack", "espresso biscuit", scope="agent", agent_id="other")
-    response = staff_client.get("/api/v1/recall/", {"q": "espresso", "user_id": u.pk, "agent_id": "bot"})
+    response = staff_client.get("/api/v1/recall/", {"q": "espresso", "user": u.pk, "agent_id": "bot"})
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["mode"] == "keyword" and body["count"] == 1 and body["query"] == "espresso"
@@ -41,7 +41,8 @@ def test_recall_endpoint_returns_ranked_hits(staff_client, service, user_factory
         ({"q": ""}, "q"),
         ({"q": "x", "limit": 0}, "limit"),
         ({"q": "x", "limit": "ten"}, "limit"),
-        ({"q": "x", "user_id": "abc"}, "user_id"),
+        ({"q": "x", "user": "abc"}, "user"),
+        ({"q": "x", "user_id": 1}, "user_id"),  # one name per parameter: the lists say `user`
         ({"q": "x", "types": "facts,gossip"}, "types"),
         ({"q": "x", "mode": "psychic"}, "mode"),
         ({"q": "x", "min_confidence": 3}, "min_confidence"),

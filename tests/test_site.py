@@ -1,4 +1,6 @@
 """The site: the root redirect and the /memories/ admin where staff browse what agents remember."""
+import logging
+
 import pytest
 
 from memory.models import Fact
@@ -112,3 +114,23 @@ def test_a_value_corrected_in_the_admin_is_what_search_finds(staff_client, servi
     assert service.get_fact("favourite_tea_blend").value == "earl grey"
     assert [f.pk for f in service.search_facts("earl grey")] == [fact.pk]
     assert service.search_facts("oolong") == []
+
+
+@pytest.mark.django_db
+def test_an_unhandled_exception_is_logged_with_its_traceback_and_counted(admin_client, caplog):
+    """A real failure (the facts table gone, inside a savepoint undone afterwards) answers a JSON 500,
+    its traceback and path reach the server's log, and /healthz counts it."""
+    from django.db import connection, transaction
+
+    before = admin_client.get("/healthz").json()["unhandled_errors"]
+    admin_client.raise_request_exception = False
+    with caplog.at_level(logging.ERROR, logger="django.request"):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("DROP TABLE memory_recall_doc")
+            response = admin_client.get("/api/v1/recall/", {"q": "anything"})
+            transaction.set_rollback(True)
+    assert response.status_code == 500 and response.json()["detail"].startswith("Server error")
+    [record] = [r for r in caplog.records if r.name == "django.request"]
+    assert record.exc_info is not None and "/api/v1/recall/" in record.getMessage()
+    assert admin_client.get("/healthz").json()["unhandled_errors"] == before + 1

@@ -1,4 +1,5 @@
 """Telegram end to end: Django's live server over real HTTP, a fake Bot API on 127.0.0.1."""
+import json
 import logging
 
 import httpx
@@ -175,3 +176,37 @@ def test_seen_updates_are_forgotten_after_the_retention(fake_bot, demo_workflow)
     handle_update(demo_workflow, telegram_update(1000, 42, "hello again"))  # every 1,000th cleans up
     assert list(TelegramUpdate.objects.values_list("update_id", flat=True)) == [1000]
     assert handle_update(demo_workflow, telegram_update(1000, 42, "hello again")).status == "duplicate"
+
+
+def test_without_a_bot_token_the_update_is_left_for_telegrams_retry(post, fake_bot, settings):
+    """The reply could never be sent: answer 503 before running, recording nothing, so Telegram's retry
+    (after the operator sets the token) runs it — not "duplicate"."""
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "TELEGRAM_BOT_TOKEN": ""}
+    response = post(telegram_update(11, 42, "my name is Ada"))
+    assert response.status_code == 503 and "bot_token" in response.json()["errors"]
+    assert not MemoryUser.objects.exists() and not Episode.objects.exists()
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "TELEGRAM_BOT_TOKEN": BOT_TOKEN}
+    retry = post(telegram_update(11, 42, "my name is Ada"))
+    assert retry.status_code == 200 and retry.json()["status"] == "ran"
+
+
+def test_a_webhook_secret_without_a_bot_token_fails_the_system_check(settings):
+    from django.core.checks import run_checks
+
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "TELEGRAM_BOT_TOKEN": ""}
+    assert [m.id for m in run_checks()] == ["workflows.E001"]
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "TELEGRAM_BOT_TOKEN": BOT_TOKEN}
+    assert run_checks() == []
+
+
+@pytest.mark.django_db
+def test_nul_and_lone_surrogates_in_a_telegram_text_are_rejected_alike_on_every_database(client, demo_workflow, fake_bot):
+    """PostgreSQL cannot store U+0000 (SQLite can) and nothing can encode a lone surrogate: both are
+    refused before the run, the same on both databases, acknowledged so Telegram does not retry."""
+    for n, text in enumerate(['"a\\u0000b"', '"hi \\ud800"']):
+        body = json.dumps(telegram_update(20 + n, 42, "PLACEHOLDER")).replace('"PLACEHOLDER"', text)
+        response = client.post(f"/telegram/{demo_workflow.slug}/webhook/", body, content_type="application/json",
+                               headers={"X-Telegram-Bot-Api-Secret-Token": WEBHOOK_SECRET})
+        assert response.status_code == 200 and response.json()["status"] == "rejected"
+        assert "message.text" in response.json()["errors"]
+    assert not MemoryUser.objects.exists() and not Episode.objects.exists() and not fake_bot.calls

@@ -161,6 +161,7 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
     # Any path segment reaches the view, so a malformed thread id is a JSON 404, not Django's HTML page.
     lookup_value_regex = "[^/]+"
     ordering_fields = ["last_activity", "created_at", "thread_id", "checkpoint_count"]
+    action_query_parameters = {"retrieve": {"limit", "before"}}
     ordering = ["-last_activity", "-id"]
 
     def get_queryset(self):

@@ -97,8 +97,9 @@ def telegram_webhook(request, slug):
         return _error(404, "slug", str(exc))
     try:
         update = validation.loads("body", request.body)
-    except InvalidMemoryArgument as exc:
-        return _rejected(slug, exc.field, exc.message)
+    except InvalidMemoryArgument as exc:  # named by where in the update it is (message.text)
+        path = getattr(exc, "path", exc.field)
+        return _rejected(slug, path.removeprefix("body.") or "body", getattr(exc, "problem", exc.message))
     if not isinstance(update, dict):
         return _rejected(slug, "body", "must be a JSON object (a Telegram Update)")
     update_id = update.get("update_id")

@@ -1,12 +1,73 @@
-"""Filters of the operators' API (django-filter): by owner, kind and text, on the service's querysets."""
+"""Filters of the operators' API (django-filter): by owner, kind and text, on the service's querysets.
+
+Query parameters are strict, as the README promises: an unknown parameter, a blank filter, an unknown
+`ordering` field, text no database can store, or a search of too many words is a 400 naming the
+parameter — never silently ignored (a typo'd filter would list everything), never a 500.
+"""
 import django_filters
 from django import forms
 from django.db.models import Q
 from drf_spectacular.utils import extend_schema_field
+from rest_framework.exceptions import ValidationError
+from rest_framework.filters import BaseFilterBackend, OrderingFilter
 
+from .. import validation
+from ..exceptions import InvalidMemoryArgument
 from ..models import Episode, Fact, FactType, MemoryUser, Procedure, ProcedureType, Scope
 from ..service import MAX_ID
 from ..text import search_tokens
+
+# Parameters every list and detail endpoint understands besides its filters.
+COMMON_PARAMETERS = frozenset({"page", "page_size", "ordering", "format"})
+
+
+def check_query_parameters(request, known, *, blank_allowed=()):
+    """400 naming the first parameter that is unknown, repeated, blank (unless allowed) or unclean."""
+    for name in request.query_params:
+        if name not in known:
+            raise ValidationError({name: [f"Unknown parameter; this endpoint takes {', '.join(sorted(known))}."]})
+        values = request.query_params.getlist(name)
+        if len(values) > 1:
+            raise ValidationError({name: ["Give this parameter once."]})
+        value = values[0]
+        problem = validation.text_problem(value)
+        if problem:
+            raise ValidationError({name: [problem[0].upper() + problem[1:] + "."]})
+        if value.strip() == "" and name not in blank_allowed:
+            raise ValidationError({name: ["May not be blank."]})
+
+
+class StrictQueryParameters(BaseFilterBackend):
+    """Refuses query parameters the view does not know (its filterset's filters and the common ones)."""
+
+    def filter_queryset(self, request, queryset, view):
+        filterset = getattr(view, "filterset_class", None)
+        filters = set(filterset.base_filters) if filterset is not None else set()
+        blank_allowed = getattr(filterset, "blank_allowed", ()) if filterset is not None else ()
+        # An action's own parameters (a user's DELETE ?cascade=, a thread's ?limit=&before=).
+        own = set(getattr(view, "action_query_parameters", {}).get(getattr(view, "action", None), ()))
+        check_query_parameters(request, filters | COMMON_PARAMETERS | own, blank_allowed=blank_allowed)
+        return queryset
+
+
+class StrictOrderingFilter(OrderingFilter):
+    """DRF's ordering, but an unknown field is a 400 naming `ordering` (DRF drops it silently)."""
+
+    def remove_invalid_fields(self, queryset, fields, view, request):
+        valid = super().remove_invalid_fields(queryset, fields, view, request)
+        unknown = [f for f in fields if f.lstrip("-") not in {v.lstrip("-") for v in valid}]
+        if unknown:
+            allowed = ", ".join(name for name, _ in self.get_valid_fields(queryset, view, {"request": request}))
+            raise ValidationError({self.ordering_param: [f"Unknown field {unknown[0]!r}; order by {allowed}."]})
+        return valid
+
+
+def _search_words(value):
+    """The words of a `search` filter: clean, and not so many that the query gets too large."""
+    try:
+        return validation.check_search("search", value).split()
+    except InvalidMemoryArgument as exc:
+        raise ValidationError({"search": [exc.message]}) from None
 
 
 class _IdField(forms.IntegerField):
@@ -38,7 +99,7 @@ class StrictBooleanFilter(django_filters.Filter):
 
 def _every_word(queryset, fields, value):
     """Rows where each word of `value` occurs (case-insensitively) in one of `fields`."""
-    for word in value.split():
+    for word in _search_words(value):
         match = Q()
         for field in fields:
             match |= Q(**{f"{field}__icontains": word})
@@ -63,7 +124,7 @@ class FactFilter(django_filters.FilterSet):
 
     def search_text(self, queryset, name, value):
         # The same normalisation as MemoryService.search_facts (search_text is stored lower-cased).
-        for token in search_tokens(value):
+        for token in search_tokens(" ".join(_search_words(value))):
             queryset = queryset.filter(search_text__contains=token)
         return queryset
 
@@ -87,6 +148,7 @@ class EpisodeFilter(django_filters.FilterSet):
 
 class ProcedureFilter(django_filters.FilterSet):
     agent_id = django_filters.CharFilter(help_text="Blank: procedures shared by every agent.")
+    blank_allowed = ("agent_id",)
     procedure_type = django_filters.ChoiceFilter(choices=ProcedureType.choices)
     is_active = StrictBooleanFilter()
     search = django_filters.CharFilter(method="search_text", help_text="Words in the name or description.")
@@ -113,7 +175,7 @@ class MemoryUserFilter(django_filters.FilterSet):
         return queryset.filter(pk__in=MemoryUser.objects.filter(identities__channel=value).values("pk"))
 
     def search_text(self, queryset, name, value):
-        for word in value.split():
+        for word in _search_words(value):
             queryset = queryset.filter(
                 pk__in=MemoryUser.objects.filter(
                     Q(display_name__icontains=word) | Q(canonical_id__icontains=word) | Q(identities__external_id__icontains=word)

@@ -23,7 +23,8 @@ class MemoryPagination(PageNumberPagination):
         raw = request.query_params.getlist(self.page_size_query_param)
         if not raw:
             return self.page_size
-        if len(raw) > 1 or not raw[0].isdigit() or int(raw[0]) < 1:
+        # ASCII digits only: str.isdigit() also accepts "²" and other scripts' digits, which int() refuses.
+        if len(raw) > 1 or not (raw[0].isascii() and raw[0].isdigit()) or int(raw[0]) < 1:
             raise ValidationError({self.page_size_query_param: ["Must be one positive integer."]})
         return min(int(raw[0]), self.max_page_size)
 

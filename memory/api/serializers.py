@@ -1,12 +1,27 @@
 """Serializers of the operators' API: one read-only shape per kind of memory, and the batch delete."""
+from django.db import models
 from rest_framework import serializers
 
 from ..conf import memory_settings
-from ..service import MAX_ID
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
+from ..service import MAX_ID
+
+# Digits shown of stored floats: confidence moves by repeated arithmetic (0.8 -> 0.8720000000000001).
+FLOAT_DIGITS = 4
 
 
-class FactSerializer(serializers.ModelSerializer):
+class RoundedFloatField(serializers.FloatField):
+    """A float shown rounded to FLOAT_DIGITS; the stored value keeps its precision."""
+
+    def to_representation(self, value):
+        return round(float(value), FLOAT_DIGITS)
+
+
+class MemorySerializer(serializers.ModelSerializer):
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, models.FloatField: RoundedFloatField}
+
+
+class FactSerializer(MemorySerializer):
     class Meta:
         model = Fact
         fields = [
@@ -17,7 +32,7 @@ class FactSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EpisodeSerializer(serializers.ModelSerializer):
+class EpisodeSerializer(MemorySerializer):
     class Meta:
         model = Episode
         fields = [
@@ -28,7 +43,7 @@ class EpisodeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ProcedureSerializer(serializers.ModelSerializer):
+class ProcedureSerializer(MemorySerializer):
     class Meta:
         model = Procedure
         fields = [

@@ -123,6 +123,7 @@ class MemoryUserViewSet(MemoryViewSet):
     batch_delete_serializer_class = serializers.UserBatchDeleteSerializer
     batch_delete_result_serializer_class = serializers.UserBatchDeleteResultSerializer
     ordering_fields = ["id", "display_name", "canonical_id", "last_seen", "total_conversations"]
+    action_query_parameters = {"destroy": {"cascade"}}
 
     def delete_ids(self, ids, data):
         return self.service.delete_users(ids, cascade=data.get("cascade", False), max_ids=memory_settings.API_MAX_BATCH_IDS)

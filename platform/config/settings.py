@@ -142,8 +142,9 @@ REST_FRAMEWORK = {
     # JSON bodies only, at most MEMORY["API_MAX_BODY_BYTES"] (DRF reads past DATA_UPLOAD_MAX_MEMORY_SIZE).
     "DEFAULT_PARSER_CLASSES": ["memory.api.parsers.LimitedJSONParser"],
     "DEFAULT_FILTER_BACKENDS": [
+        "memory.api.filters.StrictQueryParameters",  # unknown, blank or unclean parameters: a 400 naming them
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "memory.api.filters.StrictOrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "memory.api.pagination.MemoryPagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
