@@ -19,7 +19,7 @@ def delete_memories(modeladmin, request, queryset):
     opts = modeladmin.model._meta
     ids = list(queryset.order_by().values_list("pk", flat=True))
     if request.POST.get("post") == "yes":
-        result = modeladmin.delete_memories(ids)
+        result = modeladmin.delete_memories(ids, actor=f"admin:{request.user.get_username()}")
         text = f"Deleted {result.deleted} {opts.verbose_name if result.deleted == 1 else opts.verbose_name_plural}."
         if result.cascaded:
             also = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in result.cascaded.items() if n)

@@ -7,9 +7,12 @@ loses another tab's place. Reads come from `MemoryService` querysets; deletes an
 ModelAdmin that mixes in `MemoriesTab` (the conversation checkpoints tab lives in workflows/admin.py),
 and add sections to a memory user's page with `memories_site.register_user_section(...)`.
 """
+import json
 from dataclasses import dataclass
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -18,7 +21,7 @@ from django.utils.http import urlencode
 
 from . import actions
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
+from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure
 from .service import MemoryService
 
 TAB_STATE_SESSION_KEY = "memories_tabs"
@@ -94,6 +97,11 @@ class MemoriesAdminSite(admin.AdminSite):
 memories_site = MemoriesAdminSite(name="memories")
 
 
+def admin_actor(request):
+    """Who deletes, for the audit record."""
+    return f"admin:{request.user.get_username()}"
+
+
 class MemoriesTab:
     """Mixin for a ModelAdmin shown as a tab of the /memories/ index.
 
@@ -109,9 +117,32 @@ class MemoriesTab:
     actions = [actions.delete_memories]
     change_list_template = "admin/memories/change_list.html"
 
-    def delete_memories(self, ids):
-        """Delete these ids through the service; returns memory.service.BatchDelete."""
-        raise NotImplementedError(f"{type(self).__name__} must provide delete_memories(ids)")
+    def delete_memories(self, ids, actor=""):
+        """Delete these ids through the service (`actor` for its audit record); returns memory.service.BatchDelete."""
+        raise NotImplementedError(f"{type(self).__name__} must provide delete_memories(ids, actor)")
+
+    # --- the admin log: no person's name in it (the deletion itself is audited as a DeletionRecord)
+
+    def log_addition(self, request, obj, message):
+        return self._log(request, obj, ADDITION, message)
+
+    def log_change(self, request, obj, message):
+        return self._log(request, obj, CHANGE, message)
+
+    def log_deletions(self, request, queryset):
+        """Nothing: MemoryService writes the DeletionRecord (who, when, which ids), and a log entry
+        would keep the deleted person's name in django_admin_log (its object_repr is str(obj))."""
+        return []
+
+    def _log(self, request, obj, flag, message):
+        return LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
+            object_id=str(obj.pk),
+            object_repr=f"{obj._meta.verbose_name} #{obj.pk}",  # never str(obj): it may name a person
+            action_flag=flag,
+            change_message=json.dumps(message) if isinstance(message, list) else message,
+        )
 
     def delete_summary(self, ids):
         """Extra lines for the confirmation page: what else goes with these rows."""
@@ -168,10 +199,10 @@ class MemoriesTab:
         return listed, counts, set(), []
 
     def delete_model(self, request, obj):
-        self.delete_memories([obj.pk])
+        self.delete_memories([obj.pk], actor=admin_actor(request))
 
     def delete_queryset(self, request, queryset):
-        self.delete_memories(list(queryset.values_list("pk", flat=True)))
+        self.delete_memories(list(queryset.values_list("pk", flat=True)), actor=admin_actor(request))
 
 
 def _badge(kind, value, label=None):
@@ -212,8 +243,8 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         # The user page links to "this user's facts" (?user__id__exact=<id>).
         return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
 
-    def delete_memories(self, ids):
-        return MemoryService().delete_facts(ids)
+    def delete_memories(self, ids, actor=""):
+        return MemoryService().delete_facts(ids, actor=actor)
 
     @admin.display(description="value")
     def short_value(self, obj):
@@ -252,8 +283,8 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
     def lookup_allowed(self, lookup, value, request=None):
         return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
 
-    def delete_memories(self, ids):
-        return MemoryService().delete_episodes(ids)
+    def delete_memories(self, ids, actor=""):
+        return MemoryService().delete_episodes(ids, actor=actor)
 
     @admin.display(description="summary")
     def short_summary(self, obj):
@@ -276,8 +307,8 @@ class ProcedureAdmin(MemoriesTab, admin.ModelAdmin):
     def get_queryset(self, request):
         return MemoryService().procedure_list()
 
-    def delete_memories(self, ids):
-        return MemoryService().delete_procedures(ids)
+    def delete_memories(self, ids, actor=""):
+        return MemoryService().delete_procedures(ids, actor=actor)
 
     @admin.display(description="agent", ordering="agent_id")
     def agent(self, obj):
@@ -328,8 +359,8 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
     def get_queryset(self, request):
         return MemoryService().memory_user_list()
 
-    def delete_memories(self, ids):
-        return MemoryService().delete_users(ids, cascade=True)
+    def delete_memories(self, ids, actor=""):
+        return MemoryService().delete_users(ids, cascade=True, actor=actor)
 
     def delete_summary(self, ids):
         footprint = MemoryService().user_footprint(ids)
@@ -430,3 +461,32 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
         if not self.admin_site.user_sections:
             parts.append(format_html("<h3>{}</h3><p>{}</p>", "Threads", "No conversation threads are tracked on this site."))
         return format_html_join("", "{}", ((p,) for p in parts))
+
+
+@admin.register(DeletionRecord, site=memories_site)
+class DeletionRecordAdmin(MemoriesTab, admin.ModelAdmin):
+    """The audit trail of deletions: read only, and it names no person (ids and counts only)."""
+
+    tab_label, tab_position = "Deletions", 90
+    list_display = ["created_at", "actor", "kind", "count", "cascaded_counts"]
+    list_filter = ["kind"]
+    search_fields = ["actor"]
+    fields = ["created_at", "actor", "kind", "count", "ids", "cascaded"]
+    readonly_fields = fields
+    actions = []
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # an audit trail is not edited
+
+    def delete_memories(self, ids, actor=""):
+        raise PermissionError("deletion records are not deleted")
+
+    def delete_summary(self, ids):
+        return []
+
+    @admin.display(description="with them")
+    def cascaded_counts(self, obj):
+        return ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in (obj.cascaded or {}).items() if n) or "–"

@@ -9,8 +9,7 @@ deleted episode stay, without their source episode.
 from django.db import connection, transaction
 
 from .exceptions import InvalidMemoryArgument
-from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, Scope
-from .signals import users_deleting
+from .models import Episode, Fact, MemoryUser, Procedure, Scope
 
 FACTS, EPISODES, PROCEDURES, USERS = "facts", "episodes", "procedures", "users"
 KINDS = (FACTS, EPISODES, PROCEDURES, USERS)
@@ -53,7 +52,7 @@ def plan_kinds(kinds, filters):
     return chosen
 
 
-def clear(kinds, *, scope=None, agent_id=None, user_id=None):
+def clear(kinds, *, scope=None, agent_id=None, user_id=None, actor="command"):
     """Delete what the filters select; returns {kind: rows deleted} (identities counted apart)."""
     filters = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
     chosen = plan_kinds(kinds, filters)
@@ -84,23 +83,20 @@ def clear(kinds, *, scope=None, agent_id=None, user_id=None):
             Procedure.objects.filter(parent__in=procedures).exclude(pk__in=procedures).update(parent=None)
             deleted[PROCEDURES] = _delete(procedures)
         if USERS in chosen:
+            # Forgetting people is one path (MemoryService.delete_users): their rows, what names them
+            # elsewhere (recall events, admin log, index copies, threads), the audit record.
+            from .service import MemoryService
+
             users = MemoryUser.objects.all()
             if user_id is not None:
                 users = users.filter(pk=user_id) | users.filter(merged_into_id=user_id)
-            ids = list(users.values_list("pk", flat=True)) if user_id is not None else None
-            scoped = (lambda qs: qs.filter(user_id__in=ids)) if ids is not None else (lambda qs: qs.exclude(user_id=None))
-            # Other apps (workflows: threads and checkpoints) forget these users too, or nothing goes.
-            doomed = ids if ids is not None else list(MemoryUser.objects.values_list("pk", flat=True))
-            users_deleting.send(sender=MemoryUser, user_ids=doomed)
-            deleted[FACTS] = deleted.get(FACTS, 0) + _delete(scoped(Fact.objects.all()))
-            deleted[EPISODES] = deleted.get(EPISODES, 0) + _clear_episodes(scoped(Episode.objects.all()))
-            deleted["identities"] = _delete(scoped(ChannelIdentity.objects.all()))
-            if ids is None:
-                MemoryUser.objects.update(merged_into=None)
-                deleted[USERS] = _delete(MemoryUser.objects.all())
-            else:
-                MemoryUser.objects.filter(merged_into_id__in=ids).exclude(pk__in=ids).update(merged_into=None)
-                deleted[USERS] = _delete(MemoryUser.objects.filter(pk__in=ids))
+            doomed = list(users.values_list("pk", flat=True))
+            if doomed:
+                result = MemoryService().delete_users(doomed, cascade=True, actor=actor)
+                deleted[FACTS] = deleted.get(FACTS, 0) + result.cascaded.get("facts", 0)
+                deleted[EPISODES] = deleted.get(EPISODES, 0) + result.cascaded.get("episodes", 0)
+                deleted["identities"] = result.cascaded.get("identities", 0)
+            deleted[USERS] = len(doomed)
     return deleted
 
 

@@ -359,7 +359,42 @@ class RecallEvent(models.Model):
     class Meta:
         db_table = "memory_recall_event"
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["kind", "item_id"], name="recall_event_item")]
+        indexes = [
+            models.Index(fields=["kind", "item_id"], name="recall_event_item"),
+            models.Index(fields=["user_id"], name="recall_event_user"),  # forgetting a person finds theirs
+        ]
 
     def __str__(self):
         return f"{self.kind} {self.item_id} for {self.query[:40]!r}"
+
+
+class DeletionKind(models.TextChoices):
+    FACTS = "facts"
+    EPISODES = "episodes"
+    PROCEDURES = "procedures"
+    MEMORY_USERS = "memory users"
+    THREADS = "threads"
+
+
+class DeletionRecord(models.Model):
+    """An audit record of one deletion: who, when, what kind, how many, which ids — never whose.
+
+    Written in the deletion's own transaction by every path that deletes memory (service, REST, admin,
+    commands). It names rows by id only: a record of forgetting a person must not remember them.
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # "admin:<username>", "api:<username>", "command", "workflow", or what the caller passed.
+    actor = models.CharField(max_length=200)
+    kind = models.CharField(max_length=20, choices=DeletionKind.choices)
+    count = models.PositiveIntegerField()
+    ids = models.JSONField(default=list)
+    # With a person's deletion: how much went with them ({"facts": 4, "threads": 1, ...}).
+    cascaded = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "memory_deletion_record"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.count} {self.kind} by {self.actor}"

@@ -44,6 +44,15 @@ class RecallLog:
         if full:
             self.flush()
 
+    def forget(self, user_ids, items):
+        """Drop buffered events of these users, or of these items ({kind: ids}): they are being erased."""
+        user_ids = set(user_ids)
+        wanted = {(kind, i) for kind, ids in items.items() for i in ids}
+        with self._lock:
+            self._events = [
+                e for e in self._events if e.user_id not in user_ids and (e.kind, e.item_id) not in wanted
+            ]
+
     def flush(self):
         """Write buffered events and reference counts; returns how many events were written."""
         with self._lock:

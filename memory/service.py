@@ -21,7 +21,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
-from . import pruning
+from . import erasure, pruning
 from .access import access_counter
 from .backends import get_backend
 from .conf import memory_settings
@@ -29,6 +29,8 @@ from .exceptions import InvalidMemoryArgument, MemoryConflict, MemoryInUse, Memo
 from .models import (
     ChannelIdentity,
     ConsolidationRun,
+    DeletionKind,
+    DeletionRecord,
     Episode,
     Fact,
     FactType,
@@ -36,11 +38,12 @@ from .models import (
     Procedure,
     ProcedureSource,
     ProcedureType,
+    RecallEvent,
     Scope,
 )
 from .models import RecallKind
 from .recall_service import RecallMixin
-from .signals import users_deleting, users_merged
+from .signals import users_deleting, users_footprint, users_merged
 from .text import fact_search_text, search_tokens
 from .validation import check_json, check_search, clean_text
 
@@ -158,7 +161,7 @@ class Identified:
     created: bool
 
 
-_CHOICE_VALUES = {c: frozenset(c.values) for c in (Scope, FactType, ProcedureType, ProcedureSource)}
+_CHOICE_VALUES = {c: frozenset(c.values) for c in (Scope, FactType, ProcedureType, ProcedureSource, DeletionKind)}
 
 
 def _check_text(field_name, value, *, required=True, max_length=None):
@@ -963,25 +966,29 @@ class MemoryService(RecallMixin):
             episode_count=Coalesce(Subquery(_count_by_user(Episode)), 0),
         ).prefetch_related(Prefetch("identities", queryset=ChannelIdentity.objects.order_by("channel", "external_id")))
 
-    def delete_facts(self, ids, *, max_ids=None):
+    def delete_facts(self, ids, *, max_ids=None, actor=""):
         """Delete the facts with these ids in one transaction; returns BatchDelete(deleted, not_found)."""
-        return self._batch_delete(Fact, ids, max_ids)
+        return self._batch_delete(Fact, ids, max_ids, actor, DeletionKind.FACTS)
 
-    def delete_episodes(self, ids, *, max_ids=None):
+    def delete_episodes(self, ids, *, max_ids=None, actor=""):
         """Delete episodes; facts derived from them stay, their `source_episode` cleared."""
-        return self._batch_delete(Episode, ids, max_ids)
+        return self._batch_delete(Episode, ids, max_ids, actor, DeletionKind.EPISODES)
 
-    def delete_procedures(self, ids, *, max_ids=None):
+    def delete_procedures(self, ids, *, max_ids=None, actor=""):
         """Delete procedures; procedures evolved from them stay, their `parent` cleared."""
-        return self._batch_delete(Procedure, ids, max_ids)
+        return self._batch_delete(Procedure, ids, max_ids, actor, DeletionKind.PROCEDURES)
 
-    def delete_users(self, ids, *, cascade=False, max_ids=None):
+    def delete_users(self, ids, *, cascade=False, max_ids=None, actor=""):
         """Delete memory users: "forget this person" with `cascade=True`.
 
         With `cascade`, everything that names them goes too, in one transaction: their facts,
-        episodes, channel identities, the users merged into them, and (through the `users_deleting`
-        signal) their conversation threads. Without it, a user who still holds any of those raises
-        MemoryInUse naming the `cascade` field, and nothing is deleted.
+        episodes, channel identities, the users merged into them, their recall events and admin log
+        entries, the keyword indexes' copies of their words, and (through the `users_deleting`
+        signal) their conversation threads and checkpoints; after the commit the database files let
+        go of them too (memory/erasure.py). Without it, a user who still holds memories raises
+        MemoryInUse naming the `cascade` field, and nothing is deleted. Either way an audit record
+        (DeletionRecord: who, when, how many, which ids; never whose name) is written.
+        `BatchDelete.cascaded` counts everything that went, threads and checkpoints included.
         """
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
@@ -992,15 +999,21 @@ class MemoryService(RecallMixin):
             if not found:
                 return BatchDelete(0, not_found)
             footprint = self.user_footprint(found)
-            if not cascade and any(footprint.values()):
-                held = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in footprint.items() if n)
-                raise MemoryInUse("cascade", f"the users still hold {held}; pass cascade=true to delete them too")
+            held = {what: n for what, n in footprint.items() if n and what in _MEMORY_HELD}
+            if not cascade and held:
+                listed = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in held.items())
+                raise MemoryInUse("cascade", f"the users still hold {listed}; pass cascade=true to delete them too")
             merged = set()
             for chunk in _chunks(sorted(found)):
                 merged.update(MemoryUser.objects.filter(merged_into__in=chunk).values_list("pk", flat=True))
             everyone = sorted(found | merged)
+            fact_ids, episode_ids = [], []
+            for chunk in _chunks(everyone):
+                fact_ids += Fact.objects.filter(user__in=chunk).values_list("pk", flat=True)
+                episode_ids += Episode.objects.filter(user__in=chunk).values_list("pk", flat=True)
             # Always: without cascade the users hold no memories, but may still have threads.
             users_deleting.send(sender=MemoryUser, user_ids=everyone)
+            erasure.erase_related(everyone, fact_ids, episode_ids)
             for chunk in _chunks(everyone):
                 Fact.objects.filter(user__in=chunk).delete()
                 Episode.objects.filter(user__in=chunk).delete()  # derived facts of others keep, unlinked
@@ -1009,27 +1022,58 @@ class MemoryService(RecallMixin):
                 MemoryUser.objects.filter(merged_into__in=chunk).update(merged_into=None)
             for chunk in _chunks(everyone):
                 MemoryUser.objects.filter(pk__in=chunk).delete()
+            erasure.purge_indexes(self.backend)
+            _record_deletion(actor, DeletionKind.MEMORY_USERS, sorted(found), footprint)
+            erasure.scrub_after_commit()
         return BatchDelete(len(found), not_found, cascaded=footprint if cascade else {})
 
     def user_footprint(self, ids):
-        """How much of each kind of memory these users (and users merged into them) hold. Four queries."""
+        """How much these users (and users merged into them) hold, by kind, threads and checkpoints included.
+
+        Facts, episodes, identities, merged users, recall events; other apps add theirs through the
+        `users_footprint` signal (workflows: threads and checkpoints).
+        """
         ids = sorted(set(ids))
-        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0}
+        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0, "recall_events": 0}
         for chunk in _chunks(ids):
             totals["facts"] += Fact.objects.filter(user__in=chunk).count()
             totals["episodes"] += Episode.objects.filter(user__in=chunk).count()
             totals["identities"] += ChannelIdentity.objects.filter(user__in=chunk).count()
             totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()
+            totals["recall_events"] += RecallEvent.objects.filter(user_id__in=chunk).count()
+        for _, counts in users_footprint.send(sender=MemoryUser, user_ids=ids):
+            for what, n in (counts or {}).items():
+                totals[what] = totals.get(what, 0) + n
         return totals
 
-    def _batch_delete(self, model, ids, max_ids):
+    def record_deletion(self, actor, kind, ids, cascaded=None):
+        """Write the audit record of a deletion another app made (threads), in the caller's transaction."""
+        _record_deletion(actor, _check_choice("kind", kind, DeletionKind), list(ids), cascaded)
+
+    def export_person(self, user_id, out):
+        """Everything Engram holds about one person, as JSON Lines on `out` (a subject access request).
+
+        One object per line, each with a "kind": the user (and users merged into them), identities,
+        facts, episodes, recall events, and what other apps keep (threads and their messages, through
+        the `person_exporting` signal). Returns how many lines were written.
+        """
+        user = self.resolve_user(user_id)
+        return erasure.export_person(user, out)
+
+    def _batch_delete(self, model, ids, max_ids, actor, kind):
         ids = check_id_list(ids, max_ids)
         with transaction.atomic():
             found = _existing_ids(model, ids)
+            if model is Fact:
+                erasure.erase_related((), sorted(found), ())
+            elif model is Episode:
+                erasure.erase_related((), (), sorted(found))
             # One set-based DELETE per chunk: a model nothing points at (facts) is deleted without
             # loading rows; rows that point here with SET_NULL are cleared by one UPDATE per chunk.
             for chunk in _chunks(sorted(found)):
                 model.objects.filter(pk__in=chunk).delete()
+            if found:
+                _record_deletion(actor, kind, sorted(found))
         return BatchDelete(len(found), [i for i in ids if i not in found])
 
     # ---------------------------------------------------------- consolidation
@@ -1148,7 +1192,7 @@ class MemoryService(RecallMixin):
 
         return transfer.import_(stream, dry_run=dry_run, on_progress=on_progress)
 
-    def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None):
+    def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None, actor="command"):
         """Delete memory by kind (facts, episodes, procedures, users), scope, agent or user, atomically.
 
         Returns {kind: rows deleted}. See memory.clearing for what each filter selects.
@@ -1164,7 +1208,7 @@ class MemoryService(RecallMixin):
         if kinds is not None and (isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds)):
             raise InvalidMemoryArgument("kinds", "must be a list of kind names")
         self.flush_access_counts()
-        return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id)
+        return clearing.clear(kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
 
     # ------------------------------------------------------------ operators
 
@@ -1322,6 +1366,17 @@ def _chunks(items, size=_ID_CHUNK):
     items = list(items)
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+# What makes a user "in use" for a delete without cascade: memories, not statistics or threads.
+_MEMORY_HELD = ("facts", "episodes", "identities", "merged_users")
+
+
+def _record_deletion(actor, kind, ids, cascaded=None):
+    """The audit record of one deletion (in its transaction): ids and counts, never a name."""
+    DeletionRecord.objects.create(
+        actor=(str(actor).strip() or "code")[:200], kind=kind, count=len(ids), ids=list(ids), cascaded=cascaded or {}
+    )
 
 
 def _existing_ids(model, ids):

@@ -19,6 +19,15 @@ users_merged = Signal()
 # that raises aborts the delete, and nothing is deleted.
 users_deleting = Signal()
 
+# Sent by MemoryService.user_footprint with `user_ids`: receivers return {what: count} of what they
+# keep for those users (workflows: threads, checkpoints), so a deletion's confirmation and answer
+# count everything that goes.
+users_footprint = Signal()
+
+# Sent by MemoryService.export_person with `user_ids` (the person and users merged into them):
+# receivers return a list of JSON-ready dicts (each with a "kind") of what they keep for them.
+person_exporting = Signal()
+
 
 # Sent by MemoryService.prune() (the `memory prune` command) with `agent_id` (None: every agent) and
 # `dry_run`, after the memory tables are pruned, so apps that keep their own growing rows

@@ -346,7 +346,8 @@ def test_forget_a_person_leaves_no_row_naming_them(api, memories, service, user_
     assert response.json() == {
         "deleted": 1,
         "not_found": [],
-        "cascaded": {"facts": 3, "episodes": 1, "identities": 3, "merged_users": 1},
+        "cascaded": {"facts": 3, "episodes": 1, "identities": 3, "merged_users": 1, "recall_events": 0,
+                     "threads": 0, "checkpoints": 0},
     }
     gone = [ann.pk, alias.pk]
     assert not MemoryUser.objects.filter(pk__in=gone).exists()

@@ -71,11 +71,11 @@ class CheckpointsTab(MemoriesTab, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False  # threads are written by workflow runs; operators read and delete them
 
-    def delete_memories(self, ids):
+    def delete_memories(self, ids, actor=""):
         thread_ids = list(Thread.objects.filter(pk__in=ids).values_list("thread_id", flat=True))
         if not thread_ids:
             return BatchDelete(0, list(ids))
-        return delete_checkpoints(thread_ids)
+        return delete_checkpoints(thread_ids, actor=actor)
 
     def delete_summary(self, ids):
         total = Thread.objects.filter(pk__in=ids).aggregate(n=Sum("checkpoint_count"))["n"] or 0

@@ -193,7 +193,7 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
 
     def perform_destroy(self, instance):
         with transaction.atomic():
-            delete_checkpoints([instance.thread_id])
+            delete_checkpoints([instance.thread_id], actor=f"api:{self.request.user.get_username()}")
 
     @action(detail=False, methods=["post"], url_path="batch-delete")
     def batch_delete(self, request):
@@ -201,6 +201,9 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         with transaction.atomic():
-            result = delete_checkpoints(serializer.validated_data["ids"], max_ids=memory_settings.API_MAX_BATCH_IDS)
+            result = delete_checkpoints(
+                serializer.validated_data["ids"], max_ids=memory_settings.API_MAX_BATCH_IDS,
+                actor=f"api:{request.user.get_username()}",
+            )
         body = {"deleted": result.deleted, "not_found": result.not_found}
         return Response(ThreadBatchDeleteResultSerializer(body).data, status=status.HTTP_200_OK)

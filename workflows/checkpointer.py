@@ -4,6 +4,7 @@ SQLite (`SqliteSaver`, a file at WORKFLOWS["CHECKPOINT_PATH"]) unless the Django
 PostgreSQL, then `PostgresSaver` on the same database through a small connection pool. The savers
 serialise their own calls with a lock; use them only through `BaseCheckpointSaver` methods.
 """
+import logging
 import sqlite3
 import threading
 from pathlib import Path
@@ -12,6 +13,8 @@ from django.conf import settings
 from django.db import connections
 
 from .conf import workflow_settings
+
+logger = logging.getLogger("engram.workflows")
 
 _lock = threading.Lock()
 _saver = None
@@ -59,6 +62,8 @@ def _sqlite_saver():
     # not fsynced on every commit; the same trade Django's SQLite settings make for the memory.
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
+    # Deleted checkpoints (a forgotten person's messages) are overwritten in the file, not just unlinked.
+    conn.execute("PRAGMA secure_delete=ON")
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn.close
@@ -86,6 +91,18 @@ def _postgres_saver():
     saver = PostgresSaver(pool)
     saver.setup()
     return saver, pool.close
+
+
+def scrub_sqlite_files():
+    """SQLite checkpoints: write the WAL back and truncate it, so deleted checkpoints leave the disk."""
+    saver = _saver
+    if saver is None or checkpointer_kind() != "sqlite":
+        return
+    try:
+        with saver.lock:  # the saver's own lock: one statement at a time on its connection
+            saver.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.Error:
+        logger.exception("checkpoints: could not truncate the WAL after an erasure")
 
 
 def existing_checkpointer():

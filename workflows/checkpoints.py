@@ -15,7 +15,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from memory.service import BatchDelete, check_id_list
+from memory.models import DeletionKind
+from memory.service import BatchDelete, MemoryService, check_id_list
 
 from .checkpointer import get_checkpointer
 from .models import Thread
@@ -91,7 +92,7 @@ def tracked_threads():
     return Thread.objects.select_related("workflow", "user")
 
 
-def delete_checkpoints(thread_ids, *, max_ids=None):
+def delete_checkpoints(thread_ids, *, max_ids=None, actor=""):
     """Delete threads' checkpoints (and writes) by thread id, all or nothing; returns memory.service.BatchDelete.
 
     A thread counts as deleted when a Thread row tracks it or the saver still holds checkpoints for
@@ -112,4 +113,5 @@ def delete_checkpoints(thread_ids, *, max_ids=None):
         found = tracked | orphans
         if found:
             delete_threads(sorted(found))
+            MemoryService().record_deletion(actor, DeletionKind.THREADS, sorted(found))
     return BatchDelete(len(found), [t for t in thread_ids if t not in found])

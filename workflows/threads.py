@@ -16,11 +16,13 @@ from datetime import datetime
 from functools import lru_cache
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Sum
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from memory.signals import users_deleting, users_merged
+from memory.erasure import trace_scanners
+from memory.signals import person_exporting, users_deleting, users_footprint, users_merged
 
 from .checkpointer import get_checkpointer
 from .conf import workflow_settings
@@ -215,6 +217,60 @@ def _thread_deleted(sender, instance, **kwargs):
 @receiver(users_deleting, dispatch_uid="workflows_threads_of_deleted_users")
 def _users_deleting(sender, user_ids, **kwargs):
     delete_user_threads(user_ids)
+    # After the checkpoints are deleted (their on-commit deletes were registered just above).
+    transaction.on_commit(scrub_checkpoint_files, robust=True)
+
+
+@receiver(users_footprint, dispatch_uid="workflows_threads_footprint")
+def _users_footprint(sender, user_ids, **kwargs):
+    counts = Thread.objects.filter(user_id__in=list(user_ids)).aggregate(n=Count("id"), checkpoints=Sum("checkpoint_count"))
+    return {"threads": counts["n"] or 0, "checkpoints": counts["checkpoints"] or 0}
+
+
+@receiver(person_exporting, dispatch_uid="workflows_threads_export")
+def _person_exporting(sender, user_ids, **kwargs):
+    """A person's threads, each with its messages as the newest checkpoint holds them."""
+    rows = []
+    for thread in Thread.objects.filter(user_id__in=list(user_ids)).order_by("pk"):
+        latest = get_checkpointer().get_tuple(_config(thread.thread_id))
+        messages = (latest.checkpoint.get("channel_values") or {}).get("messages", []) if latest else []
+        rows.append({
+            "kind": "thread",
+            "thread_id": thread.thread_id,
+            "conversation_id": thread.conversation_id,
+            "channel": thread.channel,
+            "created_at": thread.created_at,
+            "last_activity": thread.last_activity,
+            "messages": [{"type": getattr(m, "type", ""), "content": getattr(m, "content", "")} for m in messages],
+        })
+    return rows
+
+
+def scrub_checkpoint_files():
+    """SQLite checkpoints: truncate the WAL, so deleted checkpoints' page images leave the disk."""
+    from .checkpointer import scrub_sqlite_files
+
+    scrub_sqlite_files()
+
+
+def _scan_checkpoints(needles, user_ids):
+    """verify-erasure's look at the checkpoint store: thread ids of these users, and (SQLite) its file bytes."""
+    from memory.erasure import file_traces
+
+    from .checkpointer import checkpoint_path, checkpointer_kind
+
+    traces = []
+    saver = get_checkpointer()
+    prefixes = tuple(f"{u}:" for u in user_ids)
+    kept = {c.config["configurable"]["thread_id"] for c in saver.list(None)} if user_ids else set()
+    for thread_id in sorted(t for t in kept if t.startswith(prefixes)):
+        traces.append(("checkpoints", f"thread {thread_id} of a forgotten user still has checkpoints"))
+    if checkpointer_kind() == "sqlite":
+        traces += file_traces(checkpoint_path(), needles)
+    return traces
+
+
+trace_scanners.append(_scan_checkpoints)
 
 
 @receiver(users_merged, dispatch_uid="workflows_threads_follow_merge")

@@ -118,7 +118,8 @@ class BatchDeleteSerializer(serializers.Serializer):
 class UserBatchDeleteSerializer(BatchDeleteSerializer):
     cascade = StrictBooleanField(
         default=False,
-        help_text="Also delete the users' facts, episodes, identities, merged aliases and conversation threads.",
+        help_text="Also delete the users' facts, episodes, identities, merged aliases, recall events and "
+        "conversation threads with their checkpoints.",
     )
 
 
@@ -132,6 +133,9 @@ class CascadedSerializer(serializers.Serializer):
     episodes = serializers.IntegerField()
     identities = serializers.IntegerField()
     merged_users = serializers.IntegerField()
+    recall_events = serializers.IntegerField()
+    threads = serializers.IntegerField(help_text="Conversation threads (their checkpoints go too).")
+    checkpoints = serializers.IntegerField()
 
 
 class UserBatchDeleteResultSerializer(BatchDeleteResultSerializer):

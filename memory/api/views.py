@@ -44,7 +44,12 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
         return self.serializer_class
 
     def delete_ids(self, ids, data):
-        return getattr(self.service, self.delete_method)(ids, max_ids=memory_settings.API_MAX_BATCH_IDS)
+        return getattr(self.service, self.delete_method)(ids, max_ids=memory_settings.API_MAX_BATCH_IDS, actor=self.actor)
+
+    @property
+    def actor(self):
+        """Who deletes, for the audit record (DeletionRecord)."""
+        return f"api:{self.request.user.get_username()}"
 
     def perform_destroy(self, instance):
         with transaction.atomic():
@@ -126,7 +131,9 @@ class MemoryUserViewSet(MemoryViewSet):
     action_query_parameters = {"destroy": {"cascade"}}
 
     def delete_ids(self, ids, data):
-        return self.service.delete_users(ids, cascade=data.get("cascade", False), max_ids=memory_settings.API_MAX_BATCH_IDS)
+        return self.service.delete_users(
+            ids, cascade=data.get("cascade", False), max_ids=memory_settings.API_MAX_BATCH_IDS, actor=self.actor
+        )
 
     def perform_destroy(self, instance):
         raw = self.request.query_params.get("cascade", "false").strip().lower()

@@ -126,6 +126,9 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params):
         conn = super().get_new_connection(conn_params)
+        # Deleted and overwritten content is zeroed in the file, not left in free space: forgetting a
+        # person must not leave their words readable in db.sqlite3 (memory/erasure.py).
+        conn.execute("PRAGMA secure_delete = ON")
         if not self.is_in_memory_db() and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
             conn.execute(f"PRAGMA wal_autocheckpoint = {WalCheckpointer.BACKSTOP_PAGES}")
             self.checkpointer = WalCheckpointer.for_file(self.settings_dict["NAME"])
