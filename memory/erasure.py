@@ -20,7 +20,7 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from .models import ChannelIdentity, Episode, Fact, MemoryUser, RecallEvent, RecallKind
+from .models import ChannelIdentity, Episode, Fact, MemoryUser, RecallEvent, RecallKind, RecallScope
 
 logger = logging.getLogger("engram.memory")
 
@@ -50,11 +50,19 @@ def erase_related(user_ids, fact_ids, episode_ids):
     return removed
 
 
-def purge_indexes(backend):
+def purge_indexes(backend, user_ids):
     """After the rows are deleted, still inside the transaction: no index keeps their words (SQLite FTS5
-    keeps a deleted entry's tokens in its segments until they are merged, and its deltas hold text)."""
+    keeps a deleted entry's tokens in its segments until they are merged, and its deltas hold text),
+    and no vector-index counter keeps their owner key."""
+    from django.db.models import Q
+
     backend.optimize()
     backend.optimize_recall_index()
+    for chunk in _chunks(sorted(user_ids)):
+        owners = Q(owner__in=[f"user:{u}" for u in chunk])
+        for u in chunk:
+            owners |= Q(owner__startswith=f"user:{u}/")
+        RecallScope.objects.filter(owners).delete()
 
 
 def scrub_after_commit():
@@ -191,7 +199,7 @@ def export_person(user, out):
 
     def write(kind, row):
         nonlocal lines
-        out.write(json.dumps({"kind": kind, **row}, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n")
+        out.write(json.dumps({"kind": kind, **row}, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n")  # row has no "kind"
         lines += 1
 
     for person in [user, *merged]:
@@ -203,7 +211,9 @@ def export_person(user, out):
     for episode in Episode.objects.filter(user_id__in=user_ids).order_by("pk"):
         write("episode", {**model_to_dict(episode), "started_at": episode.started_at, "ended_at": episode.ended_at})
     for event in RecallEvent.objects.filter(user_id__in=user_ids).order_by("pk"):
-        write("recall_event", model_to_dict(event))
+        row = model_to_dict(event)
+        row["item_kind"] = row.pop("kind")
+        write("recall_event", {**row, "created_at": event.created_at})
     for _, rows in person_exporting.send(sender=MemoryUser, user_ids=user_ids):
         for row in rows or []:
             write(row.pop("kind", "other"), row)

@@ -1022,7 +1022,7 @@ class MemoryService(RecallMixin):
                 MemoryUser.objects.filter(merged_into__in=chunk).update(merged_into=None)
             for chunk in _chunks(everyone):
                 MemoryUser.objects.filter(pk__in=chunk).delete()
-            erasure.purge_indexes(self.backend)
+            erasure.purge_indexes(self.backend, everyone)
             _record_deletion(actor, DeletionKind.MEMORY_USERS, sorted(found), footprint)
             erasure.scrub_after_commit()
         return BatchDelete(len(found), not_found, cascaded=footprint if cascade else {})

@@ -363,14 +363,86 @@ class ReindexSubcommand(Subcommand):
         command.stdout.write(f"embedded {count} recall documents")
 
 
+class VerifyErasureSubcommand(Subcommand):
+    name = "verify-erasure"
+    help = (
+        "After forgetting a person: scan every table, owner column and (SQLite) the database files and "
+        "their WAL for what identified them; exit 1 listing each trace, 0 when none is left."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "identifiers", nargs="*",
+            help="what identified the person: display name, canonical id (telegram:42), external ids, e-mail",
+        )
+        parser.add_argument("--user-id", dest="user_ids", type=int, action="append", default=[],
+                            help="their memory user id (and of users merged into them); repeatable")
+        parser.add_argument("--text", dest="texts", action="append", default=[],
+                            help="anything else they said that must be gone (a secret, a phrase); repeatable")
+
+    def handle(self, command, options):
+        from memory.erasure import find_traces
+
+        needles = [*options["identifiers"], *options["texts"]]
+        for ident in options["identifiers"]:  # a canonical id also names its external id
+            if ":" in ident:
+                needles.append(ident.split(":", 1)[1])
+        if not needles and not options["user_ids"]:
+            raise CommandError("name what to look for: identifiers, --user-id or --text")
+        with command.progress() as progress:
+            progress.add_task("scanning tables and files", total=None)
+            traces = find_traces(needles, options["user_ids"])
+        if not traces:
+            command.stdout.write(f"0 traces of {len(needles)} identifier(s) and {len(options['user_ids'])} user id(s)")
+            return
+        for where, what in traces:
+            command.stdout.write(f"{where}: {what}")
+        raise CommandError(f"{len(traces)} trace(s) left", returncode=1)
+
+
+class ExportPersonSubcommand(Subcommand):
+    name = "export-person"
+    help = "Everything held about one person (a subject access request), as JSON Lines."
+
+    def add_arguments(self, parser):
+        parser.add_argument("user", help="memory user id, or a canonical id such as telegram:42")
+        parser.add_argument("--output", "-o", help="file to write (default: standard output)")
+
+    def handle(self, command, options):
+        user_id = _person_id(command.service, options["user"])
+        if options["output"]:
+            with open(options["output"], "w", encoding="utf-8") as out:
+                lines = command.service.export_person(user_id, out)
+            command.stderr.write(f"wrote {lines} lines to {options['output']}")
+        else:
+            command.service.export_person(user_id, command.stdout)
+
+
+def _person_id(service, given):
+    """A memory user id from an id or a canonical id (channel:external id)."""
+    if given.isascii() and given.isdigit():
+        return int(given)
+    channel, sep, external = given.partition(":")
+    if not sep:
+        raise CommandError(f"{given!r} is neither a memory user id nor a canonical id (channel:external id)")
+    found = service.memory_user_list().filter(identities__channel=channel, identities__external_id=external).first()
+    if found is None:
+        raise CommandError(f"no memory user has the identity {given}")
+    return found.pk
+
+
 SUBCOMMANDS = [
     ListSubcommand(), StatsSubcommand(), ExportSubcommand(), ImportSubcommand(), ClearSubcommand(),
     ConsolidateSubcommand(), PruneSubcommand(), HealthSubcommand(), ReindexSubcommand(),
+    VerifyErasureSubcommand(), ExportPersonSubcommand(),
 ]
 
 
 class Command(BaseCommand):
-    help = "Operate the memory: list, stats, export, import, clear, consolidate, prune, health, reindex."
+    help = (
+        "Operate the memory: list, stats, export, import, clear, consolidate, prune, health, reindex, "
+        "verify-erasure, export-person."
+    )
 
     def add_arguments(self, parser):
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")

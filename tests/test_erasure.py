@@ -1,0 +1,111 @@
+"""Forgetting a person, proven: nothing that named them is left in any table, index or database file.
+
+The person talks to the demo workflow (a thread with checkpoints, facts, episodes), is recalled for
+(recall events), has a second identity merged in, and is then forgotten through the REST API.
+`memory verify-erasure` must find nothing, and on SQLite neither may a byte search of the database
+files and their WAL. Transactional: the deletion must really commit, and the files really be written.
+"""
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from memory.models import DeletionRecord, Fact, MemoryUser
+from workflows.checkpointer import checkpoint_path
+from workflows.runtime import run_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NAME = "Zelda Quartermaine"
+SECRET = "8812-omega"
+STEM = b"quartermain"  # what any index would keep of the name (porter stems "quartermaine")
+
+
+def talk(workflow, text):
+    return run_workflow(workflow, {"type": "chat", "payload": {"user_id": "zq", "display_name": NAME, "message": text}})
+
+
+@pytest.fixture
+def person(demo_workflow, service):
+    """A person with facts, episodes, a thread with checkpoints, recall events and a merged alias."""
+    for text in (f"my locker code is {SECRET}", "my sister is Dana Quartermaine", "what is my locker code?"):
+        result = talk(demo_workflow, text)
+    user_id = result.user["id"]
+    assert service.recall("locker code", user_id=user_id).hits
+    service.flush_recall_log()
+    alias, _ = service.get_or_create_user("email", "zelda@example.org", display_name=NAME)
+    service.set_fact("email_signature", f"{NAME}, {SECRET}", scope="user", user_id=alias.pk)
+    service.merge_users(alias.pk, user_id)
+    return {"id": user_id, "alias": alias.pk, "thread": result.thread_id}
+
+
+def verify(person):
+    args = [NAME, "chat:zq", "zelda@example.org", "--user-id", str(person["id"]), "--user-id", str(person["alias"]),
+            "--text", SECRET, "--text", "Quartermain"]
+    out = io.StringIO()
+    call_command("memory", "verify-erasure", *args, stdout=out)
+    return out.getvalue()
+
+
+def sqlite_files():
+    db = Path(connection.settings_dict["NAME"])
+    return [p for p in (db, Path(f"{db}-wal"), checkpoint_path(), Path(f"{checkpoint_path()}-wal")) if p.exists()]
+
+
+def test_forget_a_person_leaves_no_trace(person, admin_client):
+    with pytest.raises(CommandError):  # before: the scan finds them everywhere
+        verify(person)
+    response = admin_client.post(
+        "/api/v1/memory-users/batch-delete/", {"ids": [person["id"]], "cascade": True}, content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    cascaded = response.json()["cascaded"]
+    assert cascaded["threads"] == 1 and cascaded["checkpoints"] >= 3 and cascaded["recall_events"] >= 1
+    assert cascaded["merged_users"] == 1 and cascaded["facts"] >= 3 and cascaded["episodes"] == 3
+    assert verify(person).startswith("0 traces")
+    if connection.vendor == "sqlite":
+        for path in sqlite_files():
+            data = path.read_bytes().lower()
+            assert STEM not in data and SECRET.encode() not in data and b"zelda@example.org" not in data, path.name
+    [record] = DeletionRecord.objects.all()
+    assert record.actor == "api:admin" and record.kind == "memory users" and record.ids == [person["id"]]
+    assert "quartermain" not in json.dumps({"ids": record.ids, "cascaded": record.cascaded, "actor": record.actor}).lower()
+
+
+def test_verify_erasure_finds_a_planted_trace(person, service):
+    service.delete_users([person["id"]], cascade=True)
+    assert verify(person).startswith("0 traces")
+    Fact.objects.create(key="note", value=f"about {NAME}", scope="global", search_text="note")
+    with pytest.raises(CommandError) as failed:
+        verify(person)
+    assert failed.value.returncode == 1
+
+
+def test_deleting_a_person_in_the_admin_keeps_their_name_out_of_the_admin_log(person, admin_client):
+    from django.contrib.admin.models import LogEntry
+
+    change = f"/memories/memory/memoryuser/{person['id']}/change/"
+    assert admin_client.post(change, {"display_name": NAME + " II", "identities-TOTAL_FORMS": "0",
+                                      "identities-INITIAL_FORMS": "0"}).status_code in (200, 302)
+    assert not LogEntry.objects.filter(object_repr__icontains="quartermain").exists()
+    delete = f"/memories/memory/memoryuser/{person['id']}/delete/"
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+    assert not MemoryUser.objects.filter(pk=person["id"]).exists()
+    assert not LogEntry.objects.filter(object_repr__icontains="quartermain").exists()
+    assert DeletionRecord.objects.get().actor == "admin:admin"
+
+
+def test_export_person_holds_everything_about_them(person):
+    out = io.StringIO()
+    call_command("memory", "export-person", "chat:zq", stdout=out)
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    kinds = {row["kind"] for row in rows}
+    assert {"memory_user", "identity", "fact", "episode", "recall_event", "thread"} <= kinds
+    assert sum(row["kind"] == "memory_user" for row in rows) == 2  # the person and the merged alias
+    [thread] = [row for row in rows if row["kind"] == "thread"]
+    assert any(SECRET in m["content"] for m in thread["messages"])
+    assert {row["external_id"] for row in rows if row["kind"] == "identity"} == {"zq", "zelda@example.org"}
