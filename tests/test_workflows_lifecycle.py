@@ -167,3 +167,44 @@ def test_a_failing_consolidation_model_leaves_the_run_answered_and_the_episode_u
     assert not MemoryService().get_episode(result.episode_id).processed_for_facts
     # The remember node stored the fact itself; consolidation failing does not undo it.
     assert any(r["action"] == "created" for r in result.remembered)
+
+
+def _fail_updates_of_checkpoints():
+    """A real failure inside the trim's transaction: the saver's store refuses the parent update
+    (a trigger), after the older checkpoints' deletes have run. Returns the undo."""
+    from workflows.checkpointer import checkpointer_kind, get_checkpointer
+
+    saver = get_checkpointer()
+    if checkpointer_kind() == "sqlite":
+        with saver.lock:
+            saver.conn.execute(
+                "CREATE TRIGGER refuse_parent_update BEFORE UPDATE ON checkpoints BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+            saver.conn.commit()
+        return lambda: saver.conn.execute("DROP TRIGGER refuse_parent_update")
+    with saver.conn.connection() as conn:
+        conn.execute("CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql")
+        conn.execute("CREATE TRIGGER refuse_parent_update BEFORE UPDATE ON checkpoints FOR EACH ROW EXECUTE FUNCTION refuse_update()")
+
+    def undo():
+        with saver.conn.connection() as conn:
+            conn.execute("DROP TRIGGER refuse_parent_update ON checkpoints")
+            conn.execute("DROP FUNCTION refuse_update()")
+
+    return undo
+
+
+def test_a_trim_that_fails_midway_leaves_every_checkpoint(demo_workflow):
+    """Trimming is one transaction: a failure after the older checkpoints were deleted undoes the
+    deletes (the earlier delete-then-put-back trim lost the conversation at that point)."""
+    for text in ["my name is Ada", "my city is Paris", "hello"]:
+        result = talk(demo_workflow, "ada", text)
+    before = [c.config["configurable"]["checkpoint_id"] for c in saved(result.thread_id)]
+    undo = _fail_updates_of_checkpoints()
+    try:
+        with pytest.raises(Exception, match="refused"):
+            lifecycle.trim_thread(result.thread_id, keep=1)
+    finally:
+        undo()
+    assert [c.config["configurable"]["checkpoint_id"] for c in saved(result.thread_id)] == before
+    assert "Ada" in talk(demo_workflow, "ada", "what is my name?").reply

@@ -105,6 +105,47 @@ def scrub_sqlite_files():
         logger.exception("checkpoints: could not truncate the WAL after an erasure")
 
 
+def keep_newest_checkpoints(thread_id, checkpoint_ids):
+    """Delete a thread's root checkpoints other than `checkpoint_ids` (its newest), in ONE transaction.
+
+    LangGraph's savers offer no way to delete single checkpoints through their interface (SqliteSaver
+    has no `prune`; PostgresSaver's keeps only the latest). Deleting the thread and putting its newest
+    checkpoints back lost the conversation when the process died in between, so this is the one place
+    that writes the saver's own tables, on the saver's own connection: the older checkpoints and their
+    pending writes (and, on PostgreSQL, the channel blobs no kept checkpoint refers to) go together,
+    or nothing does. The oldest kept checkpoint loses its deleted parent. The tests run it against
+    the real savers, so a schema change in a saver release fails them, not a user's conversation.
+    """
+    saver = get_checkpointer()
+    keep = list(checkpoint_ids)
+    if not keep:
+        raise ValueError("keep at least one checkpoint")
+    marks = ", ".join(["%s"] * len(keep))
+    statements = [
+        f"DELETE FROM {{writes}} WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id NOT IN ({marks})",
+        f"DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id NOT IN ({marks})",
+        "UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = %s AND checkpoint_ns = '' "
+        "AND parent_checkpoint_id IS NOT NULL AND parent_checkpoint_id NOT IN "
+        "(SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '')",
+    ]
+    params = [[thread_id, *keep], [thread_id, *keep], [thread_id, thread_id]]
+    if checkpointer_kind() == "sqlite":
+        with saver.lock:
+            conn = saver.conn
+            with conn:  # one transaction: committed on success, rolled back on any error
+                for sql, args in zip(statements, params):
+                    conn.execute(sql.format(writes="writes").replace("%s", "?"), args)
+        return
+    blobs = (
+        "DELETE FROM checkpoint_blobs b WHERE b.thread_id = %s AND b.checkpoint_ns = '' AND NOT EXISTS ("
+        "SELECT 1 FROM checkpoints c WHERE c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns "
+        "AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)"
+    )
+    with saver.conn.connection() as conn, conn.transaction():
+        for sql, args in zip([*statements, blobs], [*params, [thread_id]]):
+            conn.execute(sql.format(writes="checkpoint_writes"), args)
+
+
 def existing_checkpointer():
     """The shared saver if one was created, else None (never creates one)."""
     return _saver

@@ -7,11 +7,11 @@
   prompt carried, trims the run's thread and, with MEMORY CONSOLIDATION["AFTER_EACH_RUN"],
   consolidates the run's episode. It never raises into the run; problems join `memory_errors`.
 
-LangGraph's SqliteSaver does not implement `prune`, so a thread is trimmed through the saver's public
-API alone: read its newest checkpoints (with their pending writes), delete the thread, and put them
-back oldest first. The newest checkpoint is unchanged, so the conversation resumes where it was.
-Only the root namespace is kept (the graphs here have no subgraph checkpoints), and channels must
-store whole values (DeltaChannel, a LangGraph beta, is not used here).
+A thread is trimmed in one transaction of the saver's store (workflows.checkpointer.keep_newest_checkpoints):
+the older checkpoints and their writes go, the newest stay untouched, so the conversation resumes
+where it was and a crash leaves either the old thread or the trimmed one, never an empty one. Only
+the root namespace is trimmed (the graphs here have no subgraph checkpoints), and channels must store
+whole values (DeltaChannel, a LangGraph beta, is not used here).
 """
 import logging
 from datetime import datetime
@@ -23,7 +23,7 @@ from memory.consolidation import consolidate_after_run
 from memory.service import MemoryService
 from memory.signals import prune_requested
 
-from .checkpointer import get_checkpointer
+from .checkpointer import get_checkpointer, keep_newest_checkpoints
 from .conf import workflow_settings
 from .models import Thread, Workflow
 from .threads import prune_threads
@@ -49,17 +49,8 @@ def trim_thread(thread_id, keep=None):
     total = sum(1 for _ in saver.list(_config(thread_id)))
     if total <= keep:
         return 0
-    kept = list(saver.list(_config(thread_id), limit=keep))  # newest first, pending writes included
-    saver.delete_thread(thread_id)
-    for position, item in enumerate(reversed(kept)):
-        # The oldest kept checkpoint loses its (deleted) parent; the others keep theirs.
-        parent = (item.parent_config or {}).get("configurable", {}).get("checkpoint_id") if position else None
-        checkpoint = item.checkpoint
-        config = saver.put(
-            _config(thread_id, parent), checkpoint, item.metadata, dict(checkpoint.get("channel_versions") or {})
-        )
-        for task_id, channel, value in item.pending_writes or ():
-            saver.put_writes(config, [(channel, value)], task_id)
+    kept = [item.config["configurable"]["checkpoint_id"] for item in saver.list(_config(thread_id), limit=keep)]
+    keep_newest_checkpoints(thread_id, kept)  # one transaction: the thread is never without them
     Thread.objects.filter(thread_id=thread_id).update(checkpoint_count=keep)
     return total - keep
 
