@@ -8,12 +8,38 @@ from django.db import transaction
 from django.template.response import TemplateResponse
 
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
+from .models import Episode, Fact, Procedure
 from .service import MemoryService
 
 CONFIRM_SAMPLE = 20
 
 
 @admin.action(description="Delete selected")
+def owner_label(obj):
+    """Whose memory a row is, for people: the person's name (or canonical id), the agent, the session."""
+    user = getattr(obj, "user", None) if getattr(obj, "user_id", None) else None
+    person = (user.display_name or user.canonical_id) if user is not None else ""
+    agent = f"agent {obj.agent_id}" if getattr(obj, "agent_id", "") else ""
+    if isinstance(obj, Fact):
+        return {"user": person, "agent": agent, "session": f"session {obj.session_id}"}.get(obj.scope, "everyone")
+    if isinstance(obj, Procedure):
+        return agent or "every agent"
+    parts = [p for p in (person, agent) if p] or ([f"session {obj.session_id}"] if obj.session_id else ["nobody"])
+    return " with ".join(parts)
+
+
+def confirmation_label(obj):
+    """A row as a delete confirmation names it: facts, episodes and procedures with whose they are."""
+    if isinstance(obj, (Fact, Episode, Procedure)):
+        return f"{obj} — {owner_label(obj)}"
+    return str(obj)
+
+
+def _related(modeladmin):
+    """What the sample's labels read (a fact's or episode's person) in the same query."""
+    return [f for f in getattr(modeladmin, "list_select_related", None) or [] if isinstance(f, str)]
+
+
 def delete_memories(modeladmin, request, queryset):
     """Delete every selected row (all pages with "select all") after a confirmation page."""
     opts = modeladmin.model._meta
@@ -34,7 +60,7 @@ def delete_memories(modeladmin, request, queryset):
         "title": f"Delete {len(ids)} {opts.verbose_name_plural}?",
         "opts": opts,
         "count": len(ids),
-        "sample": list(queryset[:CONFIRM_SAMPLE]),
+        "sample": [confirmation_label(o) for o in queryset.select_related(*_related(modeladmin))[:CONFIRM_SAMPLE]],
         "more": max(0, len(ids) - CONFIRM_SAMPLE),
         "summary": modeladmin.delete_summary(ids),
         # With "select all", the rows are found again from the filters in the URL; Django still wants

@@ -10,6 +10,7 @@ and add sections to a memory user's page with `memories_site.register_user_secti
 import json
 from dataclasses import dataclass
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -19,7 +20,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from . import actions
+from . import actions, validation
+from .actions import confirmation_label, owner_label
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
 from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure
 from .service import MemoryService
@@ -193,7 +195,7 @@ class MemoriesTab:
         """What the confirmation page lists: the rows themselves and a summary of what goes with them."""
         objs = list(objs)
         summary = self.delete_summary([o.pk for o in objs])
-        listed = [str(o) for o in objs[:20]] + ([f"… and {len(objs) - 20} more"] if len(objs) > 20 else [])
+        listed = [confirmation_label(o) for o in objs[:20]] + ([f"… and {len(objs) - 20} more"] if len(objs) > 20 else [])
         counts = {self.model._meta.verbose_name_plural: len(objs)}
         counts.update(dict(summary))
         return listed, counts, set(), []
@@ -226,18 +228,68 @@ def _duration(ms):
     return f"{ms / 1000:.1f} s"
 
 
+class SafeJSONField(forms.JSONField):
+    """Django's JSON form field, but a value that cannot be encoded (a lone surrogate a hostile form
+    sent) is shown escaped when the form comes back with its error, instead of failing the page."""
+
+    def prepare_value(self, value):
+        text = super().prepare_value(value)
+        if isinstance(text, str) and validation.text_problem(text):
+            return json.dumps(json.loads(text) if not isinstance(value, forms.fields.InvalidJSONInput) else str(value))
+        return text
+
+
+class FactForm(forms.ModelForm):
+    """Value, confidence and type: checked as the service checks them, each error on its field."""
+
+    value = SafeJSONField()
+
+    class Meta:
+        model = Fact
+        fields = ["value", "fact_type", "confidence"]
+
+    def clean(self):
+        cleaned = super().clean()
+        for name, check in (("value", validation.check_json), ("confidence", None)):
+            if name not in cleaned:
+                continue
+            try:
+                if check is not None:
+                    check(name, cleaned[name])
+                elif not 0.0 <= float(cleaned[name]) <= 1.0:
+                    raise InvalidMemoryArgument(name, "must be from 0 to 1")
+            except InvalidMemoryArgument as exc:
+                self.add_error(name, exc.message)
+        return cleaned
+
+
 @admin.register(Fact, site=memories_site)
 class FactAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Facts", 10
-    list_display = ["key", "short_value", "scope_badge", "type_badge", "confidence_percent", "last_accessed", "updated_at"]
+    list_display = ["key", "short_value", "owner", "scope_badge", "type_badge", "confidence_percent", "last_accessed", "updated_at"]
     list_display_links = ["key"]
     list_filter = ["scope", "fact_type"]
+    list_select_related = ["user"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
-    readonly_fields = ["scope_key", "search_text", "access_count", "last_accessed", "created_at", "updated_at"]
-    raw_id_fields = ["user", "source_episode"]
+    # Key and owner are what the fact is: an edit changes only what it says (through the service).
+    form = FactForm
+    fields = ["key", "owner", "value", "fact_type", "confidence", "times_confirmed", "times_contradicted",
+              "source_episode", "provenance", "access_count", "last_accessed", "created_at", "updated_at"]
+    readonly_fields = ["key", "owner", "times_confirmed", "times_contradicted", "source_episode", "provenance",
+                       "access_count", "last_accessed", "created_at", "updated_at"]
 
     def get_queryset(self, request):
         return MemoryService().fact_list()
+
+    def save_model(self, request, obj, form, change):
+        """Through MemoryService.edit_fact: checked, re-indexed, re-embedded like every write."""
+        data = form.cleaned_data
+        saved = MemoryService().edit_fact(obj.pk, value=data["value"], confidence=data["confidence"], fact_type=data["fact_type"])
+        obj.__dict__.update({k: getattr(saved, k) for k in ("value", "confidence", "fact_type", "updated_at", "provenance")})
+
+    @admin.display(description="owner")
+    def owner(self, obj):
+        return owner_label(obj)
 
     def lookup_allowed(self, lookup, value, request=None):
         # The user page links to "this user's facts" (?user__id__exact=<id>).
@@ -266,7 +318,8 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
 @admin.register(Episode, site=memories_site)
 class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Episodes", 20
-    list_display = ["id", "agent_id", "trigger_type", "success", "short_summary", "started_at", "duration"]
+    list_display = ["id", "owner", "agent_id", "trigger_type", "success", "short_summary", "started_at", "duration"]
+    list_select_related = ["user"]
     list_filter = ["success", "trigger_type", "processed_for_facts"]
     search_fields = ["agent_id", "summary", "workflow", "session_id"]
     readonly_fields = ["started_at", "ended_at", "duration_ms"]
@@ -282,6 +335,10 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
 
     def lookup_allowed(self, lookup, value, request=None):
         return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description="owner")
+    def owner(self, obj):
+        return owner_label(obj)
 
     def delete_memories(self, ids, actor=""):
         return MemoryService().delete_episodes(ids, actor=actor)

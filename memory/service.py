@@ -367,6 +367,28 @@ class MemoryService(RecallMixin):
         self.backend.update_fact(existing.pk, changes)
         return FactWrite(action, existing)
 
+    def edit_fact(self, fact_id, *, value, confidence, fact_type):
+        """An operator's correction of one fact (the admin's form): its value, confidence and type.
+
+        Checked as set_fact checks them (InvalidMemoryArgument names the field; nothing changes);
+        the key and owner stay. The recall document follows (triggers) and its vector is recomputed
+        like any write's. Returns the fact.
+        """
+        _check_json("value", value)
+        confidence = _check_unit_interval("confidence", confidence)
+        fact_type = _check_choice("fact_type", fact_type, FactType)
+        with transaction.atomic():
+            try:
+                fact = Fact.objects.select_for_update().get(pk=fact_id)
+            except (Fact.DoesNotExist, ValueError, TypeError):
+                raise MemoryNotFound("fact", fact_id) from None
+            fact.value, fact.confidence, fact.fact_type = value, confidence, fact_type
+            fact.search_text = fact_search_text(fact.key, value)
+            fact.provenance = "edited by an operator"
+            fact.save(update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at"])
+            self._embed_for_recall(RecallKind.FACT, [fact.pk])
+        return fact
+
     def search_facts(
         self,
         query,

@@ -2,6 +2,7 @@
 import re
 
 import pytest
+from django.utils import timezone
 
 from memory.admin import memories_site
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
@@ -225,3 +226,45 @@ def test_non_staff_cannot_reach_any_tab_or_action(client, django_user_model, ser
         assert client.get(path).status_code == 302
     client.post(FACTS, {"action": "delete_memories", "index": "0", "post": "yes", "_selected_action": [str(fact.pk)]})
     assert Fact.objects.filter(pk=fact.pk).exists()
+
+
+# ------------------------------------------------------------------ whose memory it is; edits
+
+
+def test_the_lists_show_whose_memory_each_row_is_in_one_query(staff_client, service, user_factory, django_assert_max_num_queries):
+    """Three rows of favourite_colour = blue: the owner column tells the person, the agent, everyone apart."""
+    ann = user_factory("ann")
+    service.set_fact("favourite_colour", "blue", scope="user", user_id=ann.pk)
+    service.set_fact("favourite_colour", "blue", scope="agent", agent_id="support")
+    service.set_fact("favourite_colour", "blue", scope="global")
+    for n in range(5):  # more people: the column must not cost a query per row
+        service.set_fact("favourite_colour", "blue", scope="user", user_id=user_factory(f"u{n}").pk)
+    staff_client.get(FACTS)
+    with django_assert_max_num_queries(12):
+        html = staff_client.get(FACTS).content.decode()
+    assert ann.display_name in html and "agent support" in html and "everyone" in html
+    episode = service.record_episode(started_at=timezone.now(), agent_id="support", user_id=ann.pk, success=True)
+    html = staff_client.get("/memories/memory/episode/").content.decode()
+    assert f"{ann.display_name} with agent support" in html
+    confirm = staff_client.post(FACTS, {"action": "delete_memories", "_selected_action": [
+        f.pk for f in Fact.objects.filter(user=ann)]}).content.decode()
+    assert f"favourite_colour (user:{ann.pk}) — {ann.display_name}" in confirm
+    assert episode.pk
+
+
+def test_a_fact_edited_in_the_admin_goes_through_the_service(staff_client, service, user_factory):
+    ann = user_factory("ann")
+    fact = service.set_fact("city", "Porto", scope="user", user_id=ann.pk).fact
+    change = f"{FACTS}{fact.pk}/change/"
+    form = {"value": '"Lisbon"', "fact_type": "world_knowledge", "confidence": "0.9"}
+    assert staff_client.post(change, {**form, "key": "hijacked"}).status_code == 302
+    fact.refresh_from_db()
+    assert (fact.key, fact.value, fact.confidence, fact.user_id) == ("city", "Lisbon", 0.9, ann.pk)  # key and owner stay
+    assert fact.provenance == "edited by an operator"
+    assert [f.pk for f in service.search_facts("lisbon", user_id=ann.pk)] == [fact.pk]  # the index followed
+    bad = staff_client.post(change, {**form, "value": '"a\\ud800b"'})  # a lone surrogate: no database stores it
+    assert bad.status_code == 200 and "unpaired surrogate" in bad.content.decode()
+    bad = staff_client.post(change, {**form, "confidence": "7"})
+    assert bad.status_code == 200 and "from 0 to 1" in bad.content.decode()
+    fact.refresh_from_db()
+    assert (fact.value, fact.confidence) == ("Lisbon", 0.9)  # nothing changed

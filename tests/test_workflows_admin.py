@@ -24,7 +24,7 @@ def confirmation_form(html):
 
 def test_the_tab_sits_between_episodes_and_procedures(staff_client):
     html = staff_client.get("/memories/memory/fact/").content.decode()
-    assert re.findall(r'<a role="tab" id="tab-([a-z-]+)"', html) == ["facts", "episodes", "checkpoints", "procedures", "users"]
+    assert re.findall(r'<a role="tab" id="tab-([a-z-]+)"', html) == ["facts", "episodes", "checkpoints", "procedures", "users", "deletions"]
     html = staff_client.get(CHECKPOINTS).content.decode()
     assert f'id="tab-checkpoints" href="{CHECKPOINTS}" class="active"' in html
 
