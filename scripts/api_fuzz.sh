@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Property-based run of the whole REST API from its OpenAPI schema (schemathesis), as a staff token,
-# against a real server on a throw-away SQLite database. Extra arguments go to `schemathesis run`
-# (e.g. scripts/api_fuzz.sh --max-examples 200). Exits non-zero on any 5xx or schema mismatch.
+# against the site under gunicorn (2 workers x 2 threads, as it is deployed) on a throw-away SQLite
+# database. Extra arguments go to `schemathesis run` (e.g. scripts/api_fuzz.sh --max-examples 200).
+# Exits non-zero on any 5xx, schema mismatch, or traceback in the server's log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -47,9 +48,16 @@ for n in range(3):
 # body may rightly get a 400 naming the field.
 print(Token.objects.create(user=staff).key)
 ')"
-.venv/bin/python manage.py runserver "127.0.0.1:${port}" --noreload --nothreading >"$data_dir/server.log" 2>&1 &
+PYTHONPATH="platform:." .venv/bin/python -m gunicorn --workers 2 --threads 2 --bind "127.0.0.1:${port}" \
+  config.wsgi:application >"$data_dir/server.log" 2>&1 &
 server_pid=$!
+status=0
 .venv/bin/schemathesis run "http://127.0.0.1:${port}/api/schema/?format=json" \
   --header "Authorization: Token ${token}" \
   --wait-for-schema 30 --checks all --exclude-checks positive_data_acceptance --max-examples "${ENGRAM_FUZZ_EXAMPLES:-25}" --seed "${ENGRAM_FUZZ_SEED:-1}" \
-  --workers 1 --generation-database none --no-color "$@"
+  --workers 1 --generation-database none --no-color "$@" || status=$?
+if grep -q "Traceback" "$data_dir/server.log"; then
+  echo "the server logged unhandled exceptions:"; grep -A 30 "Traceback" "$data_dir/server.log" | head -80
+  status=1
+fi
+exit "$status"

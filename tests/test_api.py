@@ -407,3 +407,10 @@ def test_page_size_comes_from_settings(api, service):
         service.set_fact(f"k{n}", n)
     assert len(api.get("/api/v1/facts/").json()["results"]) == 2
     assert len(api.get("/api/v1/facts/", {"page_size": 100}).json()["results"]) == 3
+
+
+def test_confidence_is_shown_rounded_not_as_float_noise(api, service):
+    service.set_fact("tz", "UTC", scope="global", confidence=0.84)
+    service.set_fact("tz", "UTC", scope="global")  # confirmed: 0.84 + 0.16 * 0.2 = 0.8720000000000001 stored
+    [row] = api.get("/api/v1/facts/", {"search": "tz"}).json()["results"]
+    assert row["confidence"] == 0.872 and repr(row["confidence"]) == "0.872"
