@@ -38,7 +38,8 @@ from django.core.management.color import no_style
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.utils import timezone
 
-from .exceptions import ImportRejected
+from . import validation
+from .exceptions import ImportRejected, InvalidMemoryArgument
 from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, Scope
 from .text import fact_search_text
 
@@ -335,6 +336,12 @@ def _parse_line(text, lineno):
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ImportRejected([(lineno, "(line)", f"is not JSON: {exc.msg} at column {exc.colno}")]) from None
+    except RecursionError:  # Python's parser recurses: a hostile file must be refused, not crash the import
+        raise ImportRejected([(lineno, "(line)", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")]) from None
+    try:
+        validation.check_json("(line)", data)  # what every database stores alike: no NUL, no lone surrogate
+    except InvalidMemoryArgument as exc:
+        raise ImportRejected([(lineno, getattr(exc, "path", exc.field), getattr(exc, "problem", exc.message))]) from None
     if not isinstance(data, dict):
         raise ImportRejected([(lineno, "(line)", "must be a JSON object")])
     return data

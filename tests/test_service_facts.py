@@ -857,3 +857,13 @@ def test_hand_written_reads_send_init_signals_when_someone_listens(service):
     finally:
         post_init.disconnect(receiver, sender=Fact)
     assert seen == ["colour", "colour"]
+
+
+@pytest.mark.parametrize("query", ["a\x00b", "a\ud800b"])
+def test_searches_refuse_text_no_database_can_search(service, query):
+    """NUL reached SQLite as an OperationalError and PostgreSQL as a DataError; a lone surrogate
+    cannot even be encoded. Both are the caller's mistake, named."""
+    for search in (service.search_facts, service.recall):
+        with pytest.raises(InvalidMemoryArgument) as exc:
+            search(query)
+        assert exc.value.field == "query"

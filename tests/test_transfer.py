@@ -172,6 +172,22 @@ def test_a_line_that_is_not_json_is_named(service, exported):
 
 
 @pytest.mark.parametrize(
+    "hostile, message",
+    [
+        ('{"kind": "fact", "value": ' + "[" * 5000 + "]" * 5000 + "}", "nested deeper"),
+        ('{"kind": "fact", "key": "a\\u0000b"}', "NUL"),
+        ('{"kind": "fact", "key": "a\\ud800b"}', "surrogate"),
+    ],
+)
+def test_a_hostile_line_is_refused_naming_it(service, exported, hostile, message):
+    """Nesting that would overflow Python's parser, and text no database stores alike, are refused
+    with the line named: the import writes nothing (it used to crash with RecursionError)."""
+    n = line_of(exported, "fact", key="timezone")
+    error = rejected(service, edit(exported, n, lambda line: hostile))
+    assert error.errors[0][0] == n and message in str(error)
+
+
+@pytest.mark.parametrize(
     "field, value, message",
     [
         ("confidence", 7, "must be from 0 to 1"),

@@ -276,3 +276,11 @@ def test_remember_queries_pinned(ada, capture_data_queries, keyword_only):  # an
     # the episode (one insert); the fact: episode check, owner lookup, insert; on PostgreSQL each
     # of the two writes first holds the user against a concurrent merge
     assert len(q.data) == (6 if connection.vendor == "postgresql" else 4), q.data
+
+
+def test_recall_node_reports_a_message_no_database_can_search(ada):
+    """Model or user text goes straight to recall: a NUL in it is a reported memory error, not a crash."""
+    recall = build_recall({}, CTX)
+    update = recall({"user": {"id": ada.pk}, "messages": [HumanMessage(content="what about a\x00b?")]})
+    assert update["memory_prompt"] == "" and update["memory_errors"][0]["operation"] == "recall"
+    assert "NUL" in update["memory_errors"][0]["error"]
