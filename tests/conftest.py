@@ -115,6 +115,15 @@ def capture_data_queries():
     return lambda: DataQueries(connection)
 
 
+def database_url():
+    """The test database as a DATABASE_URL, for a real second process on the same database."""
+    db = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return f"sqlite:///{db['NAME']}"
+
+
 def _run_in_threads(target, threads):
     """Run target(n) in `threads` threads that start together, each on its own DB connection.
 

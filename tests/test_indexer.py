@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 import indexer_embedders as emb
+from conftest import database_url
 from memory.indexer import Indexer, indexer
 from memory.models import RecallDocument
 from memory.vectors import reset_vector_index
@@ -121,20 +121,12 @@ with override_settings(MEMORY={"EMBEDDINGS": "indexer_embedders.BlockingEmbeddin
 """
 
 
-def _database_url():
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    return f"sqlite:///{db['NAME']}"
-
-
 def test_documents_of_a_process_killed_before_embedding_are_embedded_after_restart(settings, service, tmp_path):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO), str(REPO / "tests")]),
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "ENGRAM_DATA_DIR": str(tmp_path),
     }
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER], env=env, cwd=REPO, stdin=subprocess.PIPE,

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from conftest import database_url
+
 from workflows.turns import one_turn_at_a_time
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,14 +31,6 @@ print("released", flush=True)
 """
 
 
-def _database_url():
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    return f"sqlite:///{db['NAME']}"
-
-
 @pytest.fixture
 def other_process(_workflow_settings):
     """Starts a process that holds the turn lock of a thread until told to let go."""
@@ -47,7 +41,7 @@ def other_process(_workflow_settings):
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)]),
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "ENGRAM_DATA_DIR": str(Path(_workflow_settings["CHECKPOINT_PATH"]).parent),
         }
         proc = subprocess.Popen(
