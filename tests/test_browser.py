@@ -79,7 +79,7 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
     log_in(browser, live_server)
     ARTIFACTS.mkdir(exist_ok=True)
     labels = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "a[role=tab]")]
-    assert labels == ["Facts", "Episodes", "Checkpoints", "Procedures", "Users"]
+    assert labels == ["Facts", "Episodes", "Checkpoints", "Procedures", "Users", "Deletions"]
     expected_text = {
         "Facts": "note_0", "Episodes": "booked a table", "Checkpoints": thread_id, "Procedures": "weather",
         "Users": "ann@example.org",
@@ -111,7 +111,8 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
 
     question = WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "delete-question")))
     assert "Delete these 3 facts?" in question.text
-    assert set(browser.find_element(By.ID, "delete-sample").text.split("\n")) == {f"{k} (user:{ann.pk})" for k in doomed}
+    whose = ann.display_name or ann.canonical_id  # the confirmation names the person, not only user:<id>
+    assert set(browser.find_element(By.ID, "delete-sample").text.split("\n")) == {f"{k} (user:{ann.pk}) — {whose}" for k in doomed}
     browser.save_screenshot(str(ARTIFACTS / "memories-delete-confirmation.png"))
     assert Fact.objects.count() == 6  # nothing deleted before the confirmation
     browser.find_element(By.ID, "confirm-delete").click()
