@@ -15,6 +15,7 @@ and why it must be refused at the edge rather than left to the database or the e
 """
 import json
 import math
+import re
 
 from .exceptions import InvalidMemoryArgument
 
@@ -141,3 +142,21 @@ def check_search(field_name, query, *, max_words=MAX_SEARCH_WORDS, max_length=10
     if max_words is not None and words > max_words:
         raise InvalidMemoryArgument(field_name, f"has {words} words; a search takes at most {max_words}")
     return query
+
+
+def storable(value):
+    """`value` with every NUL and lone surrogate in its strings (keys too) replaced by U+FFFD.
+
+    For records of what already happened (a run's conversation and actions, which a model wrote):
+    refusing them would lose the record; input at the edge is refused instead (check_json).
+    """
+    if isinstance(value, str):
+        return value if text_problem(value) is None else _REPLACE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
+_REPLACE = re.compile("[\x00\ud800-\udfff]")

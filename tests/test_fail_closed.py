@@ -103,3 +103,16 @@ def test_a_long_display_name_does_not_keep_a_person_from_being_identified():
     result = run_workflow(workflow, {"type": "chat", "payload": {"user_id": "long", "display_name": "N" * 500, "message": "hi"}})
     assert result.user is not None and not result.state.get("identity_failed")
     assert len(result.user["display_name"]) == 200
+
+
+@TOOLS_RUN_IN_WORKER_THREADS
+def test_a_nul_the_model_wrote_is_refused_by_the_tool_and_the_episode_is_still_recorded(service, fake_model):  # noqa: F811
+    """The tool refuses the NUL (an error tool message), and the run's record keeps what happened,
+    with the unstorable character replaced, instead of losing the episode to it."""
+    fake_model([remember_call("pin", "12\x0034"), AIMessage("Noted.")])
+    result = run_workflow(make_workflow(slug="nul"), {"type": "chat", "payload": {"user_id": "nul", "message": "my pin"}})
+    [action] = result.state["actions"]
+    assert action["status"] == "error" and "NUL" in action["result"]
+    episode = Episode.objects.get(pk=result.episode_id)
+    assert episode.actions[0]["args"]["value"] == "12\ufffd34"
+    assert not Fact.objects.filter(key="pin").exists()

@@ -14,6 +14,7 @@ from django.utils import timezone
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
 from memory.service import MemoryService
+from memory.validation import storable
 
 from .agent import build_agent_node
 from .exceptions import InvalidDefinition, InvalidTrigger
@@ -275,7 +276,8 @@ def _record_episode(service, state, context, user, errors):
     trigger = state.get("trigger") or {}
     started = state.get("run_started_at")
     started_at = datetime.fromisoformat(started) if started else timezone.now()
-    conversation = [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
+    # What the model wrote is recorded as it was, but storable: a NUL in a tool argument must not lose the episode.
+    conversation = storable([{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else []))
     who = user.get("display_name") or user.get("canonical_id") or "someone"
     return service.record_episode(
         started_at=started_at,
@@ -286,11 +288,11 @@ def _record_episode(service, state, context, user, errors):
         trigger_type=trigger.get("type", ""),
         trigger_input=trigger.get("payload") or {},
         conversation=conversation,
-        actions=list(state.get("actions") or []),
-        final_output={"reply": reply} if reply else None,
+        actions=storable(list(state.get("actions") or [])),
+        final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
-        error="; ".join(e["error"] for e in errors),
-        summary=f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}",
+        error=storable("; ".join(e["error"] for e in errors)),
+        summary=storable(f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"),
     )
 
 
