@@ -867,3 +867,12 @@ def test_searches_refuse_text_no_database_can_search(service, query):
         with pytest.raises(InvalidMemoryArgument) as exc:
             search(query)
         assert exc.value.field == "query"
+
+
+def test_a_search_of_too_many_words_is_refused_by_name(service):
+    """A paragraph is fine (200 words, above); 1,300 words made SQLite refuse the expression (a 500)."""
+    with pytest.raises(InvalidMemoryArgument) as exc:
+        service.search_facts(" ".join(["ab"] * 1300))
+    assert exc.value.field == "query" and "at most 256" in exc.value.message
+    with pytest.raises(InvalidMemoryArgument):
+        service.search_facts("-".join(["abc"] * 999))  # one "word" to str.split, 999 to the search
