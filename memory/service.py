@@ -51,7 +51,7 @@ from .validation import check_json, check_search, clean_text
 # The longest text a fact search or a procedure match takes (a whole message is fine; a book is not).
 MAX_SEARCH_LENGTH = 4000
 # The most words a fact search takes (a whole paragraph: yes; SQLite refuses expressions past ~1,000 terms).
-MAX_SEARCH_WORDS = 256
+MAX_FACT_SEARCH_WORDS = 256
 
 # Attempts of a merge that keeps meeting concurrent merges of the same users before it gives up.
 _MERGE_ATTEMPTS = 5
@@ -412,8 +412,8 @@ class MemoryService(RecallMixin):
             raise InvalidMemoryArgument("query", "must be a string")
         query = check_search("query", query, max_words=None, max_length=MAX_SEARCH_LENGTH)
         tokens = search_tokens(query)
-        if len(tokens) > MAX_SEARCH_WORDS:  # each word is a term of one SQL expression; SQLite stops near 1,000
-            raise InvalidMemoryArgument("query", f"has {len(tokens)} words; a search takes at most {MAX_SEARCH_WORDS}")
+        if len(tokens) > MAX_FACT_SEARCH_WORDS:  # each word is a term of one SQL expression; SQLite stops near 1,000
+            raise InvalidMemoryArgument("query", f"has {len(tokens)} words; a search takes at most {MAX_FACT_SEARCH_WORDS}")
         if not tokens:
             raise InvalidMemoryArgument("query", "must contain at least one word")
         viewer = _viewer(agent_id, user_id, session_id)
