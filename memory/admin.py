@@ -23,7 +23,14 @@ from django.utils.http import urlencode
 from . import actions, validation
 from .actions import confirmation_label, owner_label
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure
+from .models import (
+    ChannelIdentity,
+    DeletionRecord,
+    Episode,
+    Fact,
+    MemoryUser,
+    Procedure,
+)
 from .service import MemoryService
 
 TAB_STATE_SESSION_KEY = "memories_tabs"

@@ -52,8 +52,9 @@ def plan_kinds(kinds, filters):
     return chosen
 
 
-def clear(kinds, *, scope=None, agent_id=None, user_id=None, actor="command"):
-    """Delete what the filters select; returns {kind: rows deleted} (identities counted apart)."""
+def clear(service, kinds, *, scope=None, agent_id=None, user_id=None, actor="command"):
+    """Delete what the filters select (people through `service.delete_users`); returns {kind: rows deleted}
+    (identities counted apart)."""
     filters = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
     chosen = plan_kinds(kinds, filters)
     if scope and (agent_id and scope != Scope.AGENT or user_id is not None and scope != Scope.USER):
@@ -85,14 +86,12 @@ def clear(kinds, *, scope=None, agent_id=None, user_id=None, actor="command"):
         if USERS in chosen:
             # Forgetting people is one path (MemoryService.delete_users): their rows, what names them
             # elsewhere (recall events, admin log, index copies, threads), the audit record.
-            from .service import MemoryService
-
             users = MemoryUser.objects.all()
             if user_id is not None:
                 users = users.filter(pk=user_id) | users.filter(merged_into_id=user_id)
             doomed = list(users.values_list("pk", flat=True))
             if doomed:
-                result = MemoryService().delete_users(doomed, cascade=True, actor=actor)
+                result = service.delete_users(doomed, cascade=True, actor=actor)
                 deleted[FACTS] = deleted.get(FACTS, 0) + result.cascaded.get("facts", 0)
                 deleted[EPISODES] = deleted.get(EPISODES, 0) + result.cascaded.get("episodes", 0)
                 deleted["identities"] = result.cascaded.get("identities", 0)

@@ -140,18 +140,19 @@ class MemorySettings:
 memory_settings = MemorySettings(DEFAULTS)
 
 
-def _reload(*, setting, **kwargs):
-    if setting == "MEMORY":
-        memory_settings.reload()
-        from .backends import reset_backend
-        from .embeddings import reset_embedder
-        from .recall import model_guard
-        from .vectors import reset_vector_index
+def on_memory_settings_changed(reset):
+    """Connect `reset()` to run whenever the MEMORY setting changes (tests' override_settings).
 
-        reset_backend()
-        reset_embedder()
-        model_guard.reset()
-        reset_vector_index()
+    Each module that caches something derived from MEMORY connects its own reset here; this module
+    imports none of them (settings sit below everything that reads them).
+    """
+
+    def receiver(*, setting, **kwargs):
+        if setting == "MEMORY":
+            reset()
+
+    setting_changed.connect(receiver, weak=False)
+    return receiver
 
 
-setting_changed.connect(_reload)
+on_memory_settings_changed(memory_settings.reload)

@@ -1,8 +1,9 @@
 """Consolidation: distil finished, unprocessed episodes into facts, by built-in rules or a LangChain chat model.
 
-    report = run_consolidation()                      # never raises; report.ok says if all went well
-    run_consolidation(extractor=LLMExtractor(model))  # any LangChain chat model
-    run_consolidation(raise_errors=True)              # raises ConsolidationFailed carrying the report
+    memory = MemoryService()
+    report = memory.consolidate()                      # never raises; report.ok says if all went well
+    memory.consolidate(extractor=LLMExtractor(model))  # any LangChain chat model
+    memory.consolidate(raise_errors=True)              # raises ConsolidationFailed carrying the report
 
 Each run takes at most CONSOLIDATION["MAX_EPISODES_PER_RUN"] finished episodes that are not yet
 processed, oldest first. For each, the extractor proposes facts (outside any transaction: a model
@@ -330,15 +331,12 @@ def fact_owner(episode, requested):
             return scope, owners[scope]
 
 
-def run_consolidation(*, limit=None, agent_id=None, episode_ids=None, extractor=None, service=None, raise_errors=False):
+def run_consolidation(service, *, limit=None, agent_id=None, episode_ids=None, extractor=None, raise_errors=False):
     """Consolidate up to `limit` unprocessed episodes (of one agent, or the given ids); returns a report.
 
     Never raises unless `raise_errors`: then a run with any failure raises ConsolidationFailed (after
     recording it) carrying the same report.
     """
-    from .service import MemoryService
-
-    service = service or MemoryService()
     report = ConsolidationReport(extractor="?", started_at=timezone.now(), agent_id=agent_id or "")
     try:
         extractor = extractor if extractor is not None else get_extractor()
@@ -387,11 +385,11 @@ def run_consolidation(*, limit=None, agent_id=None, episode_ids=None, extractor=
     return report
 
 
-def consolidate_after_run(episode_id, *, service=None):
+def consolidate_after_run(service, episode_id):
     """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"]; never raises.
 
     Returns the report, or None when the setting is off.
     """
     if not memory_settings.CONSOLIDATION["AFTER_EACH_RUN"]:
         return None
-    return run_consolidation(episode_ids=[episode_id], service=service, raise_errors=False)
+    return run_consolidation(service, episode_ids=[episode_id], raise_errors=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.utils.module_loading import import_string
 
-from .conf import memory_settings
+from .conf import memory_settings, on_memory_settings_changed
 from .exceptions import MemoryServiceError
 
 logger = logging.getLogger("engram.memory")
@@ -269,3 +269,6 @@ def log_mode():
             else "the embeddings extra is not installed (pip install 'engram[embeddings]')"
         )
         logger.warning("recall: keyword-only: %s", why)
+
+
+on_memory_settings_changed(reset_embedder)

@@ -20,7 +20,18 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from .models import ChannelIdentity, Episode, Fact, MemoryUser, RecallEvent, RecallKind, RecallScope
+from .models import (
+    ChannelIdentity,
+    Episode,
+    Fact,
+    MemoryUser,
+    RecallEvent,
+    RecallKind,
+    RecallScope,
+    Scope,
+)
+from .owners import owner_key
+from .validation import chunks
 
 logger = logging.getLogger("engram.memory")
 
@@ -37,15 +48,15 @@ def erase_related(user_ids, fact_ids, episode_ids):
 
     recall_log.forget(user_ids, {RecallKind.FACT: fact_ids, RecallKind.EPISODE: episode_ids})
     removed = 0
-    for chunk in _chunks(sorted(user_ids)):
+    for chunk in chunks(sorted(user_ids)):
         removed += RecallEvent.objects.filter(user_id__in=chunk).delete()[0]
     for kind, ids in ((RecallKind.FACT, fact_ids), (RecallKind.EPISODE, episode_ids)):
-        for chunk in _chunks(sorted(ids)):
+        for chunk in chunks(sorted(ids)):
             removed += RecallEvent.objects.filter(kind=kind, item_id__in=chunk).delete()[0]
     identity_ids = list(ChannelIdentity.objects.filter(user_id__in=list(user_ids)).values_list("pk", flat=True))
     for model, ids in ((MemoryUser, user_ids), (Fact, fact_ids), (Episode, episode_ids), (ChannelIdentity, identity_ids)):
         content_type = ContentType.objects.get_for_model(model)
-        for chunk in _chunks(sorted(ids)):
+        for chunk in chunks(sorted(ids)):
             LogEntry.objects.filter(content_type=content_type, object_id__in=[str(i) for i in chunk]).delete()
     return removed
 
@@ -58,10 +69,10 @@ def purge_indexes(backend, user_ids):
 
     backend.optimize()
     backend.optimize_recall_index()
-    for chunk in _chunks(sorted(user_ids)):
-        owners = Q(owner__in=[f"user:{u}" for u in chunk])
+    for chunk in chunks(sorted(user_ids)):
+        owners = Q(owner__in=[owner_key(Scope.USER, user_id=u) for u in chunk])
         for u in chunk:
-            owners |= Q(owner__startswith=f"user:{u}/")
+            owners |= Q(owner__startswith=f"{owner_key(Scope.USER, user_id=u)}/")
         RecallScope.objects.filter(owners).delete()
 
 
@@ -79,11 +90,6 @@ def scrub_after_commit():
             logger.exception("erasure: could not truncate the database's WAL")
 
     transaction.on_commit(scrub, robust=True)
-
-
-def _chunks(items, size=500):
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 # ---------------------------------------------------------------- verification
@@ -152,7 +158,7 @@ def _column_traces(cursor, table, column, needles, user_ids):
             if n:
                 found.append((where, f"{n} row(s) contain {needle!r}"))
         for user_id in user_ids:  # owner keys: user:<id> exactly, or user:<id>/agent:<id>
-            n = _count(cursor, table, f"{text} = %s OR {text} LIKE %s", [f"user:{user_id}", f"user:{user_id}/%"])
+            n = _count(cursor, table, f"{text} = %s OR {text} LIKE %s", [owner_key(Scope.USER, user_id=user_id), f"{owner_key(Scope.USER, user_id=user_id)}/%"])
             if n:
                 found.append((where, f"{n} row(s) owned by user:{user_id}"))
     elif kind == "bytes":

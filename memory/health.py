@@ -32,6 +32,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from .conf import memory_settings
+from .embeddings import configured_mode
 from .models import Episode, Fact
 
 WEIGHTS = {"freshness": 25, "coverage": 25, "coherence": 20, "efficiency": 15, "reachability": 15}
@@ -150,8 +151,6 @@ def components():
 
 def recall_mode():
     """How recall searches: "hybrid" (keywords and vectors) or "keyword-only". Loads no model."""
-    from .recall_service import configured_mode
-
     return configured_mode()
 
 

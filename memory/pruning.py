@@ -31,6 +31,7 @@ from django.db.models.functions import Cast, Coalesce, Floor
 from .access import access_counter
 from .conf import memory_settings
 from .models import Episode, Fact, Procedure, Scope
+from .owners import fact_owner_key, owner_key
 from .signals import prune_requested
 
 FACTS, EPISODES, PROCEDURES = "facts", "episodes", "procedures"
@@ -135,13 +136,7 @@ def enforce_after_create(kind, row):
 
 def _scope_key(fact):
     """The owner of a fact object just written (its generated column is not read back after an insert)."""
-    if fact.scope == Scope.SESSION:
-        return f"session:{fact.session_id}"
-    if fact.scope == Scope.USER:
-        return f"user:{fact.user_id}"
-    if fact.scope == Scope.AGENT:
-        return f"agent:{fact.agent_id}"
-    return "global"
+    return fact_owner_key(fact)
 
 
 def _limited_fact_owners(agent_id):
@@ -150,7 +145,7 @@ def _limited_fact_owners(agent_id):
     per_agent = {a: o["MAX_FACTS"] for a, o in (limits["PER_AGENT"] or {}).items() if "MAX_FACTS" in o}
     if agent_id is not None:
         limit = limit_for(FACTS, agent_id) if agent_id else None
-        return [(f"agent:{agent_id}", limit)] if limit is not None else []
+        return [(owner_key(Scope.AGENT, agent_id=agent_id), limit)] if limit is not None else []
     if limits["MAX_FACTS"] is None and not any(v is not None for v in per_agent.values()):
         return []
     qs = Fact.objects.order_by().values("scope_key").annotate(n=Count("id"))

@@ -31,11 +31,18 @@ from typing import Any
 
 from django.utils import timezone
 
-from .conf import memory_settings
+from .backends.rows import models_by_id
+from .conf import memory_settings, on_memory_settings_changed
 from .embeddings import EmbeddingModelChanged, get_embedder
 from .exceptions import InvalidMemoryArgument
-from .models import EmbeddingModelRecord, Episode, Fact, Procedure, RecallEvent, RecallKind
-from .backends.rows import models_by_id
+from .models import (
+    EmbeddingModelRecord,
+    Episode,
+    Fact,
+    Procedure,
+    RecallEvent,
+    RecallKind,
+)
 from .vectors import get_vector_index
 
 logger = logging.getLogger("engram.memory")
@@ -367,3 +374,6 @@ def recall_events(result_hits, viewer, query, mode, now):
         )
         for rank, hit in enumerate(result_hits, start=1)
     ]
+
+
+on_memory_settings_changed(model_guard.reset)

@@ -5,15 +5,21 @@ from django.db import transaction
 from django.utils import timezone
 
 from .access import access_counter
-from .backends.recall import keyword_terms
 from .conf import memory_settings
-from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, reset_embedder, to_blob
+from .embeddings import (
+    EmbeddingModelChanged,
+    configured_mode,
+    get_embedder,
+    reset_embedder,
+    to_blob,
+)
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .indexer import indexer, pending_count
-from .validation import clean_text
 from .models import EmbeddingModelRecord, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events
 from .recall_events import recall_log
+from .text import keyword_terms
+from .validation import check_limit, check_unit_interval, clean_text, make_viewer
 from .vectors import reset_vector_index
 
 logger = logging.getLogger("engram.memory")
@@ -87,17 +93,15 @@ class RecallMixin:
         memory/recall_events.py): a recall never commits. Raises InvalidMemoryArgument for bad
         arguments and EmbeddingModelChanged when stored vectors are from another model.
         """
-        from .service import _check_limit, _check_unit_interval, _viewer
-
         # Free text (a whole message): any number of words, but clean and at most MAX_QUERY_LENGTH.
         query = clean_text("query", query, max_length=MAX_QUERY_LENGTH)
-        viewer = _viewer(agent_id, user_id, session_id)
+        viewer = make_viewer(agent_id, user_id, session_id)
         kinds = _check_types(types)
-        limit = _check_limit(limit, memory_settings.RECALL_LIMIT)
+        limit = check_limit(limit, memory_settings.RECALL_LIMIT)
         if limit > MAX_RECALL_LIMIT:
             raise InvalidMemoryArgument("limit", f"must be at most {MAX_RECALL_LIMIT}")
         if min_confidence is not None:
-            min_confidence = _check_unit_interval("min_confidence", min_confidence)
+            min_confidence = check_unit_interval("min_confidence", min_confidence)
         if mode not in MODES:
             raise InvalidMemoryArgument("mode", f"must be one of {', '.join(MODES)}; got {mode!r}")
         recaller = Recaller(self.backend, viewer, query, keyword_terms(query), kinds, limit, min_confidence, mode)

@@ -4,11 +4,11 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .api.filters import check_query_parameters
 from .embeddings import EmbeddingModelChanged
 from .exceptions import InvalidMemoryArgument
 from .recall import MODES
 from .recall_service import MAX_QUERY_LENGTH, MAX_RECALL_LIMIT
-from .api.filters import check_query_parameters
 from .service import MAX_ID, MemoryService
 
 

@@ -49,3 +49,28 @@ def attribute_fact_type(attribute):
     if any(w in RELATION_WORDS or w.rstrip("s") in RELATION_WORDS for w in words):
         return "relationship"
     return None
+
+
+_WORD = re.compile(r"[^\W_]+")
+# Question and function words that would match almost every memory; dropped from keyword queries
+# unless nothing else is left.
+STOPWORDS = frozenset(
+    """a about after again all also am an and any are as at be been before being but by can could did do does
+    doing done for from had has have having he her here hers him his how i if in into is it its itself just me
+    might more most my no nor not now of off on once only or other our ours out over own same she should so
+    some such than that the their theirs them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours
+    i'm tell know please""".split()
+)
+
+
+def content_words(text):
+    """The words of `text` that say something (stop words dropped), lower-case, in order."""
+    return [w for w in (w.lower() for w in _WORD.findall(text or "")) if w not in STOPWORDS]
+
+
+def keyword_terms(query, limit=32):
+    """The words of a query a keyword index should look for: lower-case, stop words dropped, unique."""
+    words = [w.lower() for w in _WORD.findall(query)]
+    kept = [w for w in words if w not in STOPWORDS] or words
+    return list(dict.fromkeys(kept))[:limit]

@@ -29,18 +29,25 @@ More kinds (another app's tables) join with `register_kind(TransferKind(...))`.
 """
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
 from django.core.management.color import no_style
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    connection,
+    connections,
+    models,
+    transaction,
+)
 from django.utils import timezone
 
 from . import validation
 from .exceptions import ImportRejected, InvalidMemoryArgument
 from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, Scope
+from .owners import owner_key
 from .text import fact_search_text
 
 FORMAT, VERSION = "engram-memory", 1
@@ -85,12 +92,7 @@ class TransferKind:
 
 
 def _fact_owner(row):
-    scope = row.get("scope")
-    return {
-        Scope.SESSION: f"session:{row.get('session_id')}",
-        Scope.USER: f"user:{row.get('user_id')}",
-        Scope.AGENT: f"agent:{row.get('agent_id')}",
-    }.get(scope, "global")
+    return owner_key(row.get("scope"), user_id=row.get("user_id"), agent_id=row.get("agent_id"), session_id=row.get("session_id"))
 
 
 def _check_fact(row):
@@ -100,11 +102,9 @@ def _check_fact(row):
     for name, present in owners.items():
         if present != (name == wanted):
             return name, f"a {scope} fact {'needs' if name == wanted else 'cannot have'} {name}"
-    if not 0.0 <= row["confidence"] <= 1.0:
-        return "confidence", "must be from 0 to 1"
     if not row["key"].strip():
         return "key", "must not be blank"
-    return None
+    return validation.problem_of(lambda: validation.check_unit_interval("confidence", row["confidence"]))
 
 
 def _prepare_fact(row):
@@ -126,9 +126,7 @@ def _check_user(row):
 def _check_procedure(row):
     if not row["name"]:
         return "name", "must not be blank"
-    if not 0.0 <= row["success_rate"] <= 1.0:
-        return "success_rate", "must be from 0 to 1"
-    return None
+    return validation.problem_of(lambda: validation.check_unit_interval("success_rate", row["success_rate"]))
 
 
 # Export order: a row's references come before it where the schema allows (inserts defer foreign
@@ -222,68 +220,6 @@ def export(out, *, on_progress=None):
 # ---------------------------------------------------------------- validation
 
 
-def _field_checker(f):
-    """A function value -> (clean value, None) or (None, message) for one model field."""
-    nullable = f.null
-    choices = {c[0] for c in f.flatchoices} if f.choices else None
-    max_length = getattr(f, "max_length", None)
-
-    def done(value, message=None):
-        return (None, message) if message else (value, None)
-
-    if isinstance(f, models.DateTimeField):
-        def check(v):
-            if v is None:
-                return done(None, None if nullable else "must be a timestamp, not null")
-            if not isinstance(v, str):
-                return done(None, "must be an ISO 8601 timestamp string")
-            try:
-                parsed = datetime.fromisoformat(v)
-            except ValueError:
-                return done(None, f"is not an ISO 8601 timestamp: {v!r}")
-            if parsed.tzinfo is None:
-                return done(None, "must carry a UTC offset")
-            return done(parsed)
-    elif isinstance(f, models.JSONField):
-        def check(v):
-            if v is None and not nullable:
-                return done(None, "must not be null")
-            return done(v)
-    elif isinstance(f, models.BooleanField):
-        def check(v):
-            if v is None and nullable:
-                return done(None)
-            return done(v) if isinstance(v, bool) else done(None, "must be true or false")
-    elif isinstance(f, models.FloatField):
-        def check(v):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                return done(None, "must be a finite number")
-            return done(float(v))
-    elif isinstance(f, (models.IntegerField, models.AutoField, models.ForeignKey)):
-        positive = isinstance(f, (models.PositiveIntegerField, models.AutoField, models.ForeignKey))
-
-        def check(v):
-            if v is None:
-                return done(None, None if nullable else "must be an integer, not null")
-            if isinstance(v, bool) or not isinstance(v, int):
-                return done(None, "must be an integer")
-            if positive and v < (1 if isinstance(f, (models.AutoField, models.ForeignKey)) else 0):
-                return done(None, "must be positive")
-            if isinstance(f, models.SmallIntegerField) and not -32768 <= v <= 32767:
-                return done(None, "is out of range")
-            return done(v)
-    else:  # CharField, TextField
-        def check(v):
-            if not isinstance(v, str):
-                return done(None, "must be a string")
-            if max_length and len(v) > max_length:
-                return done(None, f"must be at most {max_length} characters")
-            if choices is not None and v not in choices:
-                return done(None, f"must be one of {', '.join(sorted(choices))}; got {v!r}")
-            return done(v)
-    return check
-
-
 @dataclass
 class _KindPlan:
     kind: TransferKind
@@ -324,7 +260,7 @@ def _plans_defaults(kind):
 def _plans():
     return {
         kind.name: _KindPlan(
-            kind=kind, checkers={f.attname: _field_checker(f) for f in kind.fields}, defaults=_plans_defaults(kind),
+            kind=kind, checkers={f.attname: validation.field_checker(f) for f in kind.fields}, defaults=_plans_defaults(kind),
             references=kind.references,
         )
         for kind in KINDS
@@ -453,12 +389,6 @@ def _note_identity(plan, row, lineno, errors):
             plan.refs.setdefault((target, ref), (lineno, attname))
 
 
-def _chunks(items, size=_BATCH // 2):
-    items = list(items)
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def _check_against_database(plans, errors):
     """Ids already stored (left alone), natural keys taken by other rows, references to nowhere."""
     present = {}
@@ -466,7 +396,7 @@ def _check_against_database(plans, errors):
         model = plan.kind.model
         found = set()
         if plan.ids and model.objects.exists():
-            for chunk in _chunks(plan.ids):
+            for chunk in validation.chunks(plan.ids):
                 found.update(model.objects.filter(pk__in=chunk).values_list("pk", flat=True))
             _check_natural_keys(plan, found, errors)
         present[name] = found
@@ -479,7 +409,7 @@ def _check_against_database(plans, errors):
         for target, refs in missing.items():
             model = plans[target].kind.model
             stored = set()
-            for chunk in _chunks(refs):
+            for chunk in validation.chunks(refs):
                 stored.update(model.objects.filter(pk__in=chunk).values_list("pk", flat=True))
             for ref, (lineno, attname) in sorted(refs.items(), key=lambda item: item[1][0]):
                 if ref not in stored:
@@ -497,7 +427,7 @@ def _check_natural_keys(plan, present, errors):
     for natural_key in plan.kind.natural_keys:
         new = {value: pk_line for (nk, value), pk_line in plan.natural.items() if nk == natural_key and pk_line[0] not in present}
         last = natural_key.columns[-1]
-        for chunk in _chunks({value[-1] for value in new}):
+        for chunk in validation.chunks({value[-1] for value in new}):
             stored = plan.kind.model.objects.filter(**{f"{last}__in": chunk}).values_list(*natural_key.columns, "pk")
             for *value, pk in stored:
                 hit = new.get(tuple(value))

@@ -16,8 +16,13 @@ and why it must be refused at the edge rather than left to the database or the e
 import json
 import math
 import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import models
 
 from .exceptions import InvalidMemoryArgument
+from .models import MemoryUser
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_JSON_DEPTH = 64
@@ -160,3 +165,188 @@ def storable(value):
 
 
 _REPLACE = re.compile("[\x00\ud800-\udfff]")
+
+
+# ---------------------------------------------------------------- the service's arguments
+
+# Ids per statement: well under every database's bound-parameter limit.
+ID_CHUNK = 900
+# The largest id a BigAutoField holds; a larger one cannot name a row (and would overflow the driver).
+MAX_ID = 2**63 - 1
+
+_CHANNEL = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+_CHOICE_VALUES = {}
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking: an agent, the user it talks to, and the session. Each part may be absent.
+
+    A viewer sees global facts, the agent's facts, the user's facts and the session's facts.
+    """
+
+    agent_id: str = ""
+    user_id: int | None = None
+    session_id: str = ""
+
+
+def make_viewer(agent_id, user_id, session_id):
+    """The checked Viewer of these arguments."""
+    return Viewer(
+        agent_id=clean_text("agent_id", agent_id, required=False, max_length=128),
+        user_id=check_user_id("user_id", user_id, required=False),
+        session_id=clean_text("session_id", session_id, required=False, max_length=128),
+    )
+
+
+def check_channel(value):
+    """A channel name: lower-case letters, digits, '_', '.', '-' (no ':', which joins canonical ids)."""
+    channel = clean_text("channel", value, max_length=50).lower()
+    if not _CHANNEL.match(channel):
+        raise InvalidMemoryArgument("channel", f"must be letters, digits, '_', '.' or '-', got {value!r}")
+    return channel
+
+
+def check_external_id(value):
+    """A user's id on a channel: text (an int is taken as its digits), at most 255 characters."""
+    return clean_text("external_id", str(value) if isinstance(value, int) else value, max_length=255)
+
+
+def check_choice(field_name, value, choices):
+    """`value` if it is one of the TextChoices `choices`."""
+    allowed = _CHOICE_VALUES.get(choices)
+    if allowed is None:
+        allowed = _CHOICE_VALUES[choices] = frozenset(choices.values)
+    if value not in allowed:
+        raise InvalidMemoryArgument(field_name, f"must be one of {', '.join(choices.values)}; got {value!r}")
+    return value
+
+
+def check_unit_interval(field_name, value):
+    """A number from 0 to 1 (a confidence), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidMemoryArgument(field_name, f"must be a number from 0 to 1, got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise InvalidMemoryArgument(field_name, f"must be from 0 to 1, got {value}")
+    return float(value)
+
+
+def check_user_id(field_name, value, *, required):
+    """A row id (a MemoryUser stands for its id); None when absent and not `required`."""
+    if value is None:
+        if required:
+            raise InvalidMemoryArgument(field_name, "is required")
+        return None
+    if isinstance(value, MemoryUser):
+        return value.pk
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidMemoryArgument(field_name, f"must be a positive integer id, got {value!r}")
+    return value
+
+
+def check_limit(value, default):
+    """A positive integer, or `default` when None."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidMemoryArgument("limit", f"must be a positive integer, got {value!r}")
+    return value
+
+
+def is_row_id(ident):
+    return not isinstance(ident, bool) and isinstance(ident, int) and 0 < ident <= MAX_ID
+
+
+def check_id_list(ids, max_ids=None, *, noun="id", valid=is_row_id, expected=f"a positive integer id up to {MAX_ID}"):
+    """A non-empty list of ids, each passing `valid` (duplicates dropped, order kept), at most
+    `max_ids`; errors name `ids` or `ids[i]`. Other apps' batch deletes use it with their own ids."""
+    if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+        raise InvalidMemoryArgument("ids", f"must be a list of {noun}s, got {type(ids).__name__}")
+    ids = list(ids)
+    if not ids:
+        raise InvalidMemoryArgument("ids", f"must name at least one {noun}")
+    if max_ids is not None and len(ids) > max_ids:
+        raise InvalidMemoryArgument("ids", f"at most {max_ids} ids per call, got {len(ids)}")
+    for n, ident in enumerate(ids):
+        if not valid(ident):
+            raise InvalidMemoryArgument(f"ids[{n}]", f"must be {expected}, got {ident!r}")
+    return list(dict.fromkeys(ids))
+
+
+def chunks(items, size=ID_CHUNK):
+    """`items` as lists of at most `size`: one statement's worth of ids."""
+    items = list(items)
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def problem_of(*checks):
+    """(field, message) of the first check (a function raising InvalidMemoryArgument) that fails, or None."""
+    for check in checks:
+        try:
+            check()
+        except InvalidMemoryArgument as exc:
+            return exc.field, exc.message
+    return None
+
+
+def field_checker(f):
+    """A function value -> (clean value, None) or (None, message) for one model field (import's row checks)."""
+    nullable = f.null
+    choices = {c[0] for c in f.flatchoices} if f.choices else None
+    max_length = getattr(f, "max_length", None)
+
+    def done(value, message=None):
+        return (None, message) if message else (value, None)
+
+    if isinstance(f, models.DateTimeField):
+        def check(v):
+            if v is None:
+                return done(None, None if nullable else "must be a timestamp, not null")
+            if not isinstance(v, str):
+                return done(None, "must be an ISO 8601 timestamp string")
+            try:
+                parsed = datetime.fromisoformat(v)
+            except ValueError:
+                return done(None, f"is not an ISO 8601 timestamp: {v!r}")
+            if parsed.tzinfo is None:
+                return done(None, "must carry a UTC offset")
+            return done(parsed)
+    elif isinstance(f, models.JSONField):
+        def check(v):
+            if v is None and not nullable:
+                return done(None, "must not be null")
+            return done(v)
+    elif isinstance(f, models.BooleanField):
+        def check(v):
+            if v is None and nullable:
+                return done(None)
+            return done(v) if isinstance(v, bool) else done(None, "must be true or false")
+    elif isinstance(f, models.FloatField):
+        def check(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return done(None, "must be a finite number")
+            return done(float(v))
+    elif isinstance(f, (models.IntegerField, models.AutoField, models.ForeignKey)):
+        positive = isinstance(f, (models.PositiveIntegerField, models.AutoField, models.ForeignKey))
+
+        def check(v):
+            if v is None:
+                return done(None, None if nullable else "must be an integer, not null")
+            if isinstance(v, bool) or not isinstance(v, int):
+                return done(None, "must be an integer")
+            if positive and v < (1 if isinstance(f, (models.AutoField, models.ForeignKey)) else 0):
+                return done(None, "must be positive")
+            if isinstance(f, models.SmallIntegerField) and not -32768 <= v <= 32767:
+                return done(None, "is out of range")
+            return done(v)
+    else:  # CharField, TextField
+        def check(v):
+            if not isinstance(v, str):
+                return done(None, "must be a string")
+            if max_length and len(v) > max_length:
+                return done(None, f"must be at most {max_length} characters")
+            if choices is not None and v not in choices:
+                return done(None, f"must be one of {', '.join(sorted(choices))}; got {v!r}")
+            return done(v)
+    return check

@@ -24,7 +24,7 @@ import threading
 import numpy as np
 from django.db import connection
 
-from .conf import memory_settings
+from .conf import memory_settings, on_memory_settings_changed
 from .embeddings import from_blobs
 
 _DOC_TABLE = "memory_recall_doc"
@@ -254,3 +254,6 @@ def reset_vector_index():
     global _index
     with _index_lock:
         _index = None
+
+
+on_memory_settings_changed(reset_vector_index)

@@ -5,7 +5,8 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
-from memory.consolidation import LLMExtractor, RuleExtractor, consolidate_after_run, run_consolidation
+from memory.consolidation import LLMExtractor, RuleExtractor
+from memory.service import MemoryService
 from memory.exceptions import ConsolidationFailed
 from memory.models import ConsolidationRun, Episode, Fact
 
@@ -43,7 +44,7 @@ def test_rules_turn_statements_and_decisions_into_user_facts(service, user_facto
         ("assistant", "We decided to use PostgreSQL for the reports."),
         user=ada,
     )
-    report = run_consolidation(extractor=RuleExtractor())
+    report = MemoryService().consolidate(extractor=RuleExtractor())
     assert report.ok, report.as_dict()
     assert report.processed == [episode.pk]
     facts = facts_of(episode)
@@ -67,7 +68,7 @@ def test_rules_ignore_the_assistant_talking_about_itself_and_chit_chat(service, 
         ("user", "My question is whether this works."),
         ("assistant", "My name is Bot and my favourite colour is blue."),
     )
-    report = run_consolidation(extractor=RuleExtractor())
+    report = MemoryService().consolidate(extractor=RuleExtractor())
     assert report.ok
     assert facts_of(episode) == {}
     assert Episode.objects.get(pk=episode.pk).processed_for_facts  # read, nothing durable in it
@@ -75,7 +76,7 @@ def test_rules_ignore_the_assistant_talking_about_itself_and_chit_chat(service, 
 
 def test_without_a_user_facts_go_to_the_agent(service, finished_episode):
     finished_episode(("user", "Remember that the office wifi is engram-guest."), user=None)
-    run_consolidation(extractor=RuleExtractor())
+    MemoryService().consolidate(extractor=RuleExtractor())
     fact = Fact.objects.get(key="office_wifi")
     assert (fact.scope, fact.agent_id, fact.value) == ("agent", AGENT, "engram-guest")
 
@@ -84,7 +85,7 @@ def test_a_repeated_fact_confirms_instead_of_duplicating(service, user_factory, 
     ada = user_factory("ada")
     finished_episode(("user", "My timezone is UTC."), user=ada)
     finished_episode(("user", "As I said, my timezone is UTC."), user=ada)
-    report = run_consolidation(extractor=RuleExtractor())
+    report = MemoryService().consolidate(extractor=RuleExtractor())
     assert report.actions == {"created": 1, "confirmed": 1}
     fact = Fact.objects.get(key="timezone")
     assert fact.times_confirmed == 1
@@ -95,18 +96,18 @@ def test_oldest_first_at_most_n_per_run_and_only_finished_episodes(service, fini
     settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"MAX_EPISODES_PER_RUN": 2}}
     first, second, third = (finished_episode(("user", f"My code {i} is {i}.")) for i in range(3))
     running = service.start_episode(agent_id=AGENT)  # not finished: its conversation may still grow
-    report = run_consolidation()  # the default extractor is the built-in rules
+    report = MemoryService().consolidate()  # the default extractor is the built-in rules
     assert report.extractor == "rules"
     assert report.processed == [first.pk, second.pk]
-    report = run_consolidation()
+    report = MemoryService().consolidate()
     assert report.processed == [third.pk]
-    assert run_consolidation().episodes_seen == 0
+    assert MemoryService().consolidate().episodes_seen == 0
     assert not Episode.objects.get(pk=running.pk).processed_for_facts
 
 
 def test_each_run_is_recorded(service, finished_episode):
     finished_episode(("user", "My city is Porto."))
-    report = run_consolidation()
+    report = MemoryService().consolidate()
     run = service.last_consolidation()
     assert run.pk == report.run_id
     assert (run.episodes_processed, run.facts_created, run.ok) == (1, 1, True)
@@ -132,7 +133,7 @@ def test_llm_extractor_with_a_json_answering_model(service, user_factory, finish
         ]
     }
     model = FakeListChatModel(responses=["```json\n" + json.dumps(answer) + "\n```"])
-    report = run_consolidation(extractor=LLMExtractor(model))
+    report = MemoryService().consolidate(extractor=LLMExtractor(model))
     assert report.ok, report.as_dict()
     assert report.extractor == "llm:FakeListChatModel"
     facts = facts_of(episode)
@@ -158,7 +159,7 @@ def test_llm_extractor_with_structured_output(service, user_factory, finished_ep
     model = ToolCallingFakeChatModel(messages=iter([AIMessage(content="", tool_calls=[call])]))
     extractor = LLMExtractor(model)
     assert extractor.structured is not None
-    report = run_consolidation(extractor=extractor)
+    report = MemoryService().consolidate(extractor=extractor)
     assert report.ok, report.as_dict()
     assert facts_of(episode)["preferred_name"].value == "Ada"
 
@@ -166,7 +167,7 @@ def test_llm_extractor_with_structured_output(service, user_factory, finished_ep
 def test_a_scope_without_its_owner_falls_back_to_the_episodes_owner(service, finished_episode):
     finished_episode(("user", "hi"))  # no user, no session
     answer = {"facts": [{"key": "likes", "value": "tea", "fact_type": "user_preference", "confidence": 0.5, "scope": "user"}]}
-    run_consolidation(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
+    MemoryService().consolidate(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
     fact = Fact.objects.get(key="likes")
     assert (fact.scope, fact.agent_id) == ("agent", AGENT)
 
@@ -180,7 +181,7 @@ def test_the_llm_extractor_comes_from_settings(service, finished_episode, settin
         }
     }
     episode = finished_episode(("user", "nothing to keep"))
-    report = run_consolidation()
+    report = MemoryService().consolidate()
     assert report.ok and report.processed == [episode.pk]
     assert report.extractor == "llm:FakeListChatModel"
 
@@ -199,7 +200,7 @@ class FailingChatModel(FakeListChatModel):
 
 def test_a_failing_model_marks_nothing_processed_and_does_not_raise(service, finished_episode, caplog):
     episodes = [finished_episode(("user", f"My pin is {i}.")) for i in range(2)]
-    report = run_consolidation(extractor=LLMExtractor(FailingChatModel()))
+    report = MemoryService().consolidate(extractor=LLMExtractor(FailingChatModel()))
     assert not report.ok
     assert report.processed == []
     assert set(report.failed) == {e.pk for e in episodes}
@@ -214,7 +215,7 @@ def test_a_failing_model_marks_nothing_processed_and_does_not_raise(service, fin
 def test_raise_errors_raises_with_the_report(service, finished_episode):
     finished_episode(("user", "My pin is 1."))
     with pytest.raises(ConsolidationFailed) as info:
-        run_consolidation(extractor=LLMExtractor(FailingChatModel()), raise_errors=True)
+        MemoryService().consolidate(extractor=LLMExtractor(FailingChatModel()), raise_errors=True)
     assert "model is down" in str(info.value)
     assert info.value.report.processed == []
 
@@ -229,7 +230,7 @@ def test_raise_errors_raises_with_the_report(service, finished_episode):
 )
 def test_an_answer_off_the_schema_fails_that_episode(service, finished_episode, answer, message):
     episode = finished_episode(("user", "My pin is 1."))
-    report = run_consolidation(extractor=LLMExtractor(FakeListChatModel(responses=[answer])))
+    report = MemoryService().consolidate(extractor=LLMExtractor(FakeListChatModel(responses=[answer])))
     assert report.processed == [] and message in report.failed[episode.pk]
     assert not Episode.objects.get(pk=episode.pk).processed_for_facts
 
@@ -240,18 +241,18 @@ def test_a_fact_that_cannot_be_stored_rolls_back_the_whole_episode(service, fini
         {"key": "good", "value": "kept?", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
         {"key": "  ", "value": "blank key", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
     ]}
-    report = run_consolidation(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
+    report = MemoryService().consolidate(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
     assert "key: must not be empty" in report.failed[episode.pk]
     assert Fact.objects.count() == 0  # the good fact was rolled back with the bad one
     assert not Episode.objects.get(pk=episode.pk).processed_for_facts
     # fixed on the next run: the episode is still there to consolidate
-    assert run_consolidation(extractor=RuleExtractor()).processed == [episode.pk]
+    assert MemoryService().consolidate(extractor=RuleExtractor()).processed == [episode.pk]
 
 
 def test_a_missing_model_setting_is_reported_not_raised(service, finished_episode, settings):
     settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"EXTRACTOR": "memory.consolidation.LLMExtractor"}}
     finished_episode(("user", "My pin is 1."))
-    report = run_consolidation()
+    report = MemoryService().consolidate()
     assert not report.ok and "CONSOLIDATION['MODEL'] is not set" in report.errors[0]
     assert Episode.objects.filter(processed_for_facts=True).count() == 0
 
@@ -270,10 +271,10 @@ def test_an_episode_consolidated_meanwhile_is_not_stored_twice(service, finished
 
 def test_consolidate_after_run_follows_the_setting(service, finished_episode, settings):
     episode = finished_episode(("user", "My city is Porto."))
-    assert consolidate_after_run(episode.pk) is None
+    assert MemoryService().consolidate_after_run(episode.pk) is None
     settings.MEMORY = {**settings.MEMORY, "CONSOLIDATION": {"AFTER_EACH_RUN": True}}
     other = finished_episode(("user", "My city is Braga."))
-    report = consolidate_after_run(episode.pk)
+    report = MemoryService().consolidate_after_run(episode.pk)
     assert report.processed == [episode.pk]
     assert not Episode.objects.get(pk=other.pk).processed_for_facts
 
@@ -287,7 +288,7 @@ def test_consolidation_does_not_replay_what_the_runs_already_stored(demo_workflo
         talk(demo_workflow, "lin", f"my language is {language}")
     fact = Fact.objects.get(key="language")
     assert (fact.value, fact.confidence) == ("Ada", 0.8)
-    report = run_consolidation(extractor=RuleExtractor())
+    report = MemoryService().consolidate(extractor=RuleExtractor())
     assert len(report.processed) == 3 and report.actions == {"kept_newer": 3}
     fact.refresh_from_db()
     assert (fact.value, fact.confidence, fact.times_contradicted) == ("Ada", 0.8, 2)  # the runs' own two changes

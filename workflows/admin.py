@@ -12,7 +12,13 @@ from django.utils.timezone import localtime
 from memory.admin import MemoriesTab, memories_site
 from memory.service import BatchDelete
 
-from .checkpoints import CHECKPOINT_ID_PATTERN, delete_checkpoints, head_checkpoint, thread_checkpoints, tracked_threads
+from .checkpoints import (
+    CHECKPOINT_ID_PATTERN,
+    delete_checkpoints,
+    head_checkpoint,
+    thread_checkpoints,
+    tracked_threads,
+)
 from .models import Thread, Workflow
 from .threads import list_threads
 

@@ -9,7 +9,12 @@ and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 """
 import django_filters
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -18,9 +23,15 @@ from rest_framework.response import Response
 from memory.api.filters import IdFilter
 from memory.conf import memory_settings
 
-from .checkpoints import CHECKPOINT_ID_PATTERN, MAX_THREAD_ID_LENGTH, delete_checkpoints, is_valid_thread_id, thread_checkpoints, tracked_threads
+from .checkpoints import (
+    CHECKPOINT_ID_PATTERN,
+    MAX_THREAD_ID_LENGTH,
+    delete_checkpoints,
+    is_valid_thread_id,
+    thread_checkpoints,
+    tracked_threads,
+)
 from .models import Thread
-
 
 # Any characters but NUL (which no database column holds).
 THREAD_ID_PATTERN = r"^[^\x00]+$"

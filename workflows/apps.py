@@ -8,9 +8,12 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import threads  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
-        from . import checks  # noqa: F401  (system checks: a webhook secret needs a bot token)
-        from . import conf  # noqa: F401  (reloads settings on override)
-        from . import lifecycle
+        from . import (
+            checks,  # noqa: F401  (system checks: a webhook secret needs a bot token)
+            conf,  # noqa: F401  (reloads settings on override)
+            lifecycle,
+            nodes,  # noqa: F401  (registers the built-in node types)
+            threads,  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
+        )
 
         lifecycle.connect()  # `memory prune` trims threads; /healthz checks the checkpointer

@@ -3,7 +3,7 @@ import threading
 
 from django.utils.module_loading import import_string
 
-from .conf import workflow_settings
+from .conf import on_workflow_settings_changed, workflow_settings
 from .exceptions import ChatModelConfigError
 
 _lock = threading.Lock()
@@ -59,3 +59,6 @@ def reset_chat_model():
     global _model, _loaded
     with _lock:
         _model, _loaded = None, False
+
+
+on_workflow_settings_changed(reset_chat_model)

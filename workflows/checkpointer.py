@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connections
 
-from .conf import workflow_settings
+from .conf import on_workflow_settings_changed, workflow_settings
 
 logger = logging.getLogger("engram.workflows")
 
@@ -158,3 +158,6 @@ def close_checkpointer():
         closer, _saver, _closer = _closer, None, None
     if closer is not None:
         closer()
+
+
+on_workflow_settings_changed(close_checkpointer)

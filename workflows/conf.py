@@ -64,18 +64,19 @@ class WorkflowSettings:
 workflow_settings = WorkflowSettings(DEFAULTS)
 
 
-def _reload(*, setting, **kwargs):
-    if setting == "WORKFLOWS":
-        workflow_settings.reload()
-        from .checkpointer import close_checkpointer
-        from .chat_models import reset_chat_model
-        from .runtime import clear_compiled
-        from .telegram import reset_bot_api
+def on_workflow_settings_changed(reset):
+    """Connect `reset()` to run whenever the WORKFLOWS setting changes (tests' override_settings).
 
-        close_checkpointer()
-        reset_chat_model()
-        clear_compiled()
-        reset_bot_api()
+    Each module that caches something derived from WORKFLOWS connects its own reset; this module
+    imports none of them.
+    """
+
+    def receiver(*, setting, **kwargs):
+        if setting == "WORKFLOWS":
+            reset()
+
+    setting_changed.connect(receiver, weak=False)
+    return receiver
 
 
-setting_changed.connect(_reload)
+on_workflow_settings_changed(workflow_settings.reload)

@@ -19,7 +19,6 @@ from datetime import datetime
 from django.utils import timezone
 
 from memory import health
-from memory.consolidation import consolidate_after_run
 from memory.service import MemoryService
 from memory.signals import prune_requested
 
@@ -136,7 +135,7 @@ def after_run(state):
         attempt("trim_thread", trim_thread, thread_id)
     episode_id = state.get("episode_id")
     if episode_id:
-        report = consolidate_after_run(episode_id)  # never raises; a no-op unless AFTER_EACH_RUN
+        report = MemoryService().consolidate_after_run(episode_id)  # never raises; a no-op unless AFTER_EACH_RUN
         if report is not None and not report.ok:
             errors = [*report.errors, *(f"episode {pk}: {err}" for pk, err in report.failed.items())]
             problems.extend({"node": "after_run", "operation": "consolidate", "error": e} for e in errors)

@@ -8,21 +8,14 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from memory.models import Scope
+from memory.models import SCOPE_RANK, Scope
 from memory.service import MemoryService
+from memory.text import content_words
 
 from .conf import workflow_settings
 
 MEMORY_TYPES = ("facts", "episodes", "procedures")
 
-_WORD = re.compile(r"[a-z0-9]+")
-# Words that say nothing about what is asked; left out when matching a question to facts.
-_STOPWORDS = frozenset(
-    "a an and are as at be can could did do does for from had has have he her his how i i'm in is it its "
-    "me my of on or our she so that the their them they this to was we were what when where which who "
-    "why will with you your yours tell know about please".split()
-)
-_SPECIFIC = {Scope.SESSION: 0, Scope.USER: 1, Scope.AGENT: 2, Scope.GLOBAL: 3}
 
 
 @dataclass(frozen=True)
@@ -68,7 +61,7 @@ class Recalled:
 
 
 def query_words(text):
-    return [w for w in _WORD.findall((text or "").lower().replace("_", " ")) if w not in _STOPWORDS]
+    return content_words(text)
 
 
 def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) -> Recalled:
@@ -139,7 +132,7 @@ def _facts(service, query, scope, options):
         )
         own = sorted(
             (f for f in own if f.scope in (Scope.USER, Scope.SESSION) and f.pk not in matched),
-            key=lambda f: (_SPECIFIC[f.scope], -f.confidence, f.key),
+            key=lambda f: (SCOPE_RANK[f.scope], -f.confidence, f.key),
         )
         found += own[: options.limit - len(found)]
     return [

@@ -18,7 +18,13 @@ from memory.validation import storable
 
 from .agent import build_agent_node
 from .exceptions import InvalidDefinition, InvalidTrigger
-from .memory_access import MEMORY_TYPES, RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .memory_access import (
+    MEMORY_TYPES,
+    RecallOptions,
+    RecallScope,
+    recall_for,
+    render_memory_prompt,
+)
 from .registry import NodeType, register
 from .state import last_human_text
 from .triggers import parse_trigger

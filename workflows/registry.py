@@ -56,18 +56,13 @@ def register(node_type: NodeType):
 
 
 def node_types() -> list[NodeType]:
-    _load()
     return sorted(_registry.values(), key=lambda t: (t.category, t.name))
 
 
 def get_node_type(name: str, *, node=None) -> NodeType:
-    _load()
     try:
         return _registry[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(_registry))
         raise InvalidDefinition(f"unknown node type {name!r} (known: {known})", node=node) from None
 
-
-def _load():
-    from . import nodes  # noqa: F401  (registers the built-in node types)

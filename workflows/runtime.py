@@ -8,6 +8,7 @@ from langchain_core.messages import HumanMessage
 from memory.backends.rows import fetch_models, select_columns
 
 from . import lifecycle
+from .conf import on_workflow_settings_changed
 from .definition import compile_definition, validate_definition
 from .exceptions import WorkflowError
 from .models import Workflow
@@ -120,3 +121,6 @@ def run_workflow(workflow, trigger) -> RunResult:
         memory_errors=state.get("memory_errors", []),
         state=state,
     )
+
+
+on_workflow_settings_changed(clear_compiled)

@@ -5,7 +5,9 @@ from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
-from typing_extensions import TypedDict  # pydantic (the tools' runtime context) needs this one on 3.11
+from typing_extensions import (
+    TypedDict,  # pydantic (the tools' runtime context) needs this one on 3.11
+)
 
 
 class UserInfo(TypedDict):

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from memory.backends.rows import RowInsert
 
-from .conf import workflow_settings
+from .conf import on_workflow_settings_changed, workflow_settings
 from .exceptions import TelegramError
 from .models import TelegramUpdate
 from .runtime import RunResult, run_workflow
@@ -179,3 +179,6 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
         logger.error("workflow %s: update %s: reply not sent: %s", workflow.slug, update["update_id"], exc)
         outcome.reply_error = str(exc)
     return outcome
+
+
+on_workflow_settings_changed(reset_bot_api)

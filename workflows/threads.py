@@ -22,7 +22,12 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from memory.erasure import trace_scanners
-from memory.signals import person_exporting, users_deleting, users_footprint, users_merged
+from memory.signals import (
+    person_exporting,
+    users_deleting,
+    users_footprint,
+    users_merged,
+)
 
 from .checkpointer import get_checkpointer
 from .conf import workflow_settings

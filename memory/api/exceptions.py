@@ -3,7 +3,12 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryInUse, MemoryNotFound
+from ..exceptions import (
+    InvalidMemoryArgument,
+    MemoryConflict,
+    MemoryInUse,
+    MemoryNotFound,
+)
 
 
 def exception_handler(exc, context):

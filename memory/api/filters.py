@@ -13,7 +13,15 @@ from rest_framework.filters import BaseFilterBackend, OrderingFilter
 
 from .. import validation
 from ..exceptions import InvalidMemoryArgument
-from ..models import Episode, Fact, FactType, MemoryUser, Procedure, ProcedureType, Scope
+from ..models import (
+    Episode,
+    Fact,
+    FactType,
+    MemoryUser,
+    Procedure,
+    ProcedureType,
+    Scope,
+)
 from ..service import MAX_ID
 from ..text import search_tokens
 

@@ -3,7 +3,7 @@ import threading
 
 from django.db import connection
 
-from ..conf import memory_settings
+from ..conf import memory_settings, on_memory_settings_changed
 
 _lock = threading.Lock()
 _backend = None
@@ -22,3 +22,6 @@ def get_backend():
 def reset_backend():
     global _backend
     _backend = None
+
+
+on_memory_settings_changed(reset_backend)

@@ -9,6 +9,7 @@ from functools import lru_cache
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Procedure, Scope
+from ..owners import GLOBAL, fact_owner_key, owner_key
 from .recall import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
 from .users import UserSQL
@@ -39,13 +40,13 @@ def _scopes_up_to(rank):
 
 def owner_keys(viewer, include_user=True):
     """The scope keys a viewer may see (the user's as given, before following merges)."""
-    keys = ["global"]
+    keys = [GLOBAL]
     if viewer.agent_id:
-        keys.append(f"agent:{viewer.agent_id}")
+        keys.append(owner_key(Scope.AGENT, agent_id=viewer.agent_id))
     if viewer.session_id:
-        keys.append(f"session:{viewer.session_id}")
+        keys.append(owner_key(Scope.SESSION, session_id=viewer.session_id))
     if include_user and viewer.user_id is not None:
-        keys.append(f"user:{viewer.user_id}")
+        keys.append(owner_key(Scope.USER, user_id=viewer.user_id))
     return keys
 
 
@@ -252,7 +253,7 @@ class MemoryBackend(RecallSQL, UserSQL):
             params = [fact.user_id, fact.user_id]
         else:
             owner = "%s"
-            params = [{"session": f"session:{fact.session_id}", "agent": f"agent:{fact.agent_id}"}.get(fact.scope, "global")]
+            params = [fact_owner_key(fact)]
         sql = f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.scope_key = {owner} AND f.{_q('key')} = %s"
         if lock and connection.features.has_select_for_update:
             sql += " FOR UPDATE"

@@ -3,7 +3,6 @@
 Vendor-specific keyword ranking (`recall_keyword`) lives with each backend: SQLite FTS5 BM25,
 PostgreSQL full-text search.
 """
-import re
 
 from django.db import connection
 
@@ -12,25 +11,6 @@ from ..models import Episode, RecallDocument
 DOC_TABLE = RecallDocument._meta.db_table
 EPISODE_TABLE = Episode._meta.db_table
 SCOPE_TABLE = "memory_recall_scope"
-
-_WORD = re.compile(r"[^\W_]+")
-# Question and function words that would match almost every memory; dropped from keyword queries
-# unless nothing else is left.
-STOPWORDS = frozenset(
-    """a about after again all also am an and any are as at be been before being but by can could did do does
-    doing done for from had has have having he her here hers him his how i if in into is it its itself just me
-    might more most my no nor not now of off on once only or other our ours out over own same she should so
-    some such than that the their theirs them then there these they this those through to too under until up
-    very was we were what when where which while who whom why will with would you your yours""".split()
-)
-
-
-def keyword_terms(query, limit=32):
-    """The words of a query a keyword index should look for: lower-case, stop words dropped, unique."""
-    words = [w.lower() for w in _WORD.findall(query)]
-    kept = [w for w in words if w not in STOPWORDS] or words
-    return list(dict.fromkeys(kept))[:limit]
-
 
 # The item's time as Unix seconds, computed by the database (cheaper than converting timestamps).
 _EPOCH = {

@@ -15,7 +15,14 @@ from functools import lru_cache
 from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 
-from .base import FACT_TABLE, USER_OWNER_SQL, WALK_OWNERS, MemoryBackend, owner_keys, owners_sql
+from .base import (
+    FACT_TABLE,
+    USER_OWNER_SQL,
+    WALK_OWNERS,
+    MemoryBackend,
+    owner_keys,
+    owners_sql,
+)
 from .recall import DOC_TABLE
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it

@@ -11,7 +11,13 @@ import tempfile
 
 from django.core.management.base import BaseCommand, CommandError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from memory.exceptions import ImportRejected, MemoryServiceError
