@@ -179,7 +179,7 @@ def prune_all(*, agent_id=None, dry_run=False):
         report.deleted[kind] = sum(
             prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
         )
-    for receiver, result in prune_requested.send(sender=PruneReport, agent_id=agent_id, dry_run=dry_run):
+    for _receiver, result in prune_requested.send(sender=PruneReport, agent_id=agent_id, dry_run=dry_run):
         for name, count in (result or {}).items():
             report.deleted[name] = report.deleted.get(name, 0) + count
     if report.total and not dry_run and memory_settings.LIMITS["VACUUM_AFTER_PRUNE"]:

@@ -29,9 +29,9 @@ More kinds (another app's tables) join with `register_kind(TransferKind(...))`.
 """
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
 
 from django.core.management.color import no_style
 from django.db import (
@@ -401,7 +401,7 @@ def _check_against_database(plans, errors):
             _check_natural_keys(plan, found, errors)
         present[name] = found
     file_ids = {name: plan.ids for name, plan in plans.items()}
-    for name, plan in plans.items():
+    for plan in plans.values():
         missing = {}
         for (target, ref), where in plan.refs.items():
             if ref not in file_ids[target]:
@@ -455,7 +455,7 @@ def import_(stream, *, dry_run=False, on_progress=None):
     added = {k.name: 0 for k in KINDS}
     report = ImportReport(added=added, present={k: len(v) for k, v in present.items()}, dry_run=dry_run)
     if dry_run:
-        for lineno, data in _rows(stream):
+        for _lineno, data in _rows(stream):
             if data["id"] not in present[data["kind"]]:
                 added[data["kind"]] += 1
         return report

@@ -12,8 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memory.access import access_counter
-from memory.recall_events import recall_log
 from memory.backends import reset_backend
+from memory.recall_events import recall_log
 from memory.service import MemoryService
 
 POSTGRES_SKIP_REASON = "needs PostgreSQL: set DATABASE_URL=postgres://..."
@@ -190,11 +190,10 @@ def _workflow_settings(settings, tmp_path):
 @pytest.fixture
 def fake_bot():
     """A fake Telegram Bot API on 127.0.0.1, set as WORKFLOWS["TELEGRAM_API_BASE"]."""
+    from django.conf import settings as django_settings
     from django.test import override_settings
 
     from workflows.fake_telegram import FakeBotAPI
-
-    from django.conf import settings as django_settings
 
     with FakeBotAPI() as bot:
         with override_settings(WORKFLOWS={**django_settings.WORKFLOWS, "TELEGRAM_API_BASE": bot.url}):

@@ -6,9 +6,9 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel, G
 from langchain_core.messages import AIMessage
 
 from memory.consolidation import LLMExtractor, RuleExtractor
-from memory.service import MemoryService
 from memory.exceptions import ConsolidationFailed
 from memory.models import ConsolidationRun, Episode, Fact
+from memory.service import MemoryService
 
 pytestmark = pytest.mark.django_db
 
@@ -173,7 +173,7 @@ def test_a_scope_without_its_owner_falls_back_to_the_episodes_owner(service, fin
 
 
 def test_the_llm_extractor_comes_from_settings(service, finished_episode, settings):
-    settings.MEMORY = {**settings.MEMORY, 
+    settings.MEMORY = {**settings.MEMORY,
         "CONSOLIDATION": {
             "EXTRACTOR": "memory.consolidation.LLMExtractor",
             "MODEL": "langchain_core.language_models.fake_chat_models.FakeListChatModel",

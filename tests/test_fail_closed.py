@@ -8,9 +8,9 @@ user, was recalled for other users too.
 import pytest
 from django.utils import timezone
 from langchain_core.messages import AIMessage
+from test_workflows_agent import TOOLS_RUN_IN_WORKER_THREADS, ToolCallingFake, fake_model, make_workflow  # noqa: F401
 
 from memory.models import ChannelIdentity, Episode, Fact
-from test_workflows_agent import TOOLS_RUN_IN_WORKER_THREADS, ToolCallingFake, fake_model, make_workflow  # noqa: F401
 from workflows.nodes import build_remember
 from workflows.registry import BuildContext
 from workflows.runtime import run_workflow

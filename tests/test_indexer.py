@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import indexer_embedders as emb
 import pytest
+from conftest import database_url
 from django.utils import timezone
 
-import indexer_embedders as emb
-from conftest import database_url
 from memory.indexer import Indexer, indexer
 from memory.models import RecallDocument
 from memory.vectors import reset_vector_index

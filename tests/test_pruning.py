@@ -156,7 +156,7 @@ def test_prune_brings_every_group_within_lowered_limits(service, user_factory, s
 
 
 def test_prune_of_one_agent_leaves_the_others(service, settings):
-    for i in range(3):
+    for _i in range(3):
         service.start_episode(agent_id="a")
         service.start_episode(agent_id="b")
     limits(settings, MAX_EPISODES=1)

@@ -5,13 +5,22 @@ each vector: equal texts, equal vectors), so they need no model; tests/test_reca
 covers the real local model when the `embeddings` extra is installed.
 """
 import pytest
-from django.utils import timezone
 from django.db import connection
+from django.utils import timezone
 
 from memory.backends import get_backend
 from memory.embeddings import EmbeddingModelChanged, to_blob
 from memory.exceptions import InvalidMemoryArgument
-from memory.models import EmbeddingModelRecord, Episode, Fact, MemoryUser, Procedure, RecallDocument, RecallEvent, RecallScope
+from memory.models import (
+    EmbeddingModelRecord,
+    Episode,
+    Fact,
+    MemoryUser,
+    Procedure,
+    RecallDocument,
+    RecallEvent,
+    RecallScope,
+)
 from memory.recall_events import recall_log
 from memory.vectors import reset_vector_index
 

@@ -5,8 +5,8 @@ import random
 import pytest
 from django.db import connection
 
-from memory.backends.sqlite import owner_marker
 from memory.backends import get_backend
+from memory.backends.sqlite import owner_marker
 from memory.models import Fact, RecallDocument, Scope
 
 pytestmark = pytest.mark.django_db
@@ -99,7 +99,7 @@ def test_after_any_mix_of_writes_the_caught_up_index_holds_exactly_the_current_f
         {"scope": Scope.GLOBAL},
         *({"scope": Scope.USER, "user_id": u.pk} for u in users),
     ]
-    for step in range(900):
+    for _step in range(900):
         facts = list(Fact.objects.all())
         roll = rng.random()
         if facts and roll < 0.15:
@@ -147,7 +147,7 @@ def test_keyword_recall_catches_the_recall_index_up_before_reading_it(service):
 def test_after_any_mix_of_writes_the_caught_up_recall_index_holds_exactly_the_current_documents(service):
     rng = random.Random(11)
     words = ["amber", "birch", "cedar", "delta", "ember", "fjord"]
-    for step in range(700):
+    for _step in range(700):
         roll = rng.random()
         facts = list(Fact.objects.values_list("pk", flat=True)[:50])
         if facts and roll < 0.15:

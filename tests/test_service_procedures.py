@@ -220,7 +220,7 @@ def test_concurrent_uses_are_all_counted(service, run_in_threads):
     proc = service.save_procedure("weather_report")
 
     def use(n):
-        for i in range(5):
+        for _i in range(5):
             service.record_procedure_use(proc.pk, success=n % 2 == 0, duration_ms=100 * (n + 1))
 
     run_in_threads(use, 8)

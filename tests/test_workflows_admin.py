@@ -5,9 +5,8 @@ import pytest
 from django.utils import timezone
 
 from memory.models import MemoryUser
-from workflows.models import Thread
-
 from tests.workflow_helpers import saved
+from workflows.models import Thread
 
 pytestmark = pytest.mark.django_db
 

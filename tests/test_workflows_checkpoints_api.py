@@ -7,10 +7,9 @@ from rest_framework.test import APIClient
 
 from memory.conf import memory_settings
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
+from tests.workflow_helpers import saved, talk
 from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread
-
-from tests.workflow_helpers import saved, talk
 
 pytestmark = pytest.mark.django_db
 

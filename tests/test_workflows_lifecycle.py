@@ -6,11 +6,10 @@ from django.core.management import call_command
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from memory.service import MemoryService
+from tests.workflow_helpers import saved, talk
 from workflows import lifecycle
 from workflows.models import Thread
 from workflows.runtime import run_workflow
-
-from tests.workflow_helpers import saved, talk
 
 
 def test_trimming_keeps_the_newest_checkpoints_and_the_thread_resumes(demo_workflow):
@@ -151,7 +150,7 @@ class BrokenModel(FakeListChatModel):
 
 
 def test_a_failing_consolidation_model_leaves_the_run_answered_and_the_episode_unprocessed(demo_workflow, settings):
-    settings.MEMORY = {**settings.MEMORY, 
+    settings.MEMORY = {**settings.MEMORY,
         **settings.MEMORY,
         "CONSOLIDATION": {
             "AFTER_EACH_RUN": True,

@@ -4,10 +4,9 @@ from django.db import DatabaseError, connection
 from langchain_core.messages import HumanMessage
 
 from memory.models import Episode, Fact, MemoryUser
+from workflows.fake_telegram import telegram_update
 from workflows.nodes import build_identify_user, build_recall, build_remember
 from workflows.registry import BuildContext
-
-from workflows.fake_telegram import telegram_update
 
 CTX = BuildContext(workflow_id=1, workflow_slug="helper", node_id="n")
 

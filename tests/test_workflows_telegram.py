@@ -4,6 +4,7 @@ import logging
 
 import httpx
 import pytest
+from conftest import BOT_TOKEN, WEBHOOK_SECRET
 from django.core.management import call_command
 
 from memory.models import Episode, Fact, MemoryUser
@@ -11,8 +12,6 @@ from memory.service import MemoryService
 from workflows import threads
 from workflows.fake_telegram import telegram_update
 from workflows.models import Thread
-
-from conftest import BOT_TOKEN, WEBHOOK_SECRET
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

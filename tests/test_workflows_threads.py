@@ -2,12 +2,10 @@
 import pytest
 
 from memory.models import MemoryUser
-from workflows import threads
-from workflows.models import Thread
-
-
 from tests.workflow_helpers import saved as checkpoints
 from tests.workflow_helpers import talk
+from workflows import threads
+from workflows.models import Thread
 
 
 @pytest.fixture

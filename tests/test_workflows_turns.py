@@ -12,9 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection
-
 from conftest import database_url
+from django.db import connection
 
 from workflows.turns import one_turn_at_a_time
 

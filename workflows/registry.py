@@ -1,6 +1,6 @@
 """The node registry: every node type a workflow can use, described for a visual builder's palette."""
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .exceptions import InvalidDefinition
 

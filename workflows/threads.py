@@ -13,7 +13,7 @@ thread for the same conversation and workflow, the more recently active one is k
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import cache
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Sum
@@ -73,7 +73,7 @@ _THREAD_FOR_SQL = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _activity_sql(channel, head):
     """The UPDATE of a tracked thread's activity; `channel`, `head`: whether those change too."""
     sets = ["last_activity = %s", "checkpoint_count = checkpoint_count + %s"]

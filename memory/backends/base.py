@@ -4,7 +4,7 @@ The hot reads (get, search, list) are hand-written SQL built once per query shap
 equivalent ORM expression costs more than running the query.
 """
 import contextlib
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
@@ -25,14 +25,14 @@ def _q(name):
     return '"' + name + '"'
 
 
-@lru_cache(maxsize=None)
+@cache
 def rank_sql(alias):
     """Specificity of a fact row: session 0, user 1, agent 2, global 3 (lower wins)."""
     whens = " ".join(f"WHEN '{scope}' THEN {rank}" for scope, rank in SCOPE_RANK.items())
     return f"(CASE {alias}.scope {whens} END)"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _scopes_up_to(rank):
     """The scopes as specific as `rank` or more, as an SQL list: "'session', 'user'" for the user's rank."""
     return ", ".join(f"'{scope}'" for scope, r in SCOPE_RANK.items() if r <= rank)

@@ -4,7 +4,7 @@ SELECTs come back with the ORM's value conversions; counters are bumped in one U
 """
 import datetime
 from collections import defaultdict
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -57,7 +57,7 @@ class Columns:
         return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def model_columns(model):
     """Columns of every concrete field of `model`, in field order (what select_columns selects)."""
     return Columns(model._meta.concrete_fields)
@@ -85,7 +85,7 @@ def select_columns(model, alias):
     return _select_columns(model, alias, connections[DEFAULT_DB_ALIAS].vendor)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _select_columns(model, alias, vendor):
     def column(field):
         sql = f'{alias}."{field.column}"'

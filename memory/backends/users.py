@@ -5,7 +5,7 @@ equivalent ORM querysets took longer than running them). Rows come back as small
 the attribute names UserContext.of reads.
 """
 from collections import namedtuple
-from functools import lru_cache
+from functools import cache
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -52,7 +52,7 @@ _EPISODES_SQL = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _visit_sql(renamed):
     name = ", display_name = %s" if renamed else ""
     return f"UPDATE {_USERS} SET total_conversations = total_conversations + 1, last_seen = %s{name} WHERE id = %s"
