@@ -8,6 +8,7 @@ validation, MemoryService, one transaction per request) in requests of MEMORY["A
 (1,000) ids; only the requests are timed, counted together. Half of the first store and a tenth of
 the second stay behind, so deletes run against an index that keeps other rows.
 """
+
 import argparse
 import json
 import random
@@ -181,8 +182,13 @@ def main(argv=None):
     for name, deleted, _ in RUNS:
         d = details[name]
         table.add_row(
-            f"{deleted:,} facts", f"{results[name]:.2f}", f"≤ {targets[name]:.0f}", str(d["requests"]),
-            f"{d['median_request_ms']:.0f} ms", f"{d['max_request_ms']:.0f} ms", f"{d['store']:,} → {d['left']:,}",
+            f"{deleted:,} facts",
+            f"{results[name]:.2f}",
+            f"≤ {targets[name]:.0f}",
+            str(d["requests"]),
+            f"{d['median_request_ms']:.0f} ms",
+            f"{d['max_request_ms']:.0f} ms",
+            f"{d['store']:,} → {d['left']:,}",
         )
     Console().print(table)
     err.print(f"plot: {png.relative_to(Path.cwd()) if png.is_relative_to(Path.cwd()) else png}")

@@ -6,6 +6,7 @@ Workload (see bench/README.md): 40% agent facts over 100 agents, 40% user facts 
 10% session facts over 1,000 sessions, 10% global; keys from a pool of 2,000. Each owner holds a
 key once, so global scope (more facts than pool keys) adds derived keys "key_<k>_<j>".
 """
+
 import argparse
 import json
 import random
@@ -143,7 +144,12 @@ def run(n, seed, progress, mode="keyword"):
     results = {"n": Fact.objects.count()}
     with connection.execute_wrapper(counter):
         gets = [
-            (f"key_{rng.randrange(POOL)}", f"a{rng.randrange(AGENTS)}", rng.choice(user_ids), f"s{rng.randrange(SESSIONS)}")
+            (
+                f"key_{rng.randrange(POOL)}",
+                f"a{rng.randrange(AGENTS)}",
+                rng.choice(user_ids),
+                f"s{rng.randrange(SESSIONS)}",
+            )
             for _ in range(GETS)
         ]
         elapsed, queries = timed(
@@ -155,7 +161,9 @@ def run(n, seed, progress, mode="keyword"):
         flushed = service.flush_access_counts()
         results["access_flush"] = {"facts": flushed, "ms": (time.perf_counter() - flush_start) * 1000}
 
-        existing = list(Fact.objects.order_by("?").values_list("key", "scope", "agent_id", "user_id", "session_id")[: SETS // 2])
+        existing = list(
+            Fact.objects.order_by("?").values_list("key", "scope", "agent_id", "user_id", "session_id")[: SETS // 2]
+        )
         sets = []
         for key, scope, agent_id, user_id, session_id in existing:
             sets.append((key, f"changed {rng.randrange(3)}", scope, agent_id, user_id, session_id))
@@ -192,7 +200,9 @@ def run(n, seed, progress, mode="keyword"):
         searches = [(f"key {rng.randrange(POOL)}", agent, user) for _ in range(SEARCHES)]
         hits = []
         elapsed, queries = timed(
-            lambda q, a, u: hits.append(len(service.search_facts(q, agent_id=a, user_id=u, limit=10))), searches, counter
+            lambda q, a, u: hits.append(len(service.search_facts(q, agent_id=a, user_id=u, limit=10))),
+            searches,
+            counter,
         )
         results["search_per_s"] = SEARCHES / elapsed
         results["queries_per_search"] = queries / SEARCHES
@@ -224,32 +234,49 @@ def main(argv=None):
         keys = ["n", "mode", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
-    table = Table(title=f"MemoryService on {results['n']:,} facts ({results['database']}, {args.mode}, {total:.0f} s in all)")
+    table = Table(
+        title=f"MemoryService on {results['n']:,} facts ({results['database']}, {args.mode}, {total:.0f} s in all)"
+    )
     table.add_column("operation")
     table.add_column("per second", justify="right")
     table.add_column("queries each", justify="right")
     table.add_column("notes")
-    table.add_row("get", f"{results['get_per_s']:,.0f}", f"{results['queries_per_get']:.3f}", f"{GETS:,} random (key, agent, user, session)")
     table.add_row(
-        "set", f"{results['set_per_s']:,.0f}", f"{results['queries_per_set']:.2f}",
+        "get",
+        f"{results['get_per_s']:,.0f}",
+        f"{results['queries_per_get']:.3f}",
+        f"{GETS:,} random (key, agent, user, session)",
+    )
+    table.add_row(
+        "set",
+        f"{results['set_per_s']:,.0f}",
+        f"{results['queries_per_set']:.2f}",
         f"{SETS:,}, half to existing keys; {results['set_actions']}",
     )
     table.add_row(
-        "search", f"{results['search_per_s']:,.0f}", f"{results['queries_per_search']:.2f}",
+        "search",
+        f"{results['search_per_s']:,.0f}",
+        f"{results['queries_per_search']:.2f}",
         f"{SEARCHES:,} 'key <k>', random k, as one agent and user; {results['mean_search_hits']:.1f} hits each",
     )
     table.add_row(
-        "broad search", f"{results['broad_search_per_s']:,.0f}", "",
+        "broad search",
+        f"{results['broad_search_per_s']:,.0f}",
+        "",
         f"{BROAD_SEARCHES} 'key <k>' with k of two digits (no word the index narrows), same viewer",
     )
     if args.mode == "hybrid":
         table.add_row(
-            "vectors", "", "",
+            "vectors",
+            "",
+            "",
             f"the embedding worker caught up {results['vectors_caught_up_ms']:,.0f} ms after the last set "
             f"({results['pending_vectors']} left pending)",
         )
     flush = results["access_flush"]
-    table.add_row("access flush", "", "", f"{flush['facts']:,} facts' counts written in {flush['ms']:.0f} ms after the gets")
+    table.add_row(
+        "access flush", "", "", f"{flush['facts']:,} facts' counts written in {flush['ms']:.0f} ms after the gets"
+    )
     Console().print(table)
     Console().print(machine_reference())
     return 0

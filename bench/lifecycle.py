@@ -9,6 +9,7 @@ shapes, a quarter of them linked to an episode). Then, through MemoryService: ex
 file, clear everything, import the file, and compare a digest of every column of every row (ids,
 timestamps, relations, the derived owner and search columns) with the one taken before.
 """
+
 import argparse
 import hashlib
 import json
@@ -47,8 +48,15 @@ def fill(n, rng, progress):
     task = progress.add_task("filling", total=n)
     now = timezone.now()
     users = MemoryUser.objects.bulk_create(
-        [MemoryUser(canonical_id=f"bench:{i}", display_name=f"User {i}", total_conversations=i % 7,
-                    last_seen=now - timedelta(minutes=i)) for i in range(counts["user"])]
+        [
+            MemoryUser(
+                canonical_id=f"bench:{i}",
+                display_name=f"User {i}",
+                total_conversations=i % 7,
+                last_seen=now - timedelta(minutes=i),
+            )
+            for i in range(counts["user"])
+        ]
     )
     user_ids = [u.pk for u in users]
     progress.advance(task, len(users))
@@ -63,11 +71,22 @@ def fill(n, rng, progress):
     for start in range(0, counts["episode"], 2000):
         batch = [
             Episode(
-                agent_id=f"agent-{rng.randrange(AGENTS)}", user_id=rng.choice(user_ids), session_id=f"s{rng.randrange(SESSIONS)}",
-                workflow="bench", trigger_type="telegram", trigger_input={"text": f"question {i}"},
-                conversation=[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}],
-                actions=[{"tool": "recall", "hits": i % 5}], final_output={"reply": f"answer {i}"}, success=i % 9 != 0,
-                ended_at=now - timedelta(seconds=i), duration_ms=i % 5000, summary=f"answered question {i}",
+                agent_id=f"agent-{rng.randrange(AGENTS)}",
+                user_id=rng.choice(user_ids),
+                session_id=f"s{rng.randrange(SESSIONS)}",
+                workflow="bench",
+                trigger_type="telegram",
+                trigger_input={"text": f"question {i}"},
+                conversation=[
+                    {"role": "user", "content": f"question {i}"},
+                    {"role": "assistant", "content": f"answer {i}"},
+                ],
+                actions=[{"tool": "recall", "hits": i % 5}],
+                final_output={"reply": f"answer {i}"},
+                success=i % 9 != 0,
+                ended_at=now - timedelta(seconds=i),
+                duration_ms=i % 5000,
+                summary=f"answered question {i}",
                 processed_for_facts=i % 2 == 0,
             )
             for i in range(start, min(start + 2000, counts["episode"]))
@@ -75,10 +94,18 @@ def fill(n, rng, progress):
         episode_ids += [e.pk for e in Episode.objects.bulk_create(batch)]
         progress.advance(task, len(batch))
     Procedure.objects.bulk_create(
-        [Procedure(agent_id=f"agent-{i % AGENTS}" if i % 3 else "", name=f"procedure {i}",
-                   trigger_conditions={"goal_contains": [f"topic{i}"]}, content={"prompt": f"step {i}"},
-                   times_used=i % 11, times_succeeded=(i % 11) // 2, success_rate=((i % 11) // 2) / max(1, i % 11))
-         for i in range(counts["procedure"])]
+        [
+            Procedure(
+                agent_id=f"agent-{i % AGENTS}" if i % 3 else "",
+                name=f"procedure {i}",
+                trigger_conditions={"goal_contains": [f"topic{i}"]},
+                content={"prompt": f"step {i}"},
+                times_used=i % 11,
+                times_succeeded=(i % 11) // 2,
+                success_rate=((i % 11) // 2) / max(1, i % 11),
+            )
+            for i in range(counts["procedure"])
+        ]
     )
     progress.advance(task, counts["procedure"])
     owners = (
@@ -87,7 +114,12 @@ def fill(n, rng, progress):
         + [(Scope.SESSION, f"s{i}") for i in range(SESSIONS)]
         + [(Scope.GLOBAL, None)]
     )
-    values = [lambda i: f"note {i} about something", lambda i: i, lambda i: {"n": i, "tags": ["a", "b"]}, lambda i: [i, 0.5, None, True]]
+    values = [
+        lambda i: f"note {i} about something",
+        lambda i: i,
+        lambda i: {"n": i, "tags": ["a", "b"]},
+        lambda i: [i, 0.5, None, True],
+    ]
     batch = []
     for i in range(counts["fact"]):
         scope, owner = rng.choice(owners)
@@ -95,12 +127,20 @@ def fill(n, rng, progress):
         value = values[i % 4](i)
         batch.append(
             Fact(
-                key=key, value=value, scope=scope, fact_type=["world_knowledge", "user_preference"][i % 2],
-                agent_id=owner if scope == Scope.AGENT else "", user_id=owner if scope == Scope.USER else None,
-                session_id=owner if scope == Scope.SESSION else "", confidence=round(rng.uniform(0.1, 1.0), 3),
-                times_confirmed=i % 4, source_episode_id=rng.choice(episode_ids) if i % 4 == 0 and episode_ids else None,
-                provenance="consolidation" if i % 4 == 0 else "", access_count=i % 13,
-                last_accessed=now - timedelta(seconds=i) if i % 2 else None, search_text=fact_search_text(key, value),
+                key=key,
+                value=value,
+                scope=scope,
+                fact_type=["world_knowledge", "user_preference"][i % 2],
+                agent_id=owner if scope == Scope.AGENT else "",
+                user_id=owner if scope == Scope.USER else None,
+                session_id=owner if scope == Scope.SESSION else "",
+                confidence=round(rng.uniform(0.1, 1.0), 3),
+                times_confirmed=i % 4,
+                source_episode_id=rng.choice(episode_ids) if i % 4 == 0 and episode_ids else None,
+                provenance="consolidation" if i % 4 == 0 else "",
+                access_count=i % 13,
+                last_accessed=now - timedelta(seconds=i) if i % 2 else None,
+                search_text=fact_search_text(key, value),
             )
         )
         if len(batch) == 5000:
@@ -179,9 +219,14 @@ def run(n, seed, progress, workdir):
     after, rows_after = digest()
     probe = service.search_facts("note 12344 about", **owner)
     results.update(
-        export_s=export_s, import_s=import_s,
-        export_rows_per_s=rows / export_s, import_rows_per_s=sum(report.added.values()) / import_s,
-        roundtrip_equal=empty and before == after and rows_after == rows and sum(report.added.values()) == rows
+        export_s=export_s,
+        import_s=import_s,
+        export_rows_per_s=rows / export_s,
+        import_rows_per_s=sum(report.added.values()) / import_s,
+        roundtrip_equal=empty
+        and before == after
+        and rows_after == rows
+        and sum(report.added.values()) == rows
         and [f.key for f in probe] == ["key_12344"],
     )
     return results
@@ -200,22 +245,41 @@ def main(argv=None):
         with scratch_django(args.database_url), Progress(*columns, console=err, transient=True) as progress:
             results = run(args.n, args.seed, progress, workdir)
     if args.json:
-        print(json.dumps({
-            "rows": results["rows"],
-            "export_rows_per_s": round(results["export_rows_per_s"], 1),
-            "import_rows_per_s": round(results["import_rows_per_s"], 1),
-            "roundtrip_equal": results["roundtrip_equal"],
-        }))
+        print(
+            json.dumps(
+                {
+                    "rows": results["rows"],
+                    "export_rows_per_s": round(results["export_rows_per_s"], 1),
+                    "import_rows_per_s": round(results["import_rows_per_s"], 1),
+                    "roundtrip_equal": results["roundtrip_equal"],
+                }
+            )
+        )
         return 0
     table = Table(title=f"Export, clear, import of {results['rows']:,} memories ({results['database']})")
     table.add_column("step")
     table.add_column("seconds", justify="right")
     table.add_column("rows per second", justify="right")
     table.add_column("notes")
-    table.add_row("export", f"{results['export_s']:.2f}", f"{results['export_rows_per_s']:,.0f}", f"JSON Lines, {results['file_mb']:.1f} MB")
+    table.add_row(
+        "export",
+        f"{results['export_s']:.2f}",
+        f"{results['export_rows_per_s']:,.0f}",
+        f"JSON Lines, {results['file_mb']:.1f} MB",
+    )
     table.add_row("clear", f"{results['clear_s']:.2f}", "", f"{results['cleared']:,} rows deleted")
-    table.add_row("import", f"{results['import_s']:.2f}", f"{results['import_rows_per_s']:,.0f}", "validate the whole file, then insert in one transaction")
-    table.add_row("round trip", "", "", "every column of every row equal" if results["roundtrip_equal"] else "[red]ROWS DIFFER[/red]")
+    table.add_row(
+        "import",
+        f"{results['import_s']:.2f}",
+        f"{results['import_rows_per_s']:,.0f}",
+        "validate the whole file, then insert in one transaction",
+    )
+    table.add_row(
+        "round trip",
+        "",
+        "",
+        "every column of every row equal" if results["roundtrip_equal"] else "[red]ROWS DIFFER[/red]",
+    )
     Console().print(table)
     return 0 if results["roundtrip_equal"] else 1
 

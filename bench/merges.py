@@ -14,6 +14,7 @@ checks the merge rule:
 
 `--json` prints {"database", "trials", "broken_chains", "raw_errors", "refused", "lost_facts", "leftovers"}.
 """
+
 import argparse
 import json
 import sys
@@ -125,7 +126,14 @@ def main(argv=None):
         vendor = connection.vendor
         totals = run(args.trials, lambda kind, i, n: err.print(f"{kind}: {i}/{n}", end="\r"))
     if args.json:
-        print(json.dumps({"database": vendor, **{f"{k}_{m}": v for k, s in totals.items() for m, v in s.items() if m != "first_errors"}}))
+        print(
+            json.dumps(
+                {
+                    "database": vendor,
+                    **{f"{k}_{m}": v for k, s in totals.items() for m, v in s.items() if m != "first_errors"},
+                }
+            )
+        )
         return 0 if all(s["broken_chains"] == s["raw_errors"] == 0 for s in totals.values()) else 1
     table = Table(title=f"Concurrent merges ({vendor}, two threads per trial)")
     for col in ("pair", "trials", "broken chains", "raw errors", "refused", "lost facts", "left after forget"):

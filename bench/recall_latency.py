@@ -23,6 +23,7 @@ fact written and a hybrid recall, 50 times a second), a fact with a new text is 
 vector-only recall is asked every 10 ms until it returns that fact: the time from the write's commit
 to then, 40 times; p50 and p95. Writes embed in the background (MEMORY["EMBED_ON_WRITE"]).
 """
+
 import argparse
 import json
 import sys
@@ -83,7 +84,9 @@ def grow(start, stop, rng, vocab, probs, progress):
             text = " ".join(vocab[j] for j in picks[offset : offset + n])
             offset += n
             key = f"item_{i}"
-            facts.append(Fact(key=key, value=text, scope="agent", agent_id=AGENT, search_text=fact_search_text(key, text)))
+            facts.append(
+                Fact(key=key, value=text, scope="agent", agent_id=AGENT, search_text=fact_search_text(key, text))
+            )
         Fact.objects.bulk_create(facts)
         doc_ids = list(
             RecallDocument.objects.filter(kind="fact", item_id__in=[f.pk for f in facts]).values_list("id", flat=True)
@@ -195,7 +198,13 @@ def plot(figures, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode, style in (("keyword", "-"), ("hybrid", "--")):
         for stat, marker in (("p50", "o"), ("p95", "s")):
-            ax.plot(sizes, [figures[str(s)][f"{mode}_{stat}_ms"] for s in sizes], style, marker=marker, label=f"{mode} {stat}")
+            ax.plot(
+                sizes,
+                [figures[str(s)][f"{mode}_{stat}_ms"] for s in sizes],
+                style,
+                marker=marker,
+                label=f"{mode} {stat}",
+            )
     ax.set_xscale("log")
     ax.set_xlabel("items in the viewer's scope")
     ax.set_ylabel("recall latency (ms, without the query's embedding)")
@@ -289,22 +298,43 @@ def main(argv=None):
         print(json.dumps({**figures_out, "embed_query_ms": embed_query_ms, "embedder": embedder.model}))
         return 0
     table = Table(title=f"recall latency, {args.queries} queries per mode and size (ms)")
-    columns = ("items", "keyword p50", "keyword p95", "hybrid p50", "hybrid p95",
-               "hybrid p50 with query embedding", "hybrid p95 with query embedding", "build s", "index load s")
+    columns = (
+        "items",
+        "keyword p50",
+        "keyword p95",
+        "hybrid p50",
+        "hybrid p95",
+        "hybrid p50 with query embedding",
+        "hybrid p95 with query embedding",
+        "build s",
+        "index load s",
+    )
     for column in columns:
         table.add_column(column, justify="right")
     for size in sizes:
         f = figures[str(size)]
         table.add_row(
             f"{size:,}",
-            *[f"{f[k]:.1f}" for k in ("keyword_p50_ms", "keyword_p95_ms", "hybrid_p50_ms", "hybrid_p95_ms",
-                                     "hybrid_with_embedding_p50_ms", "hybrid_with_embedding_p95_ms")],
-            f"{f['build_s']:.0f}", f"{f['index_load_s']:.1f}",
+            *[
+                f"{f[k]:.1f}"
+                for k in (
+                    "keyword_p50_ms",
+                    "keyword_p95_ms",
+                    "hybrid_p50_ms",
+                    "hybrid_p95_ms",
+                    "hybrid_with_embedding_p50_ms",
+                    "hybrid_with_embedding_p95_ms",
+                )
+            ],
+            f"{f['build_s']:.0f}",
+            f"{f['index_load_s']:.1f}",
         )
     out = Console()
     out.print(table)
-    out.print(f"vector lag under load: p50 {figures_out['vector_lag_p50_ms']} ms, p95 {figures_out['vector_lag_ms']} ms "
-              "(a write's commit until vector-only recall returns it)")
+    out.print(
+        f"vector lag under load: p50 {figures_out['vector_lag_p50_ms']} ms, p95 {figures_out['vector_lag_ms']} ms "
+        "(a write's commit until vector-only recall returns it)"
+    )
     out.print(f"embedding one query ({embedder.model}): {embed_query_ms} ms (median); plot: {args.plot}")
     out.print(machine_reference())
     return 0

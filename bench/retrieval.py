@@ -11,6 +11,7 @@ recall@k is LoCoMo's: the share of a question's gold evidence turn ids among the
 over questions. Evidence ids that name no turn of the conversation are skipped; a question left with
 none is not counted.
 """
+
 import argparse
 import json
 import re
@@ -89,7 +90,13 @@ def load_generic(path):
     conversations = []
     for index, conv in enumerate(data["conversations"]):
         turns = [
-            Turn(str(t["id"]), str(t.get("speaker", "")), str(t["text"]), str(t.get("time", "")), str(t.get("session", "")))
+            Turn(
+                str(t["id"]),
+                str(t.get("speaker", "")),
+                str(t["text"]),
+                str(t.get("time", "")),
+                str(t.get("session", "")),
+            )
             for t in conv["turns"]
         ]
         questions = [
@@ -167,9 +174,7 @@ def summarise(scores, modes):
 
     overall = {m: {f"recall@{k}": pct(scores[m][("all", k)]) for k in KS} for m in modes}
     categories = sorted({c for m in modes for c, _ in scores[m] if c != "all"})
-    per_category = {
-        c: {m: {f"recall@{k}": pct(scores[m][(c, k)]) for k in KS} for m in modes} for c in categories
-    }
+    per_category = {c: {m: {f"recall@{k}": pct(scores[m][(c, k)]) for k in KS} for m in modes} for c in categories}
     counts = {c: len(scores[modes[0]][(c, KS[0])]) for c in categories}
     return overall, per_category, counts
 
@@ -245,7 +250,9 @@ def main(argv=None):
         for mode in modes:
             table.add_row(category, str(counts[category]), mode, *[f"{by_mode[mode][f'recall@{k}']:.1f}" for k in KS])
     out.print(table)
-    out.print(f"stored {sum(len(c.turns) for c in conversations)} turns in {store_s:.1f} s; recall p50 (ms, without the query's embedding): {p50}")
+    out.print(
+        f"stored {sum(len(c.turns) for c in conversations)} turns in {store_s:.1f} s; recall p50 (ms, without the query's embedding): {p50}"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """A scratch database for a benchmark: a temporary SQLite file, or a throw-away PostgreSQL database."""
+
 import contextlib
 import os
 import sys
@@ -77,7 +78,9 @@ def add_mode_argument(parser):
 
     default = "hybrid" if local_model_installed() else "keyword"
     parser.add_argument(
-        "--mode", choices=["keyword", "hybrid"], default=default,
+        "--mode",
+        choices=["keyword", "hybrid"],
+        default=default,
         help=f"recall mode (default here: {default}, {'the local model is installed' if default == 'hybrid' else 'no local model'})",
     )
 
@@ -92,4 +95,6 @@ def machine_reference():
     total = 0
     for i in range(10_000_000):
         total += i
-    return f"machine reference: a 10-million-step Python loop took {time.perf_counter() - start:.2f} s (lower is faster)"
+    return (
+        f"machine reference: a 10-million-step Python loop took {time.perf_counter() - start:.2f} s (lower is faster)"
+    )

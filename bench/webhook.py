@@ -11,6 +11,7 @@ takes the replies (in this process, like the HTTP client: Telegram's side). Then
 from send to response (the run and its sendMessage included). An update that does not come back
 200 with a run and a sent reply is an error.
 """
+
 import argparse
 import json
 import os
@@ -51,8 +52,16 @@ def start_server(port, workers):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
     server = subprocess.Popen(
         [
-            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", str(THREADS_PER_WORKER),
-            "--bind", f"127.0.0.1:{port}", "config.wsgi:application",
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(THREADS_PER_WORKER),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "config.wsgi:application",
         ],
         env=env,
         cwd=REPO,

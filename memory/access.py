@@ -4,6 +4,7 @@ A read never commits. The buffer is written when it holds ACCESS_FLUSH_PENDING f
 request finishes, at process exit, and on MemoryService.flush_access_counts(). Counts still in the
 buffer when a process is killed are lost; they are statistics, not memory.
 """
+
 import atexit
 import logging
 import threading

@@ -2,6 +2,7 @@
 
 Both show a confirmation page first; the work itself is one MemoryService call in one transaction.
 """
+
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db import transaction

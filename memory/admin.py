@@ -7,6 +7,7 @@ loses another tab's place. Reads come from `MemoryService` querysets; deletes an
 ModelAdmin that mixes in `MemoriesTab` (the conversation checkpoints tab lives in workflows/admin.py),
 and add sections to a memory user's page with `memories_site.register_user_section(...)`.
 """
+
 import json
 from dataclasses import dataclass
 
@@ -83,7 +84,9 @@ class MemoriesAdminSite(admin.AdminSite):
             label = model._meta.label_lower
             url = reverse(f"{self.name}:{model._meta.app_label}_{model._meta.model_name}_changelist")
             query = state.get(label, "")
-            entries.append((model_admin.tab_position, Tab(model_admin.tab_label, label, f"{url}?{query}" if query else url)))
+            entries.append(
+                (model_admin.tab_position, Tab(model_admin.tab_label, label, f"{url}?{query}" if query else url))
+            )
         return [tab for _, tab in sorted(entries, key=lambda e: e[0])]
 
     def each_context(self, request):
@@ -202,7 +205,9 @@ class MemoriesTab:
         """What the confirmation page lists: the rows themselves and a summary of what goes with them."""
         objs = list(objs)
         summary = self.delete_summary([o.pk for o in objs])
-        listed = [confirmation_label(o) for o in objs[:20]] + ([f"… and {len(objs) - 20} more"] if len(objs) > 20 else [])
+        listed = [confirmation_label(o) for o in objs[:20]] + (
+            [f"… and {len(objs) - 20} more"] if len(objs) > 20 else []
+        )
         counts = {self.model._meta.verbose_name_plural: len(objs)}
         counts.update(dict(summary))
         return listed, counts, set(), []
@@ -273,17 +278,49 @@ class FactForm(forms.ModelForm):
 @admin.register(Fact, site=memories_site)
 class FactAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Facts", 10
-    list_display = ["key", "short_value", "owner", "scope_badge", "type_badge", "confidence_percent", "last_accessed", "updated_at"]
+    list_display = [
+        "key",
+        "short_value",
+        "owner",
+        "scope_badge",
+        "type_badge",
+        "confidence_percent",
+        "last_accessed",
+        "updated_at",
+    ]
     list_display_links = ["key"]
     list_filter = ["scope", "fact_type"]
     list_select_related = ["user"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
     # Key and owner are what the fact is: an edit changes only what it says (through the service).
     form = FactForm
-    fields = ["key", "owner", "value", "fact_type", "confidence", "times_confirmed", "times_contradicted",
-              "source_episode", "provenance", "access_count", "last_accessed", "created_at", "updated_at"]
-    readonly_fields = ["key", "owner", "times_confirmed", "times_contradicted", "source_episode", "provenance",
-                       "access_count", "last_accessed", "created_at", "updated_at"]
+    fields = [
+        "key",
+        "owner",
+        "value",
+        "fact_type",
+        "confidence",
+        "times_confirmed",
+        "times_contradicted",
+        "source_episode",
+        "provenance",
+        "access_count",
+        "last_accessed",
+        "created_at",
+        "updated_at",
+    ]
+    readonly_fields = [
+        "key",
+        "owner",
+        "times_confirmed",
+        "times_contradicted",
+        "source_episode",
+        "provenance",
+        "access_count",
+        "last_accessed",
+        "created_at",
+        "updated_at",
+    ]
 
     def get_queryset(self, request):
         return MemoryService().fact_list()
@@ -291,8 +328,12 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         """Through MemoryService.edit_fact: checked, re-indexed, re-embedded like every write."""
         data = form.cleaned_data
-        saved = MemoryService().edit_fact(obj.pk, value=data["value"], confidence=data["confidence"], fact_type=data["fact_type"])
-        obj.__dict__.update({k: getattr(saved, k) for k in ("value", "confidence", "fact_type", "updated_at", "provenance")})
+        saved = MemoryService().edit_fact(
+            obj.pk, value=data["value"], confidence=data["confidence"], fact_type=data["fact_type"]
+        )
+        obj.__dict__.update(
+            {k: getattr(saved, k) for k in ("value", "confidence", "fact_type", "updated_at", "provenance")}
+        )
 
     @admin.display(description="owner")
     def owner(self, obj):
@@ -365,7 +406,16 @@ class ProcedureAdmin(MemoriesTab, admin.ModelAdmin):
     list_display = ["name", "agent", "type_badge", "times_used", "success_percent", "is_active"]
     list_filter = ["procedure_type", "is_active", "source"]
     search_fields = ["name", "description", "agent_id"]
-    readonly_fields = ["times_used", "times_succeeded", "times_failed", "success_rate", "avg_duration_ms", "last_used", "created_at", "updated_at"]
+    readonly_fields = [
+        "times_used",
+        "times_succeeded",
+        "times_failed",
+        "success_rate",
+        "avg_duration_ms",
+        "last_used",
+        "created_at",
+        "updated_at",
+    ]
     raw_id_fields = ["parent"]
 
     def get_queryset(self, request):
@@ -414,8 +464,25 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
     list_display_links = ["name", "canonical_id"]
     list_filter = ["identities__channel"]
     search_fields = ["display_name", "canonical_id", "identities__external_id"]
-    fields = ["display_name", "canonical_id", "total_conversations", "merged_into", "merged_at", "created_at", "last_seen", "memory_sections"]
-    readonly_fields = ["canonical_id", "total_conversations", "merged_into", "merged_at", "created_at", "last_seen", "memory_sections"]
+    fields = [
+        "display_name",
+        "canonical_id",
+        "total_conversations",
+        "merged_into",
+        "merged_at",
+        "created_at",
+        "last_seen",
+        "memory_sections",
+    ]
+    readonly_fields = [
+        "canonical_id",
+        "total_conversations",
+        "merged_into",
+        "merged_at",
+        "created_at",
+        "last_seen",
+        "memory_sections",
+    ]
     inlines = [ChannelIdentityInline]
     actions = [actions.delete_memories, actions.merge_users]
     change_form_template = "admin/memories/memoryuser_change_form.html"
@@ -460,7 +527,9 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
                 error = "target: enter the id of the memory user to merge into"
             else:
                 self.message_user(request, f"Merged {user} into {target}.", messages.SUCCESS)
-                return HttpResponseRedirect(reverse(f"{self.admin_site.name}:memory_memoryuser_change", args=[target.pk]))
+                return HttpResponseRedirect(
+                    reverse(f"{self.admin_site.name}:memory_memoryuser_change", args=[target.pk])
+                )
         context = {
             **self.admin_site.each_context(request),
             "title": f"Merge {user} into another user",
@@ -490,13 +559,23 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
             return "–"
         service = MemoryService()
         footprint = service.user_footprint([obj.pk])
-        facts_url = reverse(f"{self.admin_site.name}:memory_fact_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
-        episodes_url = reverse(f"{self.admin_site.name}:memory_episode_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
+        facts_url = (
+            reverse(f"{self.admin_site.name}:memory_fact_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
+        )
+        episodes_url = (
+            reverse(f"{self.admin_site.name}:memory_episode_changelist") + "?" + urlencode({"user__id__exact": obj.pk})
+        )
         fact_rows = format_html_join(
             "",
             '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>',
             (
-                (reverse(f"{self.admin_site.name}:memory_fact_change", args=[f.pk]), f.key, _truncate(f.value), f.fact_type, _percent(f.confidence))
+                (
+                    reverse(f"{self.admin_site.name}:memory_fact_change", args=[f.pk]),
+                    f.key,
+                    _truncate(f.value),
+                    f.fact_type,
+                    _percent(f.confidence),
+                )
                 for f in service.user_facts(obj.pk, limit=SECTION_ROWS)
             ),
         )
@@ -504,7 +583,14 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
             "",
             '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
             (
-                (reverse(f"{self.admin_site.name}:memory_episode_change", args=[e.pk]), e.pk, e.agent_id, e.trigger_type, e.success, _truncate(e.summary, 80))
+                (
+                    reverse(f"{self.admin_site.name}:memory_episode_change", args=[e.pk]),
+                    e.pk,
+                    e.agent_id,
+                    e.trigger_type,
+                    e.success,
+                    _truncate(e.summary, 80),
+                )
                 for e in service.recent_episodes(user_id=obj.pk, limit=SECTION_ROWS)
             ),
         )
@@ -512,18 +598,24 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
             format_html(
                 '<h3 id="user-facts">Facts ({})</h3><p><a href="{}">All facts of this user</a></p>'
                 '<table class="memories-section"><thead><tr><th>key</th><th>value</th><th>type</th><th>confidence</th></tr></thead><tbody>{}</tbody></table>',
-                footprint["facts"], facts_url, fact_rows,
+                footprint["facts"],
+                facts_url,
+                fact_rows,
             ),
             format_html(
                 '<h3 id="user-episodes">Episodes ({})</h3><p><a href="{}">All episodes of this user</a></p>'
                 '<table class="memories-section"><thead><tr><th>id</th><th>agent</th><th>trigger</th><th>success</th><th>summary</th></tr></thead><tbody>{}</tbody></table>',
-                footprint["episodes"], episodes_url, episode_rows,
+                footprint["episodes"],
+                episodes_url,
+                episode_rows,
             ),
         ]
         for section in self.admin_site.user_sections:
             parts.append(format_html("<h3>{}</h3>{}", section.title, section.render(obj)))
         if not self.admin_site.user_sections:
-            parts.append(format_html("<h3>{}</h3><p>{}</p>", "Threads", "No conversation threads are tracked on this site."))
+            parts.append(
+                format_html("<h3>{}</h3><p>{}</p>", "Threads", "No conversation threads are tracked on this site.")
+            )
         return format_html_join("", "{}", ((p,) for p in parts))
 
 

@@ -1,4 +1,5 @@
 """App configuration of the memory app."""
+
 from django.apps import AppConfig
 
 

@@ -6,6 +6,7 @@ only; `agent_id` an agent's own facts, its episodes and procedures; `user_id` a 
 episodes, and the user. Without kinds, every kind the filters apply to. Facts distilled from a
 deleted episode stay, without their source episode.
 """
+
 from django.db import connection, transaction
 
 from .exceptions import InvalidMemoryArgument
@@ -39,7 +40,9 @@ def plan_kinds(kinds, filters):
     if kinds is None:
         chosen = [k for k in KINDS if given <= _APPLIES[k]] if given else list(KINDS)
         if not chosen:
-            raise InvalidMemoryArgument("scope", "scope applies to facts only and cannot be combined with user_id and agent_id")
+            raise InvalidMemoryArgument(
+                "scope", "scope applies to facts only and cannot be combined with user_id and agent_id"
+            )
         return chosen
     chosen = []
     for kind in kinds:
@@ -58,7 +61,9 @@ def clear(service, kinds, *, scope=None, agent_id=None, user_id=None, actor="com
     filters = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
     chosen = plan_kinds(kinds, filters)
     if scope and (agent_id and scope != Scope.AGENT or user_id is not None and scope != Scope.USER):
-        raise InvalidMemoryArgument("scope", f"{scope} facts have no {'agent' if agent_id else 'user'}; leave scope out")
+        raise InvalidMemoryArgument(
+            "scope", f"{scope} facts have no {'agent' if agent_id else 'user'}; leave scope out"
+        )
     if agent_id and user_id is not None and FACTS in chosen:
         raise InvalidMemoryArgument("user_id", "a fact belongs to an agent or a user, not both; clear them apart")
     deleted = {}

@@ -1,4 +1,5 @@
 """Settings of the memory app: the MEMORY dict in Django settings, read with defaults."""
+
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string

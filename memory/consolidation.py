@@ -17,6 +17,7 @@ unprocessed for the next run; the failure is logged and listed in the report. Ev
 Scope of a consolidated fact: the one the extractor asks for when the episode has that owner,
 otherwise the episode's user, else its agent, else global.
 """
+
 import json
 import logging
 import re
@@ -128,20 +129,31 @@ def episode_transcript(episode, max_chars=None):
 
 _USER_ROLES = {"user", "human"}
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-_MY_X_IS_Y = re.compile(
-    r"\bmy\s+(?P<x>[a-z][\w' -]{0,60}?)\s+(?:is|are|=)\s+(?P<y>[^.!?\n]{1,200})", re.IGNORECASE
-)
+_MY_X_IS_Y = re.compile(r"\bmy\s+(?P<x>[a-z][\w' -]{0,60}?)\s+(?:is|are|=)\s+(?P<y>[^.!?\n]{1,200})", re.IGNORECASE)
 _REMEMBER = re.compile(
     r"\b(?:please\s+)?(?:remember|don't forget|do not forget|note)\s+(?:that\s+)?(?P<s>[^.!?\n]{3,300})", re.IGNORECASE
 )
-_X_IS_Y = re.compile(r"^(?:the\s+|my\s+|our\s+)?(?P<x>[a-z][\w' -]{0,60}?)\s+(?:is|are)\s+(?P<y>.{1,200})$", re.IGNORECASE)
+_X_IS_Y = re.compile(
+    r"^(?:the\s+|my\s+|our\s+)?(?P<x>[a-z][\w' -]{0,60}?)\s+(?:is|are)\s+(?P<y>.{1,200})$", re.IGNORECASE
+)
 _DECISION = re.compile(
     r"\b(?:decided|concluded|agreed|settled on|chose|chosen|will go with|'ll go with|are going with|decision is)\b"
     r"\s*(?:to\s+|that\s+|on\s+|upon\s+|with\s+|:\s*)?(?P<what>[^.!?\n]{2,200})",
     re.IGNORECASE,
 )
 # "my X is ..." phrasings that are conversation, not facts about the user.
-_NOT_ATTRIBUTES = {"question", "point", "guess", "problem", "issue", "bad", "pleasure", "understanding", "concern", "answer"}
+_NOT_ATTRIBUTES = {
+    "question",
+    "point",
+    "guess",
+    "problem",
+    "issue",
+    "bad",
+    "pleasure",
+    "understanding",
+    "concern",
+    "answer",
+}
 
 
 def slug(text, max_words=None, max_length=60):
@@ -188,7 +200,11 @@ class RuleExtractor(BaseExtractor):
                     self._user_statements(sentence, add)
                 match = _DECISION.search(sentence)
                 if match:
-                    add("decision_" + slug(match.group("what"), max_words=5), sentence.rstrip(".!"), FactType.WORLD_KNOWLEDGE)
+                    add(
+                        "decision_" + slug(match.group("what"), max_words=5),
+                        sentence.rstrip(".!"),
+                        FactType.WORLD_KNOWLEDGE,
+                    )
         return list(found.values())
 
     def _user_statements(self, sentence, add):
@@ -199,8 +215,11 @@ class RuleExtractor(BaseExtractor):
             if subject and slug(subject.group("x")):
                 mine = re.match(r"\s*my\b", statement, re.IGNORECASE) is not None
                 attribute = slug(subject.group("x"))
-                add(attribute, _clean_value(subject.group("y")),
-                    (attribute_fact_type(attribute) or FactType.USER_PREFERENCE) if mine else FactType.WORLD_KNOWLEDGE)
+                add(
+                    attribute,
+                    _clean_value(subject.group("y")),
+                    (attribute_fact_type(attribute) or FactType.USER_PREFERENCE) if mine else FactType.WORLD_KNOWLEDGE,
+                )
             else:
                 add("note_" + slug(statement, max_words=6), statement, FactType.WORLD_KNOWLEDGE)
             return
@@ -342,7 +361,9 @@ def run_consolidation(service, *, limit=None, agent_id=None, episode_ids=None, e
         extractor = extractor if extractor is not None else get_extractor()
         report.extractor = extractor.name
         episodes = service.unconsolidated_episodes(
-            limit=limit or memory_settings.CONSOLIDATION["MAX_EPISODES_PER_RUN"], agent_id=agent_id, episode_ids=episode_ids
+            limit=limit or memory_settings.CONSOLIDATION["MAX_EPISODES_PER_RUN"],
+            agent_id=agent_id,
+            episode_ids=episode_ids,
         )
     except Exception as exc:  # noqa: BLE001  (an import string, a model constructor or the database; all reported)
         logger.warning("consolidation could not start: %s", exc, exc_info=True)
@@ -360,8 +381,16 @@ def run_consolidation(service, *, limit=None, agent_id=None, episode_ids=None, e
         facts = []
         for item in proposed:
             scope, owner = fact_owner(episode, item.scope)
-            facts.append({"key": item.key, "value": item.value, "fact_type": item.fact_type,
-                          "confidence": item.confidence, "scope": scope, **owner})
+            facts.append(
+                {
+                    "key": item.key,
+                    "value": item.value,
+                    "fact_type": item.fact_type,
+                    "confidence": item.confidence,
+                    "scope": scope,
+                    **owner,
+                }
+            )
         try:
             writes = service.store_consolidated_facts(episode.pk, facts, overwrite=overwrite, provenance=PROVENANCE)
         except (MemoryServiceError, DatabaseError) as exc:

@@ -11,6 +11,7 @@ The model's identity (MEMORY["EMBEDDINGS_MODEL_ID"], else derived from the class
 name) and the vectors' dimension are recorded in the database with the first stored vector; a
 different configured model is refused with EmbeddingModelChanged until `memory reindex` rebuilds.
 """
+
 import importlib.util
 import logging
 import os
@@ -107,7 +108,7 @@ def __getattr__(name):
 
 
 def configured_mode():
-    """"hybrid" or "keyword-only", from the settings and what is installed; loads no model."""
+    """ "hybrid" or "keyword-only", from the settings and what is installed; loads no model."""
     choice = memory_settings.EMBEDDINGS
     if choice in (None, ""):
         return "keyword-only"
@@ -204,7 +205,11 @@ def from_blobs(blobs, dimension):
     """Stored vectors as one float32 matrix (rows in the order given)."""
     if not blobs:
         return np.zeros((0, dimension), dtype=np.float32)
-    return np.frombuffer(b"".join(bytes(b) for b in blobs), dtype="<f4").reshape(-1, dimension).astype(np.float32, copy=False)
+    return (
+        np.frombuffer(b"".join(bytes(b) for b in blobs), dtype="<f4")
+        .reshape(-1, dimension)
+        .astype(np.float32, copy=False)
+    )
 
 
 _lock = threading.Lock()

@@ -1,4 +1,5 @@
 """Episodes (episodic memory): what started a run, what was said and done, how it ended. Part of MemoryService."""
+
 from datetime import datetime
 
 from django.db import transaction
@@ -14,7 +15,9 @@ from .validation import check_json, check_limit, check_user_id, clean_text
 class EpisodesMixin:
     """Episodes: started and appended to as a run goes, or recorded whole when it ends; part of MemoryService."""
 
-    def start_episode(self, *, agent_id="", user_id=None, session_id="", workflow="", trigger_type="", trigger_input=None):
+    def start_episode(
+        self, *, agent_id="", user_id=None, session_id="", workflow="", trigger_type="", trigger_input=None
+    ):
         user_id = check_user_id("user_id", user_id, required=False)
         with transaction.atomic():
             if user_id is not None:
@@ -146,7 +149,5 @@ class EpisodesMixin:
 
     def mark_episode_failed(self, episode_id, error):
         """Set an episode's outcome to failed with `error` (a write after the run went wrong)."""
-        if not Episode.objects.filter(pk=episode_id).update(
-            success=False, error=clean_text("error", error)
-        ):
+        if not Episode.objects.filter(pk=episode_id).update(success=False, error=clean_text("error", error)):
             raise MemoryNotFound("episode", episode_id)

@@ -15,6 +15,7 @@ PostgreSQL: the rows are deleted in the same transaction, but a deleted row's by
 table's pages until VACUUM reclaims them (autovacuum does, later), and in WAL segments, replicas and
 backups until those rotate out. `memory verify-erasure` there checks what SQL can see.
 """
+
 import logging
 from pathlib import Path
 
@@ -54,7 +55,12 @@ def erase_related(user_ids, fact_ids, episode_ids):
         for chunk in chunks(sorted(ids)):
             removed += RecallEvent.objects.filter(kind=kind, item_id__in=chunk).delete()[0]
     identity_ids = list(ChannelIdentity.objects.filter(user_id__in=list(user_ids)).values_list("pk", flat=True))
-    for model, ids in ((MemoryUser, user_ids), (Fact, fact_ids), (Episode, episode_ids), (ChannelIdentity, identity_ids)):
+    for model, ids in (
+        (MemoryUser, user_ids),
+        (Fact, fact_ids),
+        (Episode, episode_ids),
+        (ChannelIdentity, identity_ids),
+    ):
         content_type = ContentType.objects.get_for_model(model)
         for chunk in chunks(sorted(ids)):
             LogEntry.objects.filter(content_type=content_type, object_id__in=[str(i) for i in chunk]).delete()
@@ -123,7 +129,7 @@ def _table_traces(needles, user_ids):
 
 
 def _column_kind(column):
-    """"text", "bytes", "int" or "" for a column of the table description."""
+    """ "text", "bytes", "int" or "" for a column of the table description."""
     if connection.vendor == "sqlite":
         declared = str(column.type_code or "").lower()
         if "int" in declared:
@@ -158,7 +164,12 @@ def _column_traces(cursor, table, column, needles, user_ids):
             if n:
                 found.append((where, f"{n} row(s) contain {needle!r}"))
         for user_id in user_ids:  # owner keys: user:<id> exactly, or user:<id>/agent:<id>
-            n = _count(cursor, table, f"{text} = %s OR {text} LIKE %s", [owner_key(Scope.USER, user_id=user_id), f"{owner_key(Scope.USER, user_id=user_id)}/%"])
+            n = _count(
+                cursor,
+                table,
+                f"{text} = %s OR {text} LIKE %s",
+                [owner_key(Scope.USER, user_id=user_id), f"{owner_key(Scope.USER, user_id=user_id)}/%"],
+            )
             if n:
                 found.append((where, f"{n} row(s) owned by user:{user_id}"))
     elif kind == "bytes":
@@ -205,15 +216,27 @@ def export_person(user, out):
 
     def write(kind, row):
         nonlocal lines
-        out.write(json.dumps({"kind": kind, **row}, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n")  # row has no "kind"
+        out.write(
+            json.dumps({"kind": kind, **row}, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n"
+        )  # row has no "kind"
         lines += 1
 
     for person in [user, *merged]:
         write("memory_user", {**model_to_dict(person), "created_at": person.created_at, "last_seen": person.last_seen})
     for identity in ChannelIdentity.objects.filter(user_id__in=user_ids).order_by("pk"):
-        write("identity", {"channel": identity.channel, "external_id": identity.external_id, "created_at": identity.created_at})
+        write(
+            "identity",
+            {"channel": identity.channel, "external_id": identity.external_id, "created_at": identity.created_at},
+        )
     for fact in Fact.objects.filter(user_id__in=user_ids).order_by("pk"):
-        write("fact", {**model_to_dict(fact, exclude=["search_text"]), "created_at": fact.created_at, "updated_at": fact.updated_at})
+        write(
+            "fact",
+            {
+                **model_to_dict(fact, exclude=["search_text"]),
+                "created_at": fact.created_at,
+                "updated_at": fact.updated_at,
+            },
+        )
     for episode in Episode.objects.filter(user_id__in=user_ids).order_by("pk"):
         write("episode", {**model_to_dict(episode), "started_at": episode.started_at, "ended_at": episode.ended_at})
     for event in RecallEvent.objects.filter(user_id__in=user_ids).order_by("pk"):

@@ -2,6 +2,7 @@
 
 A lookup returns the most specific visible fact (session, user, agent, global). Part of MemoryService.
 """
+
 import json
 from dataclasses import dataclass
 
@@ -52,7 +53,6 @@ class FactWrite:
     @property
     def written(self):
         return self.action != WriteAction.SKIPPED
-
 
 
 def same_json(a, b):
@@ -112,7 +112,9 @@ class FactsMixin:
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {fact.user_id}") from exc
             raise
 
-    def _new_fact(self, key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance):
+    def _new_fact(
+        self, key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
+    ):
         key = clean_text("key", key, max_length=255)
         check_json("value", value)
         scope = check_choice("scope", scope, Scope)
@@ -200,8 +202,16 @@ class FactsMixin:
     def _stored_fact(self, arguments):
         """The fact set_fact(**arguments) would write to, as stored now (None when there is none)."""
         probe = self._new_fact(
-            arguments["key"], arguments["value"], arguments.get("scope", Scope.GLOBAL), arguments.get("agent_id", ""),
-            arguments.get("user_id"), arguments.get("session_id", ""), None, None, None, "",
+            arguments["key"],
+            arguments["value"],
+            arguments.get("scope", Scope.GLOBAL),
+            arguments.get("agent_id", ""),
+            arguments.get("user_id"),
+            arguments.get("session_id", ""),
+            None,
+            None,
+            None,
+            "",
         )
         return self.backend.owned_fact(probe, lock=True)
 
@@ -249,7 +259,9 @@ class FactsMixin:
         query = check_search("query", query, max_words=None, max_length=MAX_SEARCH_LENGTH)
         tokens = search_tokens(query)
         if len(tokens) > MAX_FACT_SEARCH_WORDS:  # each word is a term of one SQL expression; SQLite stops near 1,000
-            raise InvalidMemoryArgument("query", f"has {len(tokens)} words; a search takes at most {MAX_FACT_SEARCH_WORDS}")
+            raise InvalidMemoryArgument(
+                "query", f"has {len(tokens)} words; a search takes at most {MAX_FACT_SEARCH_WORDS}"
+            )
         if not tokens:
             raise InvalidMemoryArgument("query", "must contain at least one word")
         viewer = make_viewer(agent_id, user_id, session_id)

@@ -21,6 +21,7 @@ Components: /healthz reports the database (checked here), and whatever other app
 `register_component(name, check)` (the checkpointer: "unknown" until workflows register it); the
 recall mode is recall's own: "hybrid" with an embedder configured and installed, else "keyword-only".
 """
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -155,7 +156,7 @@ def recall_mode():
 
 
 def database_status():
-    """"ok" when the default database answers a query, else "unreachable"."""
+    """ "ok" when the default database answers a query, else "unreachable"."""
     from django.db import DatabaseError
 
     try:

@@ -1,4 +1,5 @@
 """GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content)."""
+
 import logging
 import threading
 
@@ -64,12 +65,16 @@ def healthz(request):
         "pending": service.pending_vectors(),  # committed documents the embedding worker has not reached yet
         "failures": indexer.failures,  # failed embedding batches in this process (each is retried)
     }
-    body["last_consolidation"] = None if run is None else {
-        "finished_at": run.finished_at.isoformat(),
-        "ok": run.ok,
-        "episodes_processed": run.episodes_processed,
-        "episodes_failed": run.episodes_failed,
-    }
+    body["last_consolidation"] = (
+        None
+        if run is None
+        else {
+            "finished_at": run.finished_at.isoformat(),
+            "ok": run.ok,
+            "episodes_processed": run.episodes_processed,
+            "episodes_failed": run.episodes_failed,
+        }
+    )
     body["health"] = {"band": report.band, "score": None if report.score is None else round(report.score, 1)}
     problems = [name for name in health.components() if body[name] not in ("ok", "unknown")]
     if problems or report.band == health.RED:

@@ -18,6 +18,7 @@ batch retried after a pause that doubles up to a minute. One that hangs holds up
 MEMORY["EMBED_ON_WRITE"] = "inline" embeds inside the writer's own transaction instead (the behaviour
 before this worker existed): for tests and scripts that recall what they wrote before it commits.
 """
+
 import logging
 import os
 import threading

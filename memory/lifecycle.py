@@ -1,4 +1,5 @@
 """Memory over time: consolidation, limits and pruning, export and import, clearing, health. Part of MemoryService."""
+
 from django.db import transaction
 from django.utils import timezone
 

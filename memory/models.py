@@ -2,6 +2,7 @@
 
 Read and write them through `memory.service.MemoryService`; nothing else should touch these tables.
 """
+
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Cast, Concat
@@ -59,9 +60,7 @@ class MemoryUser(models.Model):
     class Meta:
         ordering = ["-last_seen", "-id"]
         constraints = [
-            models.CheckConstraint(
-                condition=~Q(merged_into=F("id")), name="memory_user_not_merged_into_self"
-            ),
+            models.CheckConstraint(condition=~Q(merged_into=F("id")), name="memory_user_not_merged_into_self"),
         ]
 
     def __str__(self):
@@ -201,7 +200,9 @@ class Procedure(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")
     trigger_conditions = models.JSONField(default=dict, blank=True)
-    procedure_type = models.CharField(max_length=32, choices=ProcedureType.choices, default=ProcedureType.PROMPT_TEMPLATE)
+    procedure_type = models.CharField(
+        max_length=32, choices=ProcedureType.choices, default=ProcedureType.PROMPT_TEMPLATE
+    )
     content = models.JSONField(default=dict, blank=True)
     times_used = models.PositiveIntegerField(default=0)
     times_succeeded = models.PositiveIntegerField(default=0)
@@ -220,7 +221,9 @@ class Procedure(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["agent_id", "name"], name="one_procedure_per_agent_and_name"),
             models.CheckConstraint(condition=~Q(name=""), name="procedure_name_not_blank"),
-            models.CheckConstraint(condition=Q(success_rate__gte=0.0, success_rate__lte=1.0), name="procedure_success_rate_0_1"),
+            models.CheckConstraint(
+                condition=Q(success_rate__gte=0.0, success_rate__lte=1.0), name="procedure_success_rate_0_1"
+            ),
         ]
         indexes = [models.Index(fields=["agent_id", "is_active", "-success_rate"], name="procedure_best_first")]
 

@@ -3,6 +3,7 @@
 Querysets for the /memories/ admin and the REST API (read only: filter, order, paginate them), and
 deletes by id that are all-or-nothing and report the ids that did not exist.
 """
+
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -192,7 +193,6 @@ class OperatorsMixin:
                 write_deletion_record(actor, kind, sorted(found))
         return BatchDelete(len(found), [i for i in ids if i not in found])
 
-
     LIST_KINDS = ("facts", "episodes", "procedures", "users")
 
     def list_memories(self, kind="facts", *, scope=None, agent_id=None, user_id=None, category=None, limit=20):
@@ -202,8 +202,12 @@ class OperatorsMixin:
             raise InvalidMemoryArgument("kind", f"must be one of {', '.join(self.LIST_KINDS)}; got {kind!r}")
         limit = check_limit(limit, 20)
         given = {"scope": scope, "agent_id": agent_id, "user_id": user_id}
-        allowed = {"facts": {"scope", "agent_id", "user_id"}, "episodes": {"agent_id", "user_id"},
-                   "procedures": {"agent_id"}, "users": {"user_id"}}[kind]
+        allowed = {
+            "facts": {"scope", "agent_id", "user_id"},
+            "episodes": {"agent_id", "user_id"},
+            "procedures": {"agent_id"},
+            "users": {"user_id"},
+        }[kind]
         for name, value in given.items():
             if value is not None and name not in allowed:
                 raise InvalidMemoryArgument(name, f"does not apply to {kind}")

@@ -6,6 +6,7 @@ an episode of a user with an agent is "user:<id>/agent:<id>". Python code builds
 only here; the SQL spellings (the generated column, the recall triggers of migration 0006) are the
 database's copies of the same rule, tested against this one.
 """
+
 from django.db.models import CharField, Subquery, Value
 from django.db.models.functions import Cast, Coalesce, Concat
 

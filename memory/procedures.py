@@ -1,4 +1,5 @@
 """Procedures (procedural memory): how to do something, when it applies, how well it has worked. Part of MemoryService."""
+
 from django.db import transaction
 from django.db.models import F, FloatField
 from django.db.models.functions import Cast
@@ -116,7 +117,6 @@ class ProceduresMixin:
         if active_only:
             qs = qs.filter(is_active=True)
         return list(qs.order_by("name", "agent_id"))
-
 
 
 def check_trigger_conditions(conditions):

@@ -22,6 +22,7 @@ After a prune that deleted rows, SQLite gives free pages back with `PRAGMA incre
 (the file's auto_vacuum mode is INCREMENTAL; see migration 0004). Other apps join a prune through
 the `prune_requested` signal (conversation threads and checkpoints, recall events).
 """
+
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -61,7 +62,9 @@ def limit_for(kind, agent_id=""):
     override = (limits["PER_AGENT"] or {}).get(agent_id, {}) if agent_id else {}
     value = override.get(_SETTING[kind], limits[_SETTING[kind]])
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"MEMORY['LIMITS'] {_SETTING[kind]} for agent {agent_id!r} must be a non-negative integer or None")
+        raise ValueError(
+            f"MEMORY['LIMITS'] {_SETTING[kind]} for agent {agent_id!r} must be a non-negative integer or None"
+        )
     return value
 
 
@@ -174,7 +177,9 @@ def _limited_agents(kind, agent_id):
 def prune_all(*, agent_id=None, dry_run=False):
     """Bring every group (or one agent's) within its limits, let other apps prune, reclaim space."""
     report = PruneReport(dry_run=dry_run)
-    report.deleted[FACTS] = sum(prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id))
+    report.deleted[FACTS] = sum(
+        prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id)
+    )
     for kind in (EPISODES, PROCEDURES):
         report.deleted[kind] = sum(
             prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)

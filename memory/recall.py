@@ -22,6 +22,7 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 
 Modes: "hybrid" (both legs), "keyword", "vector"; "auto" is hybrid with an embedder, else keyword.
 """
+
 import logging
 import math
 import threading
@@ -259,7 +260,10 @@ class Recaller:
         self._lap("neighbours")
         extra = [d for d in around if d not in candidates]
         rows = self.backend.recall_documents(
-            sorted(candidates.union(extra)), [(o, r) for o, r, _, _ in owners], self.kinds, self.min_confidence,
+            sorted(candidates.union(extra)),
+            [(o, r) for o, r, _, _ in owners],
+            self.kinds,
+            self.min_confidence,
             for_person=self.viewer.user_id is not None,
         )
         self._lap("check")
@@ -341,10 +345,16 @@ def _relations(neighbours):
     derived = {}
     for doc_id, (session, (b1, a1, b2, a2)) in neighbours.items():
         for target, slot, value in (
-            (b1, 1, doc_id), (b1, 0, b2), (b1, 3, a1),
-            (a1, 0, doc_id), (a1, 1, a2), (a1, 2, b1),
-            (b2, 3, doc_id), (b2, 1, b1),
-            (a2, 2, doc_id), (a2, 0, a1),
+            (b1, 1, doc_id),
+            (b1, 0, b2),
+            (b1, 3, a1),
+            (a1, 0, doc_id),
+            (a1, 1, a2),
+            (a1, 2, b1),
+            (b2, 3, doc_id),
+            (b2, 1, b1),
+            (a2, 2, doc_id),
+            (a2, 0, a1),
         ):
             if target is not None and value is not None and target not in around:
                 derived.setdefault(target, (session, [None] * 4))[1][slot] = value

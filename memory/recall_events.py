@@ -5,6 +5,7 @@ finishes, at process exit, and on MemoryService.flush_recall_log(): RecallEvent 
 per document `reference_count` + n and `last_referenced` in one UPDATE per distinct count. Hits still
 in the buffer when a process is killed are lost; they are statistics, not memory.
 """
+
 import atexit
 import logging
 import threading
@@ -49,9 +50,7 @@ class RecallLog:
         user_ids = set(user_ids)
         wanted = {(kind, i) for kind, ids in items.items() for i in ids}
         with self._lock:
-            self._events = [
-                e for e in self._events if e.user_id not in user_ids and (e.kind, e.item_id) not in wanted
-            ]
+            self._events = [e for e in self._events if e.user_id not in user_ids and (e.kind, e.item_id) not in wanted]
 
     def flush(self):
         """Write buffered events and reference counts; returns how many events were written."""

@@ -1,4 +1,5 @@
 """MemoryService's recall methods: recall(), the embedding upkeep of writes, reindexing (mixed into MemoryService)."""
+
 import logging
 
 from django.db import transaction
@@ -112,7 +113,7 @@ class RecallMixin:
         return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
 
     def recall_mode(self):
-        """"hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""
+        """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""
         return configured_mode()
 
     def flush_recall_log(self):

@@ -1,4 +1,5 @@
 """GET /api/v1/recall/?q=...: hybrid recall over HTTP for staff, through MemoryService.recall."""
+
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response

@@ -13,6 +13,7 @@ callers (nodes, tools, the admin, the REST API, commands) need one object and on
 
 Shared argument checks are in memory/validation.py, owner keys in memory/owners.py.
 """
+
 from .backends import get_backend
 from .episodes import EpisodesMixin
 from .facts import (

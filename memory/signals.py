@@ -1,4 +1,5 @@
 """Signals of the memory app, and the receivers that keep buffered state written."""
+
 import logging
 
 from django.core.signals import request_finished, request_started

@@ -1,4 +1,5 @@
 """Text normalisation shared by indexing and search: one place decides what "matches" means."""
+
 import json
 import re
 
@@ -27,13 +28,60 @@ def search_tokens(query):
 
 
 # What a person's "my <attribute> is ..." says, by the attribute's words (one rule for every extractor).
-RELATION_WORDS = frozenset({
-    "wife", "husband", "partner", "spouse", "fiance", "fiancee", "girlfriend", "boyfriend", "brother", "sister",
-    "sibling", "mother", "mum", "mom", "father", "dad", "parent", "son", "daughter", "child", "kid", "baby",
-    "grandmother", "grandma", "grandfather", "grandpa", "grandson", "granddaughter", "cousin", "uncle", "aunt",
-    "niece", "nephew", "boss", "manager", "friend", "colleague", "coworker", "roommate", "flatmate", "neighbour",
-    "neighbor", "doctor", "dentist", "therapist", "teacher", "landlord", "pet", "dog", "cat",
-})
+RELATION_WORDS = frozenset(
+    {
+        "wife",
+        "husband",
+        "partner",
+        "spouse",
+        "fiance",
+        "fiancee",
+        "girlfriend",
+        "boyfriend",
+        "brother",
+        "sister",
+        "sibling",
+        "mother",
+        "mum",
+        "mom",
+        "father",
+        "dad",
+        "parent",
+        "son",
+        "daughter",
+        "child",
+        "kid",
+        "baby",
+        "grandmother",
+        "grandma",
+        "grandfather",
+        "grandpa",
+        "grandson",
+        "granddaughter",
+        "cousin",
+        "uncle",
+        "aunt",
+        "niece",
+        "nephew",
+        "boss",
+        "manager",
+        "friend",
+        "colleague",
+        "coworker",
+        "roommate",
+        "flatmate",
+        "neighbour",
+        "neighbor",
+        "doctor",
+        "dentist",
+        "therapist",
+        "teacher",
+        "landlord",
+        "pet",
+        "dog",
+        "cat",
+    }
+)
 PREFERENCE_WORDS = ("favourite", "favorite", "preferred", "preference")
 
 

@@ -27,6 +27,7 @@ operational logs, not memory: neither exported nor cleared.
 
 More kinds (another app's tables) join with `register_kind(TransferKind(...))`.
 """
+
 import hashlib
 import json
 from collections.abc import Callable
@@ -80,7 +81,8 @@ class TransferKind:
     @property
     def fields(self):
         return [
-            f for f in self.model._meta.concrete_fields
+            f
+            for f in self.model._meta.concrete_fields
             if not getattr(f, "generated", False) and f.attname not in self.derived
         ]
 
@@ -88,16 +90,24 @@ class TransferKind:
     def references(self):
         """attname -> kind name of each foreign key."""
         by_model = {k.model: k.name for k in KINDS}
-        return {f.attname: by_model[f.related_model] for f in self.fields if f.is_relation and f.related_model in by_model}
+        return {
+            f.attname: by_model[f.related_model] for f in self.fields if f.is_relation and f.related_model in by_model
+        }
 
 
 def _fact_owner(row):
-    return owner_key(row.get("scope"), user_id=row.get("user_id"), agent_id=row.get("agent_id"), session_id=row.get("session_id"))
+    return owner_key(
+        row.get("scope"), user_id=row.get("user_id"), agent_id=row.get("agent_id"), session_id=row.get("session_id")
+    )
 
 
 def _check_fact(row):
     scope = row["scope"]
-    owners = {"session_id": bool(row["session_id"]), "user_id": row["user_id"] is not None, "agent_id": bool(row["agent_id"])}
+    owners = {
+        "session_id": bool(row["session_id"]),
+        "user_id": row["user_id"] is not None,
+        "agent_id": bool(row["agent_id"]),
+    }
     wanted = {Scope.SESSION: "session_id", Scope.USER: "user_id", Scope.AGENT: "agent_id"}.get(scope)
     for name, present in owners.items():
         if present != (name == wanted):
@@ -133,22 +143,32 @@ def _check_procedure(row):
 # key checks to the commit anyway, so files in another order import too).
 KINDS = [
     TransferKind(
-        "user", MemoryUser, check=_check_user,
+        "user",
+        MemoryUser,
+        check=_check_user,
         natural_keys=(NaturalKey("canonical_id", ("canonical_id",), lambda r: (r["canonical_id"],)),),
     ),
     TransferKind(
-        "identity", ChannelIdentity, check=_check_identity,
+        "identity",
+        ChannelIdentity,
+        check=_check_identity,
         natural_keys=(
             NaturalKey("channel, external_id", ("channel", "external_id"), lambda r: (r["channel"], r["external_id"])),
         ),
     ),
     TransferKind("episode", Episode),
     TransferKind(
-        "procedure", Procedure, check=_check_procedure,
+        "procedure",
+        Procedure,
+        check=_check_procedure,
         natural_keys=(NaturalKey("agent_id, name", ("agent_id", "name"), lambda r: (r["agent_id"], r["name"])),),
     ),
     TransferKind(
-        "fact", Fact, derived=("search_text",), check=_check_fact, prepare=_prepare_fact,
+        "fact",
+        Fact,
+        derived=("search_text",),
+        check=_check_fact,
+        prepare=_prepare_fact,
         natural_keys=(NaturalKey("scope, owner, key", ("scope_key", "key"), lambda r: (_fact_owner(r), r["key"])),),
     ),
 ]
@@ -185,8 +205,11 @@ def export(out, *, on_progress=None):
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         counts = {k.name: k.model.objects.count() for k in kinds}
         header = {
-            "format": FORMAT, "version": VERSION, "exported_at": timezone.now().isoformat(),
-            "database": connection.vendor, "counts": counts,
+            "format": FORMAT,
+            "version": VERSION,
+            "exported_at": timezone.now().isoformat(),
+            "database": connection.vendor,
+            "counts": counts,
         }
         out.write(json.dumps(header) + "\n")
         dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
@@ -195,7 +218,9 @@ def export(out, *, on_progress=None):
             names = ["kind", *(f.attname for f in fields)]
             dates = [i + 1 for i, f in enumerate(fields) if isinstance(f, models.DateTimeField)]
             done = 0
-            rows = kind.model.objects.order_by("pk").values_list(*(f.attname for f in fields)).iterator(chunk_size=_BATCH)
+            rows = (
+                kind.model.objects.order_by("pk").values_list(*(f.attname for f in fields)).iterator(chunk_size=_BATCH)
+            )
             lines = []
             for values in rows:
                 values = [kind.name, *values]
@@ -260,7 +285,9 @@ def _plans_defaults(kind):
 def _plans():
     return {
         kind.name: _KindPlan(
-            kind=kind, checkers={f.attname: validation.field_checker(f) for f in kind.fields}, defaults=_plans_defaults(kind),
+            kind=kind,
+            checkers={f.attname: validation.field_checker(f) for f in kind.fields},
+            defaults=_plans_defaults(kind),
             references=kind.references,
         )
         for kind in KINDS
@@ -273,11 +300,15 @@ def _parse_line(text, lineno):
     except json.JSONDecodeError as exc:
         raise ImportRejected([(lineno, "(line)", f"is not JSON: {exc.msg} at column {exc.colno}")]) from None
     except RecursionError:  # Python's parser recurses: a hostile file must be refused, not crash the import
-        raise ImportRejected([(lineno, "(line)", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")]) from None
+        raise ImportRejected(
+            [(lineno, "(line)", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")]
+        ) from None
     try:
         validation.check_json("(line)", data)  # what every database stores alike: no NUL, no lone surrogate
     except InvalidMemoryArgument as exc:
-        raise ImportRejected([(lineno, getattr(exc, "path", exc.field), getattr(exc, "problem", exc.message))]) from None
+        raise ImportRejected(
+            [(lineno, getattr(exc, "path", exc.field), getattr(exc, "problem", exc.message))]
+        ) from None
     if not isinstance(data, dict):
         raise ImportRejected([(lineno, "(line)", "must be a JSON object")])
     return data
@@ -293,7 +324,9 @@ def _read_header(stream, fingerprint=None):
     if header.get("format") != FORMAT:
         raise ImportRejected([(1, "format", f"must be {FORMAT!r}; is this an Engram memory export?")])
     if header.get("version") != VERSION:
-        raise ImportRejected([(1, "version", f"version {header.get('version')!r} is not supported (expected {VERSION})")])
+        raise ImportRejected(
+            [(1, "version", f"version {header.get('version')!r} is not supported (expected {VERSION})")]
+        )
     counts = header.get("counts")
     if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
         raise ImportRejected([(1, "counts", "must map each kind to its number of rows")])
@@ -379,7 +412,11 @@ def _note_identity(plan, row, lineno, errors):
         seen = plan.natural.get((natural_key, value))
         if seen is not None:
             errors.append(
-                (lineno, natural_key.label, f"{_show(value)} is already used by {plan.kind.name} {seen[0]} on line {seen[1]}")
+                (
+                    lineno,
+                    natural_key.label,
+                    f"{_show(value)} is already used by {plan.kind.name} {seen[0]} on line {seen[1]}",
+                )
             )
         else:
             plan.natural[(natural_key, value)] = (pk, lineno)
@@ -425,7 +462,11 @@ def _show(value):
 def _check_natural_keys(plan, present, errors):
     """A new row's natural key must not belong to another stored row."""
     for natural_key in plan.kind.natural_keys:
-        new = {value: pk_line for (nk, value), pk_line in plan.natural.items() if nk == natural_key and pk_line[0] not in present}
+        new = {
+            value: pk_line
+            for (nk, value), pk_line in plan.natural.items()
+            if nk == natural_key and pk_line[0] not in present
+        }
         last = natural_key.columns[-1]
         for chunk in validation.chunks({value[-1] for value in new}):
             stored = plan.kind.model.objects.filter(**{f"{last}__in": chunk}).values_list(*natural_key.columns, "pk")
@@ -433,7 +474,11 @@ def _check_natural_keys(plan, present, errors):
                 hit = new.get(tuple(value))
                 if hit is not None and hit[0] != pk:
                     errors.append(
-                        (hit[1], natural_key.label, f"{_show(tuple(value))} already belongs to {plan.kind.name} {pk} in the database")
+                        (
+                            hit[1],
+                            natural_key.label,
+                            f"{_show(tuple(value))} already belongs to {plan.kind.name} {pk} in the database",
+                        )
                     )
 
 

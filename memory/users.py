@@ -1,4 +1,5 @@
 """Memory users: one person across channels, identified, merged and described. Part of MemoryService."""
+
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -78,8 +79,6 @@ class Identified:
     created: bool
 
 
-
-
 class UsersMixin:
     """Memory users, their identities, merges and context; part of MemoryService."""
 
@@ -155,7 +154,9 @@ class UsersMixin:
             with transaction.atomic():
                 return ChannelIdentity.objects.create(user=user, channel=channel, external_id=external_id)
         except IntegrityError:
-            raise InvalidMemoryArgument("external_id", f"{channel}:{external_id} was just linked to another user") from None
+            raise InvalidMemoryArgument(
+                "external_id", f"{channel}:{external_id} was just linked to another user"
+            ) from None
 
     def merge_users(self, source_id, target_id):
         """Merge `source` into `target` in one transaction; returns the surviving user.
@@ -191,7 +192,8 @@ class UsersMixin:
             if source.pk == target.pk:
                 raise MemoryConflict("target_id", f"users {source_id} and {target_id} are already the same user")
             locked = {
-                u.pk: u for u in MemoryUser.objects.select_for_update().filter(pk__in=(source.pk, target.pk)).order_by("pk")
+                u.pk: u
+                for u in MemoryUser.objects.select_for_update().filter(pk__in=(source.pk, target.pk)).order_by("pk")
             }
             if len(locked) < 2:
                 gone = target_id if target.pk not in locked else source_id
@@ -228,9 +230,7 @@ class UsersMixin:
                 fact.delete()
             elif fact.updated_at > kept.updated_at:
                 kept.delete()
-                Fact.objects.filter(pk=fact.pk).update(
-                    user=target, times_contradicted=F("times_contradicted") + 1
-                )
+                Fact.objects.filter(pk=fact.pk).update(user=target, times_contradicted=F("times_contradicted") + 1)
             else:
                 fact.delete()
                 Fact.objects.filter(pk=kept.pk).update(times_contradicted=F("times_contradicted") + 1)
@@ -246,7 +246,9 @@ class UsersMixin:
     def user_context(self, user_id):
         """Display name, identities, preferences, facts, recent episodes and counts. Four queries."""
         user_id = check_user_id("user_id", user_id, required=True)
-        fact_count = Fact.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
+        fact_count = (
+            Fact.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
+        )
         episode_count = (
             Episode.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
         )
@@ -259,7 +261,9 @@ class UsersMixin:
             raise MemoryNotFound("memory user", user_id) from None
         identities = ChannelIdentity.objects.filter(user=user).order_by("channel", "external_id")
         facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
-        episodes = list(Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES])
+        episodes = list(
+            Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
+        )
         return UserContext.of(
             user,
             identities,

@@ -13,6 +13,7 @@ and why it must be refused at the edge rather than left to the database or the e
 - searches of more than MAX_SEARCH_WORDS words (each word is a term of the search expression;
   SQLite refuses expression trees past a depth of 1,000).
 """
+
 import json
 import math
 import re
@@ -300,6 +301,7 @@ def field_checker(f):
         return (None, message) if message else (value, None)
 
     if isinstance(f, models.DateTimeField):
+
         def check(v):
             if v is None:
                 return done(None, None if nullable else "must be a timestamp, not null")
@@ -313,16 +315,19 @@ def field_checker(f):
                 return done(None, "must carry a UTC offset")
             return done(parsed)
     elif isinstance(f, models.JSONField):
+
         def check(v):
             if v is None and not nullable:
                 return done(None, "must not be null")
             return done(v)
     elif isinstance(f, models.BooleanField):
+
         def check(v):
             if v is None and nullable:
                 return done(None)
             return done(v) if isinstance(v, bool) else done(None, "must be true or false")
     elif isinstance(f, models.FloatField):
+
         def check(v):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 return done(None, "must be a finite number")
@@ -341,6 +346,7 @@ def field_checker(f):
                 return done(None, "is out of range")
             return done(v)
     else:  # CharField, TextField
+
         def check(v):
             if not isinstance(v, str):
                 return done(None, "must be a string")
@@ -349,4 +355,5 @@ def field_checker(f):
             if choices is not None and v not in choices:
                 return done(None, f"must be one of {', '.join(sorted(choices))}; got {v!r}")
             return done(v)
+
     return check

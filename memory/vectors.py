@@ -19,6 +19,7 @@ SHORTLIST_FACTOR) rows, and those are ranked by their exact float32 cosine. The 
 approximation (a true top-n vector whose sign bits differ a lot from the query's can be missed); the
 cosines returned are exact.
 """
+
 import threading
 
 import numpy as np

@@ -4,6 +4,7 @@ Run on SQLite (default) or on PostgreSQL with
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/engram python -m pytest
 Tests marked ``@pytest.mark.postgres`` are skipped unless the default database is PostgreSQL.
 """
+
 import itertools
 import threading
 
@@ -103,9 +104,7 @@ class DataQueries(CaptureQueriesContext):
     @property
     def data(self):
         return [
-            q["sql"]
-            for q in self.captured_queries
-            if not q["sql"].lstrip().upper().startswith(_TRANSACTION_STATEMENTS)
+            q["sql"] for q in self.captured_queries if not q["sql"].lstrip().upper().startswith(_TRANSACTION_STATEMENTS)
         ]
 
 

@@ -3,6 +3,7 @@
 Each wraps LangChain's DeterministicFakeEmbedding (a real `Embeddings`): one refuses to run inside a
 database transaction, one raises while a switch is on, one blocks until released.
 """
+
 import threading
 
 from django.db import connection

@@ -1,4 +1,5 @@
 """The /memories/ admin: the tabbed index, the columns, bulk delete behind a confirmation, user pages and merges."""
+
 import re
 
 import pytest
@@ -53,7 +54,9 @@ def test_each_tab_keeps_its_own_page_and_filters(staff_client, service):
 
 def test_fact_tab_columns_and_fifty_per_page(staff_client, service, user_factory):
     ann = user_factory("ann")
-    service.set_fact("favourite_tea", "oolong", scope="user", user_id=ann.pk, fact_type="user_preference", confidence=0.73)
+    service.set_fact(
+        "favourite_tea", "oolong", scope="user", user_id=ann.pk, fact_type="user_preference", confidence=0.73
+    )
     for n in range(55):
         service.set_fact(f"note_{n:02}", "x" * 100)
     html = staff_client.get(FACTS).content.decode()
@@ -87,7 +90,9 @@ def test_other_tabs_show_their_columns(staff_client, service, user_factory):
 
 
 @pytest.mark.parametrize("path", ["memory/fact/", "memory/episode/", "memory/procedure/", "memory/memoryuser/"])
-def test_changelist_query_count_does_not_grow_with_rows(path, staff_client, service, user_factory, capture_data_queries):
+def test_changelist_query_count_does_not_grow_with_rows(
+    path, staff_client, service, user_factory, capture_data_queries
+):
     def grow(n):
         for _ in range(n):
             user = user_factory()
@@ -128,7 +133,9 @@ def test_select_all_across_pages_deletes_every_matching_row(staff_client, servic
     service.set_fact("office_hours", "9-17", scope="agent", agent_id="support")
     url = FACTS + "?scope__exact=global"
     on_page = [str(pk) for pk in Fact.objects.filter(scope="global").order_by("key")[:50].values_list("pk", flat=True)]
-    response = staff_client.post(url, {"action": "delete_memories", "index": "0", "select_across": "1", "_selected_action": on_page})
+    response = staff_client.post(
+        url, {"action": "delete_memories", "index": "0", "select_across": "1", "_selected_action": on_page}
+    )
     html = response.content.decode()
     assert "Delete these 120 facts?" in html
     assert Fact.objects.count() == 121
@@ -180,7 +187,9 @@ def test_sections_registered_by_other_apps_appear_on_user_pages(staff_client, us
     from django.utils.html import format_html
 
     ann = user_factory("ann")
-    memories_site.register_user_section("Conversation threads", lambda user: format_html("<p>threads of {}</p>", user.pk))
+    memories_site.register_user_section(
+        "Conversation threads", lambda user: format_html("<p>threads of {}</p>", user.pk)
+    )
     try:
         html = staff_client.get(f"{USERS}{ann.pk}/change/").content.decode()
     finally:
@@ -231,7 +240,9 @@ def test_non_staff_cannot_reach_any_tab_or_action(client, django_user_model, ser
 # ------------------------------------------------------------------ whose memory it is; edits
 
 
-def test_the_lists_show_whose_memory_each_row_is_in_one_query(staff_client, service, user_factory, django_assert_max_num_queries):
+def test_the_lists_show_whose_memory_each_row_is_in_one_query(
+    staff_client, service, user_factory, django_assert_max_num_queries
+):
     """Three rows of favourite_colour = blue: the owner column tells the person, the agent, everyone apart."""
     ann = user_factory("ann")
     service.set_fact("favourite_colour", "blue", scope="user", user_id=ann.pk)
@@ -246,8 +257,9 @@ def test_the_lists_show_whose_memory_each_row_is_in_one_query(staff_client, serv
     episode = service.record_episode(started_at=timezone.now(), agent_id="support", user_id=ann.pk, success=True)
     html = staff_client.get("/memories/memory/episode/").content.decode()
     assert f"{ann.display_name} with agent support" in html
-    confirm = staff_client.post(FACTS, {"action": "delete_memories", "_selected_action": [
-        f.pk for f in Fact.objects.filter(user=ann)]}).content.decode()
+    confirm = staff_client.post(
+        FACTS, {"action": "delete_memories", "_selected_action": [f.pk for f in Fact.objects.filter(user=ann)]}
+    ).content.decode()
     assert f"favourite_colour (user:{ann.pk}) — {ann.display_name}" in confirm
     assert episode.pk
 
@@ -259,7 +271,12 @@ def test_a_fact_edited_in_the_admin_goes_through_the_service(staff_client, servi
     form = {"value": '"Lisbon"', "fact_type": "world_knowledge", "confidence": "0.9"}
     assert staff_client.post(change, {**form, "key": "hijacked"}).status_code == 302
     fact.refresh_from_db()
-    assert (fact.key, fact.value, fact.confidence, fact.user_id) == ("city", "Lisbon", 0.9, ann.pk)  # key and owner stay
+    assert (fact.key, fact.value, fact.confidence, fact.user_id) == (
+        "city",
+        "Lisbon",
+        0.9,
+        ann.pk,
+    )  # key and owner stay
     assert fact.provenance == "edited by an operator"
     assert [f.pk for f in service.search_facts("lisbon", user_id=ann.pk)] == [fact.pk]  # the index followed
     bad = staff_client.post(change, {**form, "value": '"a\\ud800b"'})  # a lone surrogate: no database stores it

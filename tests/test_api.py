@@ -1,4 +1,5 @@
 """The operators' REST API: who may use it, lists with filters and pinned query counts, deletes, batch deletes."""
+
 import json
 
 import pytest
@@ -22,8 +23,14 @@ def memories(service, user_factory):
     ep_ann = service.start_episode(agent_id="planner", user_id=ann.pk, trigger_type="telegram")
     service.complete_episode(ep_ann.pk, success=True, summary="booked a table for ann")
     ep_bob = service.start_episode(agent_id="support", user_id=bob.pk, trigger_type="chat")
-    service.set_fact("favourite_tea", "oolong", scope="user", user_id=ann.pk, fact_type="user_preference",
-                     source_episode_id=ep_ann.pk)
+    service.set_fact(
+        "favourite_tea",
+        "oolong",
+        scope="user",
+        user_id=ann.pk,
+        fact_type="user_preference",
+        source_episode_id=ep_ann.pk,
+    )
     service.set_fact("home_city", "Lyon", scope="user", user_id=ann.pk, fact_type="relationship")
     service.set_fact("favourite_tea", "green", scope="user", user_id=bob.pk, fact_type="user_preference")
     service.set_fact("capital_of_france", "Paris")
@@ -43,7 +50,9 @@ def ids(response):
 @pytest.mark.parametrize("kind", KINDS)
 def test_anonymous_requests_are_refused_on_every_endpoint(kind, memories):
     client = APIClient()
-    one = {"facts": Fact, "episodes": Episode, "procedures": Procedure, "memory-users": MemoryUser}[kind].objects.first()
+    one = {"facts": Fact, "episodes": Episode, "procedures": Procedure, "memory-users": MemoryUser}[
+        kind
+    ].objects.first()
     before = Fact.objects.count()
     for method, path, body in [
         ("get", f"/api/v1/{kind}/", None),
@@ -130,15 +139,21 @@ def test_fact_list_has_a_total_count_and_pages(api, service):
 def test_fact_filters(api, memories):
     ann = memories["ann"]
     assert {r["key"] for r in api.get("/api/v1/facts/", {"scope": "user", "user": ann.pk}).json()["results"]} == {
-        "favourite_tea", "home_city"}
+        "favourite_tea",
+        "home_city",
+    }
     assert [r["key"] for r in api.get("/api/v1/facts/", {"agent_id": "support"}).json()["results"]] == ["office_hours"]
     assert {r["value"] for r in api.get("/api/v1/facts/", {"fact_type": "user_preference"}).json()["results"]} == {
-        "oolong", "green"}
+        "oolong",
+        "green",
+    }
     # Text search: every word, in key or value, separators equivalent.
     assert [r["key"] for r in api.get("/api/v1/facts/", {"search": "capital france"}).json()["results"]] == [
-        "capital_of_france"]
+        "capital_of_france"
+    ]
     assert [r["value"] for r in api.get("/api/v1/facts/", {"search": "favourite-tea oolong"}).json()["results"]] == [
-        "oolong"]
+        "oolong"
+    ]
     ordered = api.get("/api/v1/facts/", {"ordering": "-key"}).json()["results"]
     assert [r["key"] for r in ordered] == sorted((r["key"] for r in ordered), reverse=True)
 
@@ -226,9 +241,24 @@ def test_list_query_counts_do_not_grow_with_rows(kind, queries, api, service, us
 def test_no_endpoint_returns_another_kinds_data(api, memories):
     fact = api.get("/api/v1/facts/").json()["results"][0]
     assert set(fact) == {
-        "id", "key", "value", "fact_type", "scope", "scope_key", "agent_id", "user", "session_id", "confidence",
-        "times_confirmed", "times_contradicted", "source_episode", "provenance", "access_count", "last_accessed",
-        "created_at", "updated_at",
+        "id",
+        "key",
+        "value",
+        "fact_type",
+        "scope",
+        "scope_key",
+        "agent_id",
+        "user",
+        "session_id",
+        "confidence",
+        "times_confirmed",
+        "times_contradicted",
+        "source_episode",
+        "provenance",
+        "access_count",
+        "last_accessed",
+        "created_at",
+        "updated_at",
     }
     episode_id = memories["ep_ann"].pk
     assert not Fact.objects.filter(pk=episode_id + 1000).exists()
@@ -294,7 +324,9 @@ def test_valid_and_malformed_ids_mixed_delete_nothing(api, memories):
     real = list(Fact.objects.values_list("pk", flat=True))
     response = api.post("/api/v1/facts/batch-delete/", {"ids": [*real, "x"]}, format="json")
     assert response.status_code == 400
-    assert response.json()["ids"] == {str(len(real)): ["Must be an integer id (a JSON number without a fraction), got str."]}
+    assert response.json()["ids"] == {
+        str(len(real)): ["Must be an integer id (a JSON number without a fraction), got str."]
+    }
     assert Fact.objects.count() == len(real)
 
 
@@ -346,8 +378,15 @@ def test_forget_a_person_leaves_no_row_naming_them(api, memories, service, user_
     assert response.json() == {
         "deleted": 1,
         "not_found": [],
-        "cascaded": {"facts": 3, "episodes": 1, "identities": 3, "merged_users": 1, "recall_events": 0,
-                     "threads": 0, "checkpoints": 0},
+        "cascaded": {
+            "facts": 3,
+            "episodes": 1,
+            "identities": 3,
+            "merged_users": 1,
+            "recall_events": 0,
+            "threads": 0,
+            "checkpoints": 0,
+        },
     }
     gone = [ann.pk, alias.pk]
     assert not MemoryUser.objects.filter(pk__in=gone).exists()
@@ -394,7 +433,9 @@ def test_a_failing_cascade_receiver_leaves_everything_in_place(api, memories):
     users_deleting.connect(refuse, dispatch_uid="test_refuse")
     try:
         with pytest.raises(RuntimeError):
-            api.post("/api/v1/memory-users/batch-delete/", {"ids": [memories["ann"].pk], "cascade": True}, format="json")
+            api.post(
+                "/api/v1/memory-users/batch-delete/", {"ids": [memories["ann"].pk], "cascade": True}, format="json"
+            )
     finally:
         users_deleting.disconnect(dispatch_uid="test_refuse")
     assert Fact.objects.filter(user=memories["ann"]).count() == 2

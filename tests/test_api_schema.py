@@ -4,6 +4,7 @@ Every operation gets a fixed number of generated requests (positive and negative
 sequences) with a fixed seed; any 5xx, undocumented status or content type, or response that does
 not match the schema fails the test. `scripts/api_fuzz.sh` runs the same check longer, by hand.
 """
+
 import os
 import shutil
 import subprocess
@@ -42,12 +43,28 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
     # body may rightly get a 400 naming the field.
     result = subprocess.run(
         [
-            cli, "run", f"{live_server.url}/api/schema/?format=json",
-            "--header", f"Authorization: Token {token}",
-            "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-examples", EXAMPLES, "--seed", "1", "--workers", "1",
-            "--generation-database", "none", "--no-color",
+            cli,
+            "run",
+            f"{live_server.url}/api/schema/?format=json",
+            "--header",
+            f"Authorization: Token {token}",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "--max-examples",
+            EXAMPLES,
+            "--seed",
+            "1",
+            "--workers",
+            "1",
+            "--generation-database",
+            "none",
+            "--no-color",
         ],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     summary = result.stdout[-3000:]
     assert result.returncode == 0, summary

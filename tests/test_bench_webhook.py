@@ -1,4 +1,5 @@
 """bench.webhook runs end to end and prints exactly one JSON object with --json (no speed asserted here)."""
+
 import json
 import os
 import subprocess
@@ -12,7 +13,12 @@ def test_webhook_benchmark_prints_one_json_object():
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
     done = subprocess.run(
         [sys.executable, "-m", "bench.webhook", "--updates", "20", "--users", "5", "--json"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout

@@ -4,6 +4,7 @@ Needs Debian's `chromium` and `chromium-driver` (found on PATH, or CHROMIUM_BINA
 Skipped when they are missing, unless ENGRAM_REQUIRE_BROWSER=1 (CI), where a missing browser fails.
 Screenshots of every tab (and of a thread's checkpoints) go to test-artifacts/ at the repository root (git-ignored).
 """
+
 import os
 import shutil
 from pathlib import Path
@@ -16,8 +17,15 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = os.environ.get("CHROMIUM_BINARY") or shutil.which("chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-dev-shm-usage", "--window-size=1400,1000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
 ]
 PASSWORD = "a long operator password"
 
@@ -60,7 +68,9 @@ def log_in(browser, live_server):
     assert browser.find_element(By.CSS_SELECTOR, "a.active[role=tab]").text == "Facts"
 
 
-def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, operator, service, user_factory, demo_workflow):
+def test_log_in_open_every_tab_and_delete_three_facts(
+    browser, live_server, operator, service, user_factory, demo_workflow
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -74,14 +84,19 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
     service.save_procedure("weather", trigger_conditions={"goal_contains": ["weather"]})
     from workflows.runtime import run_workflow
 
-    thread_id = run_workflow(demo_workflow, {"type": "chat", "payload": {"user_id": "bea", "message": "hello"}}).thread_id
+    thread_id = run_workflow(
+        demo_workflow, {"type": "chat", "payload": {"user_id": "bea", "message": "hello"}}
+    ).thread_id
 
     log_in(browser, live_server)
     ARTIFACTS.mkdir(exist_ok=True)
     labels = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "a[role=tab]")]
     assert labels == ["Facts", "Episodes", "Checkpoints", "Procedures", "Users", "Deletions"]
     expected_text = {
-        "Facts": "note_0", "Episodes": "booked a table", "Checkpoints": thread_id, "Procedures": "weather",
+        "Facts": "note_0",
+        "Episodes": "booked a table",
+        "Checkpoints": thread_id,
+        "Procedures": "weather",
         "Users": "ann@example.org",
     }
     for label in labels:
@@ -112,7 +127,9 @@ def test_log_in_open_every_tab_and_delete_three_facts(browser, live_server, oper
     question = WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "delete-question")))
     assert "Delete these 3 facts?" in question.text
     whose = ann.display_name or ann.canonical_id  # the confirmation names the person, not only user:<id>
-    assert set(browser.find_element(By.ID, "delete-sample").text.split("\n")) == {f"{k} (user:{ann.pk}) — {whose}" for k in doomed}
+    assert set(browser.find_element(By.ID, "delete-sample").text.split("\n")) == {
+        f"{k} (user:{ann.pk}) — {whose}" for k in doomed
+    }
     browser.save_screenshot(str(ARTIFACTS / "memories-delete-confirmation.png"))
     assert Fact.objects.count() == 6  # nothing deleted before the confirmation
     browser.find_element(By.ID, "confirm-delete").click()

@@ -1,4 +1,5 @@
 """Consolidation: episodes become facts with provenance, by the built-in rules or a LangChain chat model."""
+
 import json
 
 import pytest
@@ -124,12 +125,26 @@ def test_service_consolidate_is_the_same_run(service, finished_episode):
 
 def test_llm_extractor_with_a_json_answering_model(service, user_factory, finished_episode):
     ada = user_factory("ada")
-    episode = finished_episode(("user", "I moved to Lisbon last month, and I'd rather get answers in Portuguese."), user=ada)
+    episode = finished_episode(
+        ("user", "I moved to Lisbon last month, and I'd rather get answers in Portuguese."), user=ada
+    )
     answer = {
         "facts": [
             {"key": "home_city", "value": "Lisbon", "fact_type": "user_preference", "confidence": 0.9, "scope": "user"},
-            {"key": "reply_language", "value": "pt", "fact_type": "user_preference", "confidence": 0.7, "scope": "user"},
-            {"key": "lisbon_is_in", "value": "Portugal", "fact_type": "world_knowledge", "confidence": 1.0, "scope": "global"},
+            {
+                "key": "reply_language",
+                "value": "pt",
+                "fact_type": "user_preference",
+                "confidence": 0.7,
+                "scope": "user",
+            },
+            {
+                "key": "lisbon_is_in",
+                "value": "Portugal",
+                "fact_type": "world_knowledge",
+                "confidence": 1.0,
+                "scope": "global",
+            },
         ]
     }
     model = FakeListChatModel(responses=["```json\n" + json.dumps(answer) + "\n```"])
@@ -153,9 +168,21 @@ class ToolCallingFakeChatModel(GenericFakeChatModel):
 def test_llm_extractor_with_structured_output(service, user_factory, finished_episode):
     ada = user_factory("ada")
     episode = finished_episode(("user", "call me Ada please"), user=ada)
-    call = {"name": "ExtractedFacts", "id": "call-1", "args": {"facts": [
-        {"key": "preferred_name", "value": "Ada", "fact_type": "user_preference", "confidence": 0.95, "scope": "user"},
-    ]}}
+    call = {
+        "name": "ExtractedFacts",
+        "id": "call-1",
+        "args": {
+            "facts": [
+                {
+                    "key": "preferred_name",
+                    "value": "Ada",
+                    "fact_type": "user_preference",
+                    "confidence": 0.95,
+                    "scope": "user",
+                },
+            ]
+        },
+    }
     model = ToolCallingFakeChatModel(messages=iter([AIMessage(content="", tool_calls=[call])]))
     extractor = LLMExtractor(model)
     assert extractor.structured is not None
@@ -166,19 +193,22 @@ def test_llm_extractor_with_structured_output(service, user_factory, finished_ep
 
 def test_a_scope_without_its_owner_falls_back_to_the_episodes_owner(service, finished_episode):
     finished_episode(("user", "hi"))  # no user, no session
-    answer = {"facts": [{"key": "likes", "value": "tea", "fact_type": "user_preference", "confidence": 0.5, "scope": "user"}]}
+    answer = {
+        "facts": [{"key": "likes", "value": "tea", "fact_type": "user_preference", "confidence": 0.5, "scope": "user"}]
+    }
     MemoryService().consolidate(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
     fact = Fact.objects.get(key="likes")
     assert (fact.scope, fact.agent_id) == ("agent", AGENT)
 
 
 def test_the_llm_extractor_comes_from_settings(service, finished_episode, settings):
-    settings.MEMORY = {**settings.MEMORY,
+    settings.MEMORY = {
+        **settings.MEMORY,
         "CONSOLIDATION": {
             "EXTRACTOR": "memory.consolidation.LLMExtractor",
             "MODEL": "langchain_core.language_models.fake_chat_models.FakeListChatModel",
             "MODEL_KWARGS": {"responses": ['{"facts": []}']},
-        }
+        },
     }
     episode = finished_episode(("user", "nothing to keep"))
     report = MemoryService().consolidate()
@@ -237,10 +267,12 @@ def test_an_answer_off_the_schema_fails_that_episode(service, finished_episode, 
 
 def test_a_fact_that_cannot_be_stored_rolls_back_the_whole_episode(service, finished_episode):
     episode = finished_episode(("user", "two facts"))
-    answer = {"facts": [
-        {"key": "good", "value": "kept?", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
-        {"key": "  ", "value": "blank key", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
-    ]}
+    answer = {
+        "facts": [
+            {"key": "good", "value": "kept?", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
+            {"key": "  ", "value": "blank key", "fact_type": "world_knowledge", "confidence": 0.5, "scope": "agent"},
+        ]
+    }
     report = MemoryService().consolidate(extractor=LLMExtractor(FakeListChatModel(responses=[json.dumps(answer)])))
     assert "key: must not be empty" in report.failed[episode.pk]
     assert Fact.objects.count() == 0  # the good fact was rolled back with the bad one
@@ -259,9 +291,13 @@ def test_a_missing_model_setting_is_reported_not_raised(service, finished_episod
 
 def test_an_episode_consolidated_meanwhile_is_not_stored_twice(service, finished_episode):
     episode = finished_episode(("user", "My pin is 1."))
-    writes = service.store_consolidated_facts(episode.pk, [{"key": "pin", "value": "1", "scope": "agent", "agent_id": AGENT}])
+    writes = service.store_consolidated_facts(
+        episode.pk, [{"key": "pin", "value": "1", "scope": "agent", "agent_id": AGENT}]
+    )
     assert [w.action for w in writes] == ["created"]
-    again = service.store_consolidated_facts(episode.pk, [{"key": "pin", "value": "1", "scope": "agent", "agent_id": AGENT}])
+    again = service.store_consolidated_facts(
+        episode.pk, [{"key": "pin", "value": "1", "scope": "agent", "agent_id": AGENT}]
+    )
     assert again is None
     assert Fact.objects.get(key="pin").times_confirmed == 0  # the second attempt was rolled back
 

@@ -5,6 +5,7 @@ The person talks to the demo workflow (a thread with checkpoints, facts, episode
 `memory verify-erasure` must find nothing, and on SQLite neither may a byte search of the database
 files and their WAL. Transactional: the deletion must really commit, and the files really be written.
 """
+
 import io
 import json
 from pathlib import Path
@@ -43,8 +44,19 @@ def person(demo_workflow, service):
 
 
 def verify(person):
-    args = [NAME, "chat:zq", "zelda@example.org", "--user-id", str(person["id"]), "--user-id", str(person["alias"]),
-            "--text", SECRET, "--text", "Quartermain"]
+    args = [
+        NAME,
+        "chat:zq",
+        "zelda@example.org",
+        "--user-id",
+        str(person["id"]),
+        "--user-id",
+        str(person["alias"]),
+        "--text",
+        SECRET,
+        "--text",
+        "Quartermain",
+    ]
     out = io.StringIO()
     call_command("memory", "verify-erasure", *args, stdout=out)
     return out.getvalue()
@@ -72,7 +84,9 @@ def test_forget_a_person_leaves_no_trace(person, admin_client):
             assert STEM not in data and SECRET.encode() not in data and b"zelda@example.org" not in data, path.name
     [record] = DeletionRecord.objects.all()
     assert record.actor == "api:admin" and record.kind == "memory users" and record.ids == [person["id"]]
-    assert "quartermain" not in json.dumps({"ids": record.ids, "cascaded": record.cascaded, "actor": record.actor}).lower()
+    assert (
+        "quartermain" not in json.dumps({"ids": record.ids, "cascaded": record.cascaded, "actor": record.actor}).lower()
+    )
 
 
 def test_verify_erasure_finds_a_planted_trace(person, service):
@@ -88,8 +102,9 @@ def test_deleting_a_person_in_the_admin_keeps_their_name_out_of_the_admin_log(pe
     from django.contrib.admin.models import LogEntry
 
     change = f"/memories/memory/memoryuser/{person['id']}/change/"
-    assert admin_client.post(change, {"display_name": NAME + " II", "identities-TOTAL_FORMS": "0",
-                                      "identities-INITIAL_FORMS": "0"}).status_code in (200, 302)
+    assert admin_client.post(
+        change, {"display_name": NAME + " II", "identities-TOTAL_FORMS": "0", "identities-INITIAL_FORMS": "0"}
+    ).status_code in (200, 302)
     assert not LogEntry.objects.filter(object_repr__icontains="quartermain").exists()
     delete = f"/memories/memory/memoryuser/{person['id']}/delete/"
     assert admin_client.post(delete, {"post": "yes"}).status_code == 302

@@ -5,6 +5,7 @@ goes on without a user, and the agent's `remember` tool used to store the user's
 own (`agent:<id>`), which the agent then told every other user; the run's episode, stored without a
 user, was recalled for other users too.
 """
+
 import pytest
 from django.utils import timezone
 from langchain_core.messages import AIMessage
@@ -25,7 +26,9 @@ def unidentifiable(service, name):
 
 
 def remember_call(key, value):
-    return AIMessage("", tool_calls=[{"name": "remember", "args": {"key": key, "value": value}, "id": "r1", "type": "tool_call"}])
+    return AIMessage(
+        "", tool_calls=[{"name": "remember", "args": {"key": key, "value": value}, "id": "r1", "type": "tool_call"}]
+    )
 
 
 @TOOLS_RUN_IN_WORKER_THREADS
@@ -34,7 +37,9 @@ def test_remember_tool_refuses_when_the_user_could_not_be_identified(service, fa
     fake_model([remember_call("door_code", "4711-victim"), AIMessage("Noted.")])
     workflow = make_workflow()
     episodes = Episode.objects.count()
-    result = run_workflow(workflow, {"type": "chat", "payload": {"user_id": "victim", "message": "my door code is 4711-victim"}})
+    result = run_workflow(
+        workflow, {"type": "chat", "payload": {"user_id": "victim", "message": "my door code is 4711-victim"}}
+    )
     assert result.user is None and result.state["identity_failed"] is True
     assert not Fact.objects.filter(key="door_code").exists()  # not as the agent's, not anywhere
     [action] = result.state["actions"]  # what the tool told the model: an error, not "Remembered"
@@ -68,7 +73,9 @@ def test_remember_node_stores_nothing_after_a_failed_identification(scope):
     }
     update = remember(state)
     assert update["episode_id"] is None
-    assert update["remembered"][0]["action"] == "failed" and "could not be identified" in update["remembered"][0]["error"]
+    assert (
+        update["remembered"][0]["action"] == "failed" and "could not be identified" in update["remembered"][0]["error"]
+    )
     assert update["memory_errors"]
     assert not Fact.objects.exists() and not Episode.objects.exists()
 
@@ -76,8 +83,14 @@ def test_remember_node_stores_nothing_after_a_failed_identification(scope):
 @pytest.mark.django_db
 def test_remember_node_can_be_told_to_store_without_a_user():
     remember = build_remember({"store_without_user": True}, CTX)
-    update = remember({"user": None, "identity_failed": True, "messages": [],
-                       "facts_to_remember": [{"key": "opening", "value": "9", "scope": "agent"}]})
+    update = remember(
+        {
+            "user": None,
+            "identity_failed": True,
+            "messages": [],
+            "facts_to_remember": [{"key": "opening", "value": "9", "scope": "agent"}],
+        }
+    )
     assert update["remembered"][0]["action"] == "created"
     assert Fact.objects.get(key="opening").scope_key == "agent:demo"
 
@@ -85,10 +98,20 @@ def test_remember_node_can_be_told_to_store_without_a_user():
 @pytest.mark.django_db
 def test_an_episode_without_a_user_is_never_recalled_for_a_user(service, user_factory, client, admin_client):
     reader = user_factory()
-    ownerless = service.record_episode(started_at=timezone.now(), agent_id="demo", success=False,
-                           conversation=[{"role": "user", "content": "my bank pin is 9931"}], summary="bank pin 9931")
-    mine = service.record_episode(started_at=timezone.now(), agent_id="demo", user_id=reader.pk, success=True,
-                                  summary="asked about the bank opening hours")
+    ownerless = service.record_episode(
+        started_at=timezone.now(),
+        agent_id="demo",
+        success=False,
+        conversation=[{"role": "user", "content": "my bank pin is 9931"}],
+        summary="bank pin 9931",
+    )
+    mine = service.record_episode(
+        started_at=timezone.now(),
+        agent_id="demo",
+        user_id=reader.pk,
+        success=True,
+        summary="asked about the bank opening hours",
+    )
     as_user = service.recall("bank pin", agent_id="demo", user_id=reader.pk, types=("episodes",), mode="keyword")
     assert [h.id for h in as_user] == [mine.pk]
     as_agent = service.recall("bank pin", agent_id="demo", types=("episodes",), mode="keyword")
@@ -100,7 +123,9 @@ def test_an_episode_without_a_user_is_never_recalled_for_a_user(service, user_fa
 @pytest.mark.django_db
 def test_a_long_display_name_does_not_keep_a_person_from_being_identified():
     workflow = make_workflow(slug="plain")
-    result = run_workflow(workflow, {"type": "chat", "payload": {"user_id": "long", "display_name": "N" * 500, "message": "hi"}})
+    result = run_workflow(
+        workflow, {"type": "chat", "payload": {"user_id": "long", "display_name": "N" * 500, "message": "hi"}}
+    )
     assert result.user is not None and not result.state.get("identity_failed")
     assert len(result.user["display_name"]) == 200
 
@@ -110,7 +135,9 @@ def test_a_nul_the_model_wrote_is_refused_by_the_tool_and_the_episode_is_still_r
     """The tool refuses the NUL (an error tool message), and the run's record keeps what happened,
     with the unstorable character replaced, instead of losing the episode to it."""
     fake_model([remember_call("pin", "12\x0034"), AIMessage("Noted.")])
-    result = run_workflow(make_workflow(slug="nul"), {"type": "chat", "payload": {"user_id": "nul", "message": "my pin"}})
+    result = run_workflow(
+        make_workflow(slug="nul"), {"type": "chat", "payload": {"user_id": "nul", "message": "my pin"}}
+    )
     [action] = result.state["actions"]
     assert action["status"] == "error" and "NUL" in action["result"]
     episode = Episode.objects.get(pk=result.episode_id)

@@ -1,4 +1,5 @@
 """Memory health (five metrics, score, colour band) and GET /healthz."""
+
 from datetime import timedelta
 
 import pytest
@@ -50,13 +51,18 @@ def test_stale_unconsolidated_memory_is_red(service):
     episode = service.start_episode(agent_id="bot")
     service.complete_episode(episode.pk, success=True)
     fact = service.set_fact("old", "news").fact
-    Fact.objects.filter(pk=fact.pk).update(updated_at=timezone.now() - timedelta(days=365), created_at=timezone.now() - timedelta(days=365))
+    Fact.objects.filter(pk=fact.pk).update(
+        updated_at=timezone.now() - timedelta(days=365), created_at=timezone.now() - timedelta(days=365)
+    )
     report = service.memory_health()
     assert report.metrics["freshness"] < 1 and report.metrics["coverage"] == 0
     assert report.band == "red"
 
 
-@pytest.mark.parametrize("score, band", [(None, "unknown"), (0, "red"), (49.9, "red"), (50, "yellow"), (74.9, "yellow"), (75, "green"), (100, "green")])
+@pytest.mark.parametrize(
+    "score, band",
+    [(None, "unknown"), (0, "red"), (49.9, "red"), (50, "yellow"), (74.9, "yellow"), (75, "green"), (100, "green")],
+)
 def test_bands(score, band):
     assert health.band_of(score) == band
 
@@ -100,7 +106,10 @@ def test_healthz_reports_the_last_consolidation(client, service):
     run = service.consolidate()
     body = client.get("/healthz").json()
     assert body["last_consolidation"] == {
-        "finished_at": run.finished_at.isoformat(), "ok": True, "episodes_processed": 1, "episodes_failed": 0,
+        "finished_at": run.finished_at.isoformat(),
+        "ok": True,
+        "episodes_processed": 1,
+        "episodes_failed": 0,
     }
 
 

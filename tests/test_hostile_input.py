@@ -6,6 +6,7 @@ token, the demo workflow and a Telegram webhook secret. The inputs are the ones 
 an earlier version (each answered 500 then) and their kin. The server's log is read at the end: no
 traceback may be in it.
 """
+
 import json
 import os
 import socket
@@ -77,16 +78,33 @@ def server(tmp_path_factory, django_db_blocker):
         env["DATABASE_URL"] = f"sqlite:///{data}/hostile.sqlite3"
     manage = [sys.executable, str(REPO / "manage.py")]
     subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, cwd=REPO, check=True, capture_output=True)
-    token = subprocess.run(
-        [*manage, "shell", "-v", "0", "-c", SETUP], env=env, cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip().splitlines()[-1]
+    token = (
+        subprocess.run(
+            [*manage, "shell", "-v", "0", "-c", SETUP], env=env, cwd=REPO, check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = _free_port()
     log = data / "server.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--workers", "2", "--threads", "2", "--bind", f"127.0.0.1:{port}",
-             "config.wsgi:application"],
-            env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--workers",
+                "2",
+                "--threads",
+                "2",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "config.wsgi:application",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -192,8 +210,15 @@ def test_a_body_over_the_upload_limit_is_a_json_413(api):
 
 
 def telegram(text=None, **parts):
-    update = {"update_id": 900, "message": {"message_id": 1, "from": {"id": 501, "first_name": "Eve"},
-                                            "chat": {"id": 501, "type": "private"}, "text": text or "hello"}}
+    update = {
+        "update_id": 900,
+        "message": {
+            "message_id": 1,
+            "from": {"id": 501, "first_name": "Eve"},
+            "chat": {"id": 501, "type": "private"},
+            "text": text or "hello",
+        },
+    }
     update.update(parts)
     return update
 
@@ -201,11 +226,17 @@ def telegram(text=None, **parts):
 WEBHOOK = [
     DEEP,
     json.dumps(telegram(update_id=2**70)),
-    json.dumps({"update_id": 903, "callback_query": {"id": "c", "from": {"id": 501}, "data": "x", "message": "not a message"}}),
-    json.dumps({"update_id": 901, "message": {"from": {"id": 501}, "chat": {"id": 501, "type": ["private"]}, "text": "hi"}}),
+    json.dumps(
+        {"update_id": 903, "callback_query": {"id": "c", "from": {"id": 501}, "data": "x", "message": "not a message"}}
+    ),
+    json.dumps(
+        {"update_id": 901, "message": {"from": {"id": 501}, "chat": {"id": 501, "type": ["private"]}, "text": "hi"}}
+    ),
     json.dumps(telegram()).replace('"hello"', '"hi \\ud800"'),
     json.dumps(telegram()).replace('"hello"', '"a\\u0000b"'),
-    json.dumps({"update_id": 902, "message": {"from": {"id": 501, "first_name": {"x": 1}}, "chat": "501", "text": "hi"}}),
+    json.dumps(
+        {"update_id": 902, "message": {"from": {"id": 501, "first_name": {"x": 1}}, "chat": "501", "text": "hi"}}
+    ),
     "not json at all",
 ]
 
@@ -213,15 +244,20 @@ WEBHOOK = [
 @pytest.mark.parametrize("text", WEBHOOK)
 def test_hostile_telegram_updates_are_acknowledged_as_rejected(server, text):
     url, _, _ = server
-    response = httpx.post(f"{url}/telegram/demo/webhook/", content=text.encode(),
-                          headers={"X-Telegram-Bot-Api-Secret-Token": SECRET, "Content-Type": "application/json"})
+    response = httpx.post(
+        f"{url}/telegram/demo/webhook/",
+        content=text.encode(),
+        headers={"X-Telegram-Bot-Api-Secret-Token": SECRET, "Content-Type": "application/json"},
+    )
     assert response.status_code == 200, response.text[:500]  # acknowledged: Telegram must not retry it forever
     assert response.json()["status"] == "rejected" and response.json()["errors"]
 
 
 def test_unknown_webhook_slug_is_a_json_404(server):
     url, _, _ = server
-    response = httpx.post(f"{url}/telegram/no.such/webhook/", json=telegram(), headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
+    response = httpx.post(
+        f"{url}/telegram/no.such/webhook/", json=telegram(), headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    )
     assert response.status_code == 404 and response.headers["content-type"].startswith("application/json")
 
 

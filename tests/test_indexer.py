@@ -2,6 +2,7 @@
 
 Transactional tests: the worker embeds only what has committed, on its own connection.
 """
+
 import os
 import signal
 import subprocess
@@ -55,8 +56,13 @@ def test_no_write_path_calls_the_model_inside_a_transaction(settings, service, u
     episode = service.start_episode(agent_id="bot", user_id=user.pk)
     service.add_message(episode.pk, "user", "I booked a table for two")
     service.complete_episode(episode.pk, success=True, summary="booked a table")
-    service.record_episode(started_at=timezone.now(), agent_id="bot", user_id=user.pk, success=True,
-                           conversation=[{"role": "user", "content": "the dentist is on friday"}])
+    service.record_episode(
+        started_at=timezone.now(),
+        agent_id="bot",
+        user_id=user.pk,
+        success=True,
+        conversation=[{"role": "user", "content": "the dentist is on friday"}],
+    )
     service.save_procedure("weather", description="ask for the city first")
     assert service.wait_for_vectors(timeout=30)
     assert emb.calls_in_transaction == []
@@ -129,8 +135,15 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
         "DATABASE_URL": database_url(),
         "ENGRAM_DATA_DIR": str(tmp_path),
     }
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER], env=env, cwd=REPO, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER],
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "committed", proc.stderr.read()
         time.sleep(0.3)  # the worker is inside the model call

@@ -1,4 +1,5 @@
 """`manage.py memory`: each subcommand through call_command, as tables and as JSON."""
+
 import io
 import json
 
@@ -45,7 +46,9 @@ def test_list_facts_as_a_table_and_as_json(store):
     assert run_json("list", "--limit", "1")["count"] == 1
 
 
-@pytest.mark.parametrize("kind, expected", [("episodes", "talked tea"), ("procedures", "weather"), ("users", "test:ada")])
+@pytest.mark.parametrize(
+    "kind, expected", [("episodes", "talked tea"), ("procedures", "weather"), ("users", "test:ada")]
+)
 def test_list_other_types(store, kind, expected):
     out, _ = run("list", "--type", kind)
     assert expected in out
@@ -74,7 +77,12 @@ def test_consolidate_then_stats_and_health(store):
     assert run_json("stats")["last_consolidation"]["episodes_processed"] == 1
     health = run_json("health")
     assert health["band"] in {"green", "yellow", "red"} and set(health["metrics"]) == {
-        "freshness", "coverage", "coherence", "efficiency", "reachability"}
+        "freshness",
+        "coverage",
+        "coherence",
+        "efficiency",
+        "reachability",
+    }
     out, _ = run("health")
     assert "Memory health" in out and "coverage" in out
 

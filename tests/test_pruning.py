@@ -1,4 +1,5 @@
 """Limits and pruning: writes that cross a limit evict the least valuable rows; `prune` catches up; SQLite shrinks."""
+
 from datetime import timedelta
 
 import pytest

@@ -4,6 +4,7 @@ Vector and hybrid modes run with LangChain's DeterministicFakeEmbedding (a hash 
 each vector: equal texts, equal vectors), so they need no model; tests/test_recall_local_model.py
 covers the real local model when the `embeddings` extra is installed.
 """
+
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -99,7 +100,9 @@ def test_recall_finds_facts_episodes_and_procedures(service, user_factory, keywo
 
 def test_keyword_recall_ranks_the_better_match_first(service, keyword_only):
     service.set_fact("a", "the harbour ferry leaves at noon", scope="agent", agent_id="bot")
-    service.set_fact("b", "the ferry timetable changes in winter, ferry tickets cost more", scope="agent", agent_id="bot")
+    service.set_fact(
+        "b", "the ferry timetable changes in winter, ferry tickets cost more", scope="agent", agent_id="bot"
+    )
     service.set_fact("c", "lunch is at noon", scope="agent", agent_id="bot")
     hits = service.recall("ferry timetable", agent_id="bot")
     assert [h.item.key for h in hits] == ["b", "a"]
@@ -168,7 +171,9 @@ def test_episode_visibility_follows_agent_and_user(service, user_factory, mode):
     episode("nobody's")
 
     def seen(**viewer):
-        return sorted(h.text.split("colour ")[1] for h in service.recall("colour", mode=mode, types=["episodes"], **viewer))
+        return sorted(
+            h.text.split("colour ")[1] for h in service.recall("colour", mode=mode, types=["episodes"], **viewer)
+        )
 
     # A person sees only their own episodes: one without a person may hold anyone's words.
     assert seen(agent_id="a1", user_id=u1.pk) == ["a1 with u1", "u1 alone"]
@@ -215,7 +220,9 @@ def test_updating_a_fact_updates_both_indexes(service, fake_embedder):
     doc.refresh_from_db()
     assert fts_rows("espresso") == [] and fts_rows("matcha") == [doc.pk]
     assert doc.embedding is not None and bytes(doc.embedding) != first_vector
-    assert [h.item.key for h in service.recall("world knowledge drink matcha", agent_id="bot", mode="vector", limit=1)] == ["drink"]
+    assert [
+        h.item.key for h in service.recall("world knowledge drink matcha", agent_id="bot", mode="vector", limit=1)
+    ] == ["drink"]
     assert service.recall("espresso", agent_id="bot", mode="keyword").hits == []
 
 
@@ -291,7 +298,10 @@ def test_a_recorded_run_is_embedded_in_its_own_transaction(service, fake_embedde
     # record_episode is how workflow runs store their episode: it must be found by vector too.
     started = timezone.now()
     episode = service.record_episode(
-        started_at=started, agent_id="bot", success=True, summary="booked a table for two",
+        started_at=started,
+        agent_id="bot",
+        success=True,
+        summary="booked a table for two",
         conversation=[{"role": "user", "content": "book a table"}],
     )
     doc = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
@@ -466,7 +476,12 @@ def test_both_keyword_plans_find_the_same(service, user_factory, keyword_only, m
     u1, u2 = _fill_owners(service, user_factory)
     for i in range(20):
         service.set_fact(f"more_{i}", f"colour extra {i}", scope="agent", agent_id="a2")
-    assert _keys(service, "keyword", agent_id="a1", user_id=u1.pk, session_id="s1") == ["k_a1", "k_global", "k_s1", "k_u1"]
+    assert _keys(service, "keyword", agent_id="a1", user_id=u1.pk, session_id="s1") == [
+        "k_a1",
+        "k_global",
+        "k_s1",
+        "k_u1",
+    ]
 
 
 def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only):

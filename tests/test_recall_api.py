@@ -1,4 +1,5 @@
 """GET /api/v1/recall/ (staff), GET /healthz, and `manage.py memory reindex`."""
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
@@ -28,7 +29,10 @@ def test_recall_endpoint_returns_ranked_hits(staff_client, service, user_factory
     assert body["mode"] == "keyword" and body["count"] == 1 and body["query"] == "espresso"
     hit = body["results"][0]
     assert (hit["kind"], hit["text"], hit["item"]["key"], hit["item"]["value"]) == (
-        "fact", "drink: espresso doppio", "drink", "espresso doppio"
+        "fact",
+        "drink: espresso doppio",
+        "drink",
+        "espresso doppio",
     )
     recall_log.flush()  # the request's end flushed it already; nothing left
     assert RecallEvent.objects.count() == 1

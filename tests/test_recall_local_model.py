@@ -1,4 +1,5 @@
 """Hybrid recall with the bundled all-MiniLM-L6-v2 (the `embeddings` extra); skipped when it is not installed."""
+
 import random
 
 import pytest
@@ -13,10 +14,22 @@ from memory.vectors import reset_vector_index  # noqa: E402
 
 PEOPLE = ["Maya", "Tom", "Priya", "Lukas", "Aiko", "Omar", "Sofia", "Jonas"]
 DOINGS = [
-    "went hiking along the river", "baked sourdough bread", "watched a football match", "planted tomatoes",
-    "visited the aquarium", "painted a watercolour of the harbour", "ran a half marathon", "adopted a kitten",
-    "fixed a flat bicycle tyre", "played chess at the park", "cooked a spicy curry", "read a mystery novel",
-    "went skiing in the alps", "knitted a wool scarf", "flew a kite on the beach", "tuned the old piano",
+    "went hiking along the river",
+    "baked sourdough bread",
+    "watched a football match",
+    "planted tomatoes",
+    "visited the aquarium",
+    "painted a watercolour of the harbour",
+    "ran a half marathon",
+    "adopted a kitten",
+    "fixed a flat bicycle tyre",
+    "played chess at the park",
+    "cooked a spicy curry",
+    "read a mystery novel",
+    "went skiing in the alps",
+    "knitted a wool scarf",
+    "flew a kite on the beach",
+    "tuned the old piano",
 ]
 WHEN = ["on Sunday", "last spring", "after work", "during the holidays", "this morning", "with friends"]
 
@@ -38,7 +51,9 @@ def local_model(settings):
 def thousand_memories(service, local_model):
     """1,000 unrelated agent facts, written in bulk, then embedded by `reindex_recall --missing`."""
     Fact.objects.bulk_create(
-        Fact(key=f"note_{i}", value=text, scope="agent", agent_id="bot", search_text=fact_search_text(f"note_{i}", text))
+        Fact(
+            key=f"note_{i}", value=text, scope="agent", agent_id="bot", search_text=fact_search_text(f"note_{i}", text)
+        )
         for i, text in enumerate(unrelated(1000))
     )
     service.reindex_recall(missing_only=True)
@@ -48,7 +63,10 @@ def test_the_local_model_is_used_and_recorded(service, local_model):
     assert service.recall_mode() == "hybrid"
     assert (local_model.model, local_model.dimension) == (LOCAL_MODEL_ID, 384)
     service.set_fact("x", "y", scope="global")
-    assert (EmbeddingModelRecord.objects.get().model, EmbeddingModelRecord.objects.get().dimension) == (LOCAL_MODEL_ID, 384)
+    assert (EmbeddingModelRecord.objects.get().model, EmbeddingModelRecord.objects.get().dimension) == (
+        LOCAL_MODEL_ID,
+        384,
+    )
 
 
 def test_database_decision_finds_the_postgresql_decision(service, user_factory, thousand_memories):

@@ -1,4 +1,5 @@
 """The in-process vector index: exact scan, sign-bit shortlist with exact rerank, updates and removals."""
+
 import numpy as np
 
 from memory.embeddings import to_blob

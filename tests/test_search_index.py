@@ -1,5 +1,6 @@
 """SQLite's FTS5 indexes take changes through deltas (migrations 0007, 0008): searches and recalls see
 every change at once, and an index, once caught up, holds exactly the current text and owners."""
+
 import random
 
 import pytest

@@ -1,4 +1,5 @@
 """Episodes through MemoryService: start, messages, actions, completion, lookups."""
+
 import datetime
 
 import pytest
@@ -13,7 +14,11 @@ pytestmark = pytest.mark.django_db
 def test_start_episode(service, user_factory):
     ann = user_factory()
     episode = service.start_episode(
-        agent_id=" planner ", user_id=ann.pk, session_id="s1", workflow="support", trigger_type="telegram",
+        agent_id=" planner ",
+        user_id=ann.pk,
+        session_id="s1",
+        workflow="support",
+        trigger_type="telegram",
         trigger_input={"text": "hi"},
     )
     stored = Episode.objects.get(pk=episode.pk)
@@ -86,9 +91,11 @@ def test_start_episode_for_unknown_user(service):
 
 
 def snapshot(episode_id):
-    return Episode.objects.filter(pk=episode_id).values(
-        "conversation", "actions", "success", "ended_at", "duration_ms", "final_output", "error", "summary"
-    ).get()
+    return (
+        Episode.objects.filter(pk=episode_id)
+        .values("conversation", "actions", "success", "ended_at", "duration_ms", "final_output", "error", "summary")
+        .get()
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 """Facts through MemoryService: scopes, search, write accounting, access counts, validation, constraints."""
+
 import itertools
 import math
 
@@ -146,7 +147,15 @@ def test_user_fact_shadows_global_fact_in_search(service, user_factory):
 
 @pytest.mark.parametrize(
     "query",
-    ["local time", "local-time", "local_time", "LOCAL TIME", "time local", "  local   time ", "lesson_local_time_command"],
+    [
+        "local time",
+        "local-time",
+        "local_time",
+        "LOCAL TIME",
+        "time local",
+        "  local   time ",
+        "lesson_local_time_command",
+    ],
 )
 def test_search_treats_spaces_underscores_and_hyphens_alike(service, query):
     service.set_fact("lesson_local_time_command", "run `date` to print the clock")
@@ -305,8 +314,13 @@ def fill_large_store(user):
     from memory.text import fact_search_text
 
     rows = [
-        Fact(key=f"item_{i:04d}", value=f"common thing {i}", scope="global", confidence=i / LARGE,
-             search_text=fact_search_text(f"item_{i:04d}", f"common thing {i}"))
+        Fact(
+            key=f"item_{i:04d}",
+            value=f"common thing {i}",
+            scope="global",
+            confidence=i / LARGE,
+            search_text=fact_search_text(f"item_{i:04d}", f"common thing {i}"),
+        )
         for i in range(LARGE)
     ]
     Fact.objects.bulk_create(rows, batch_size=500)
@@ -321,7 +335,11 @@ def test_search_on_a_large_store(service, user_factory):
     service.set_fact("item_secret", "common secret of v", scope="user", user_id=v.pk, confidence=1.0)
 
     found = service.search_facts("common", user_id=u.pk, limit=3)
-    assert [(f.key, f.scope) for f in found] == [("item_2098", "global"), ("item_2097", "global"), ("item_2096", "global")]
+    assert [(f.key, f.scope) for f in found] == [
+        ("item_2098", "global"),
+        ("item_2097", "global"),
+        ("item_2096", "global"),
+    ]
     found = service.search_facts("common", user_id=v.pk, limit=2)
     assert [f.key for f in found] == ["item_secret", "item_2099"]
     found = service.search_facts("common", user_id=u.pk, limit=LARGE + 10)
@@ -347,15 +365,22 @@ def test_broad_search_returns_exactly_the_best_visible_facts(service, user_facto
     u, v = user_factory(), user_factory()
     fill_large_store(u)
     owners = [
-        {"scope": "session", "session_id": "s1"}, {"scope": "session", "session_id": "s2"},
-        {"scope": "user", "user_id": u.pk}, {"scope": "user", "user_id": v.pk},
-        {"scope": "agent", "agent_id": "a1"}, {"scope": "agent", "agent_id": "a2"}, {"scope": "global"},
+        {"scope": "session", "session_id": "s1"},
+        {"scope": "session", "session_id": "s2"},
+        {"scope": "user", "user_id": u.pk},
+        {"scope": "user", "user_id": v.pk},
+        {"scope": "agent", "agent_id": "a1"},
+        {"scope": "agent", "agent_id": "a2"},
+        {"scope": "global"},
     ]
     for i in range(300):
         # Keys overlap the global items, so specific facts shadow some of the most confident ones.
         key = f"item_{rng.choice([rng.randrange(2000, LARGE), rng.randrange(LARGE)])}" if i % 2 else f"own_{i}"
         service.set_fact(
-            key, f"common {i}", **rng.choice(owners), confidence=rng.choice([0.2, 0.5, 0.9, 0.95, 1.0]),
+            key,
+            f"common {i}",
+            **rng.choice(owners),
+            confidence=rng.choice([0.2, 0.5, 0.9, 0.95, 1.0]),
             fact_type=rng.choice(["world_knowledge", "user_preference"]),
         )
 
@@ -367,7 +392,8 @@ def test_broad_search_returns_exactly_the_best_visible_facts(service, user_facto
             if f.key not in winner or SCOPE_RANK[f.scope] < SCOPE_RANK[winner[f.key].scope]:
                 winner[f.key] = f
         kept = [
-            f for f in visible
+            f
+            for f in visible
             if winner[f.key] is f and f.confidence >= min_confidence and fact_type in (None, f.fact_type)
         ]
         kept.sort(key=lambda f: (-f.confidence, SCOPE_RANK[f.scope], -f.updated_at.timestamp(), f.id))
@@ -378,7 +404,12 @@ def test_broad_search_returns_exactly_the_best_visible_facts(service, user_facto
         {"agent_id": "a2", "user_id": v.pk, "session_id": ""},
         {"agent_id": "", "user_id": None, "session_id": "s2"},
     ]:
-        for limit, min_confidence, fact_type in [(1, 0.0, None), (7, 0.0, None), (25, 0.5, None), (12, 0.0, "user_preference")]:
+        for limit, min_confidence, fact_type in [
+            (1, 0.0, None),
+            (7, 0.0, None),
+            (25, 0.5, None),
+            (12, 0.0, "user_preference"),
+        ]:
             found = service.search_facts(
                 "common", **viewer, limit=limit, min_confidence=min_confidence, fact_type=fact_type
             )

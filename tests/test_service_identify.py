@@ -1,4 +1,5 @@
 """MemoryService calls made for workflows: identify, record_episode, delete_users (and users_deleting)."""
+
 from datetime import timedelta
 
 import pytest

@@ -1,4 +1,5 @@
 """Procedures through MemoryService: saving, lookup, matching, ranking and usage statistics."""
+
 import pytest
 
 from memory.exceptions import InvalidMemoryArgument, MemoryNotFound
@@ -11,16 +12,26 @@ WEATHER = {"goal_contains": ["Weather", "forecast"]}
 
 def test_save_creates_then_replaces_by_agent_and_name(service):
     first = service.save_procedure(
-        "weather_report", agent_id="planner", description="v1", trigger_conditions=WEATHER,
-        procedure_type="tool_sequence", content={"steps": ["geocode", "fetch"]},
+        "weather_report",
+        agent_id="planner",
+        description="v1",
+        trigger_conditions=WEATHER,
+        procedure_type="tool_sequence",
+        content={"steps": ["geocode", "fetch"]},
     )
     stored = Procedure.objects.get(pk=first.pk)
     assert stored.trigger_conditions == {"goal_contains": ["weather", "forecast"]}
-    assert (stored.description, stored.procedure_type, stored.content) == ("v1", "tool_sequence", {"steps": ["geocode", "fetch"]})
+    assert (stored.description, stored.procedure_type, stored.content) == (
+        "v1",
+        "tool_sequence",
+        {"steps": ["geocode", "fetch"]},
+    )
     assert stored.is_active and stored.source == "human"
 
     service.record_procedure_use(first.pk, success=True)
-    second = service.save_procedure("weather_report", agent_id="planner", description="v2", content={"steps": ["fetch"]})
+    second = service.save_procedure(
+        "weather_report", agent_id="planner", description="v2", content={"steps": ["fetch"]}
+    )
     assert second.pk == first.pk
     stored = Procedure.objects.get(pk=first.pk)
     assert (stored.description, stored.content, stored.trigger_conditions) == ("v2", {"steps": ["fetch"]}, {})

@@ -1,4 +1,5 @@
 """Memory users through MemoryService: identities, linking, merges, user context, conversation counts."""
+
 import datetime
 import threading
 import time
@@ -66,8 +67,15 @@ def test_a_channel_name_cannot_contain_the_canonical_id_separator(service):
 
 @pytest.mark.parametrize(
     "channel, external_id, field",
-    [("", "1", "channel"), ("  ", "1", "channel"), (None, "1", "channel"), ("telegram", "", "external_id"),
-     ("telegram", None, "external_id"), ("telegram", 1.5, "external_id"), ("c" * 51, "1", "channel")],
+    [
+        ("", "1", "channel"),
+        ("  ", "1", "channel"),
+        (None, "1", "channel"),
+        ("telegram", "", "external_id"),
+        ("telegram", None, "external_id"),
+        ("telegram", 1.5, "external_id"),
+        ("c" * 51, "1", "channel"),
+    ],
 )
 def test_get_or_create_user_bad_arguments(service, channel, external_id, field):
     with pytest.raises(InvalidMemoryArgument) as exc:
@@ -289,7 +297,9 @@ def test_merge_unknown_user(service, user_factory):
 def test_user_context(service, user_factory):
     ann = user_factory("ann", channel="telegram", display_name="Ann")
     service.link_identity(ann.pk, "email", "ann@example.org")
-    service.set_fact("language", "Portuguese", scope="user", user_id=ann.pk, fact_type="user_preference", confidence=0.9)
+    service.set_fact(
+        "language", "Portuguese", scope="user", user_id=ann.pk, fact_type="user_preference", confidence=0.9
+    )
     service.set_fact("employer", "ACME", scope="user", user_id=ann.pk, confidence=0.7)
     service.set_fact("global_fact", "not hers")
     episodes = [service.start_episode(agent_id="agent", user_id=ann.pk, trigger_type=f"t{i}") for i in range(3)]
@@ -421,7 +431,9 @@ def test_a_write_by_the_old_id_during_a_merge_lands_on_the_survivor(service, use
         if write == "fact":
             row = Fact.objects.get(pk=service.set_fact("late", "x", scope="user", user_id=a.pk).fact.pk)
         else:
-            row = Episode.objects.get(pk=service.record_episode(started_at=timezone.now(), user_id=a.pk, success=True).pk)
+            row = Episode.objects.get(
+                pk=service.record_episode(started_at=timezone.now(), user_id=a.pk, success=True).pk
+            )
         merging.join(timeout=30)
     finally:
         users_merged.disconnect(dispatch_uid="test-slow-merge")

@@ -1,4 +1,5 @@
 """The site: the root redirect and the /memories/ admin where staff browse what agents remember."""
+
 import logging
 
 import pytest

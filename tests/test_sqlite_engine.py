@@ -1,4 +1,5 @@
 """The SQLite engine queues this process's write transactions on one lock (memory/sqlite_engine/base.py)."""
+
 import threading
 import time
 

@@ -1,4 +1,5 @@
 """Export, clear and import: a round trip reproduces every row; a bad file is refused whole, naming line and field."""
+
 import io
 import json
 
@@ -16,8 +17,7 @@ def snapshot():
     """Every column of every memory row (generated and derived ones included), by table and id."""
     return {
         model.__name__: [
-            tuple(getattr(row, f.attname) for f in model._meta.concrete_fields)
-            for row in model.objects.order_by("pk")
+            tuple(getattr(row, f.attname) for f in model._meta.concrete_fields) for row in model.objects.order_by("pk")
         ]
         for model in MODELS
     }
@@ -33,8 +33,15 @@ def store(service, user_factory):
     service.add_action(episode.pk, {"tool": "recall", "result": ["nothing"]})
     service.complete_episode(episode.pk, success=True, final_output={"reply": "ok"}, summary="greeted")
     service.start_episode(agent_id="planner")  # still running
-    service.set_fact("favourite_colour", "green", scope="user", user_id=ada.pk, fact_type="user_preference",
-                     source_episode_id=episode.pk, provenance="consolidation")
+    service.set_fact(
+        "favourite_colour",
+        "green",
+        scope="user",
+        user_id=ada.pk,
+        fact_type="user_preference",
+        source_episode_id=episode.pk,
+        provenance="consolidation",
+    )
     service.set_fact("favourite_colour", "green", scope="user", user_id=ada.pk)  # confirmed
     service.set_fact("timezone", {"name": "Europe/Lisbon", "offset": 0}, scope="agent", agent_id="planner")
     service.set_fact("draft", ["a", 1, None, 2.5], scope="session", session_id="s1", confidence=0.35)
@@ -43,7 +50,9 @@ def store(service, user_factory):
     service.merge_users(old.pk, ada.pk)
     service.get_fact("office_city")
     service.flush_access_counts()
-    parent = service.save_procedure("weather", trigger_conditions={"goal_contains": ["weather"]}, content={"prompt": "city?"})
+    parent = service.save_procedure(
+        "weather", trigger_conditions={"goal_contains": ["weather"]}, content={"prompt": "city?"}
+    )
     service.record_procedure_use(parent.pk, success=True, duration_ms=120)
     service.save_procedure("weather_v2", agent_id="planner", parent_id=parent.pk, source="evolved", is_active=False)
     return {"ada": ada, "bob": bob, "episode": episode}
@@ -212,7 +221,9 @@ def test_a_bad_field_is_named_with_its_line_and_nothing_is_written(service, expo
 
 def test_a_missing_column_without_a_default_is_named(service, exported):
     n = line_of(exported, "fact", key="timezone")
-    error = rejected(service, edit(exported, n, lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k != "key"})))
+    error = rejected(
+        service, edit(exported, n, lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k != "key"}))
+    )
     assert error.errors[0][:2] == (n, "key") and "is missing" in error.errors[0][2]
 
 

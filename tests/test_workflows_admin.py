@@ -1,4 +1,5 @@
 """The Checkpoints tab of /memories/: threads with their newest checkpoint, a thread's checkpoints, deletes."""
+
 import re
 
 import pytest
@@ -23,7 +24,14 @@ def confirmation_form(html):
 
 def test_the_tab_sits_between_episodes_and_procedures(staff_client):
     html = staff_client.get("/memories/memory/fact/").content.decode()
-    assert re.findall(r'<a role="tab" id="tab-([a-z-]+)"', html) == ["facts", "episodes", "checkpoints", "procedures", "users", "deletions"]
+    assert re.findall(r'<a role="tab" id="tab-([a-z-]+)"', html) == [
+        "facts",
+        "episodes",
+        "checkpoints",
+        "procedures",
+        "users",
+        "deletions",
+    ]
     html = staff_client.get(CHECKPOINTS).content.decode()
     assert f'id="tab-checkpoints" href="{CHECKPOINTS}" class="active"' in html
 
@@ -33,11 +41,11 @@ def test_each_thread_row_shows_its_newest_checkpoint(staff_client, threads):
     html = staff_client.get(CHECKPOINTS).content.decode()
     for column in ["thread id", "checkpoint id", "parent", "step", "source", "blob size", "checkpoint count", "user"]:
         assert f">{column.capitalize()}<" in html or f">{column}<" in html.lower(), column
-    row = re.search(rf'<tr>.*?{re.escape(threads["ann"])}.*?</tr>', html, re.S).group(0)
+    row = re.search(rf"<tr>.*?{re.escape(threads['ann'])}.*?</tr>", html, re.S).group(0)
     assert head.config["configurable"]["checkpoint_id"] in row
     assert parent.config["configurable"]["checkpoint_id"] in row
     assert f'<td class="field-head_step">{head.metadata["step"]}</td>' in row
-    assert f'>{head.metadata["source"]}</span>' in row
+    assert f">{head.metadata['source']}</span>" in row
     assert re.search(r'field-head_blob_size">[\d.]+ (B|KB)<', row)
     assert "Delete selected (<span" in html
 
@@ -57,8 +65,9 @@ def test_fifty_threads_per_page_and_queries_do_not_grow(staff_client, demo_workf
         now = timezone.now()
         for i in range(start, start + n):
             user = MemoryUser.objects.create(canonical_id=f"test:{i}", display_name=f"User {i}")
-            Thread.objects.create(thread_id=f"{user.pk}:direct:{demo_workflow.pk}", workflow=demo_workflow, user=user,
-                                  last_activity=now)
+            Thread.objects.create(
+                thread_id=f"{user.pk}:direct:{demo_workflow.pk}", workflow=demo_workflow, user=user, last_activity=now
+            )
 
     grow(0, 3)
     staff_client.get(CHECKPOINTS)
@@ -91,7 +100,9 @@ def test_a_thread_page_lists_its_checkpoints_a_page_at_a_time(staff_client, thre
     assert "Before: not a checkpoint id" in html
 
 
-def test_delete_selected_threads_asks_first_then_deletes_their_checkpoints(staff_client, threads, django_capture_on_commit_callbacks):
+def test_delete_selected_threads_asks_first_then_deletes_their_checkpoints(
+    staff_client, threads, django_capture_on_commit_callbacks
+):
     ann = Thread.objects.get(thread_id=threads["ann"])
     data = {"action": "delete_memories", "index": "0", "_selected_action": [str(ann.pk)]}
     html = staff_client.post(CHECKPOINTS, data).content.decode()
@@ -127,5 +138,7 @@ def test_non_staff_cannot_reach_the_tab_or_delete(client, django_user_model, thr
     thread = Thread.objects.get(thread_id=threads["ann"])
     assert client.get(CHECKPOINTS).status_code == 302
     assert client.get(f"{CHECKPOINTS}{thread.pk}/change/").status_code == 302
-    client.post(CHECKPOINTS, {"action": "delete_memories", "index": "0", "post": "yes", "_selected_action": [str(thread.pk)]})
+    client.post(
+        CHECKPOINTS, {"action": "delete_memories", "index": "0", "post": "yes", "_selected_action": [str(thread.pk)]}
+    )
     assert Thread.objects.filter(pk=thread.pk).exists() and saved(thread.thread_id)

@@ -1,4 +1,5 @@
 """The agent node: ReAct with memory tools (LangChain's fake chat models), conversation memory, trimming."""
+
 import json
 import logging
 import os
@@ -132,7 +133,9 @@ def test_tools_see_only_their_own_users_facts(transactional_db, fake_model, serv
 
 @TOOLS_RUN_IN_WORKER_THREADS
 def test_a_failing_tool_becomes_an_error_tool_message_and_is_logged(transactional_db, fake_model, caplog):
-    fake_model([call("remember", {"key": "name", "value": "Ada", "fact_type": "gossip"}, "c1"), AIMessage(content="Sorry.")])
+    fake_model(
+        [call("remember", {"key": "name", "value": "Ada", "fact_type": "gossip"}, "c1"), AIMessage(content="Sorry.")]
+    )
     with caplog.at_level(logging.WARNING, logger="engram.workflows"):
         result = chat(make_workflow(), "remember my name")
     tool_message = [m for m in MODEL_CALLS[-1] if isinstance(m, ToolMessage)][-1]
@@ -161,8 +164,10 @@ def test_system_prompt_once_per_model_call_and_never_stored(db, fake_model):
     assert [m.content for m in MODEL_CALLS[-1][1:-2]] == ["turn 0", "reply 0", "turn 1", "reply 1"]
     assert MODEL_CALLS[-1][-1].content == "turn 2"
     stored = get_checkpointer().get_tuple({"configurable": {"thread_id": result.thread_id}}).checkpoint
-    assert not any(isinstance(m, SystemMessage) or getattr(m, "name", None) == "memory"
-                   for m in stored["channel_values"]["messages"])
+    assert not any(
+        isinstance(m, SystemMessage) or getattr(m, "name", None) == "memory"
+        for m in stored["channel_values"]["messages"]
+    )
 
 
 def test_fallback_system_prompt_is_one_stable_message_across_turns(db, fake_model):
@@ -264,7 +269,10 @@ def test_conversation_memory_survives_a_restart(tmp_path):
     )
     third = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "checkpoints.db"), thread_id],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     assert json.loads(third.stdout) == ["hello from the first process", "and from the second"]
 
@@ -289,7 +297,9 @@ def test_a_bad_chat_model_setting_names_the_key(spec, fragment):
 def test_a_chat_model_from_an_import_string_with_kwargs():
     from workflows.chat_models import build_chat_model
 
-    model = build_chat_model({"class": f"{__name__}.ToolCallingFake", "kwargs": {"responses": [AIMessage(content="hi")]}})
+    model = build_chat_model(
+        {"class": f"{__name__}.ToolCallingFake", "kwargs": {"responses": [AIMessage(content="hi")]}}
+    )
     assert isinstance(model, ToolCallingFake) and model.invoke("hello").content == "hi"
 
 
@@ -334,7 +344,9 @@ def test_a_failing_checkpointer_is_reported_and_the_turn_still_answered(db, fake
     with caplog.at_level(logging.ERROR, logger="engram.workflows"):
         result = chat(workflow, "hello")
     assert result.reply == "answered anyway" and result.thread_id == ""
-    assert result.memory_errors == [{"node": "agent", "operation": "conversation memory", "error": "database is locked"}]
+    assert result.memory_errors == [
+        {"node": "agent", "operation": "conversation memory", "error": "database is locked"}
+    ]
     assert "conversation memory failed" in caplog.text
     assert Episode.objects.get(pk=result.episode_id).success is False
     assert not Thread.objects.exists()

@@ -1,4 +1,5 @@
 """Runs over the staff API and the run_workflow command; bad input names the field and runs nothing."""
+
 import json
 
 import pytest
@@ -12,7 +13,9 @@ def run(client, slug, payload):
 
 
 def test_run_endpoint_runs_the_workflow(admin_client, demo_workflow):
-    first = run(admin_client, "demo", {"user_id": "u1", "message": "my favourite colour is green", "display_name": "Ann"})
+    first = run(
+        admin_client, "demo", {"user_id": "u1", "message": "my favourite colour is green", "display_name": "Ann"}
+    )
     assert first.status_code == 200, first.content
     body = first.json()
     assert body["remembered"] == [{"key": "favourite_colour", "scope": "user", "action": "created"}]
@@ -38,7 +41,9 @@ def test_run_endpoint_bad_payload_is_400_and_nothing_runs(admin_client, demo_wor
 
 
 def test_run_endpoint_is_staff_only_and_404_for_unknown(client, admin_client, demo_workflow):
-    assert run(client, "demo", {"user_id": "u1", "message": "hi"}).status_code == 401  # anonymous: token auth answers first
+    assert (
+        run(client, "demo", {"user_id": "u1", "message": "hi"}).status_code == 401
+    )  # anonymous: token auth answers first
     assert run(admin_client, "nope", {"user_id": "u1", "message": "hi"}).status_code == 404
 
 
@@ -54,7 +59,7 @@ def test_run_workflow_command(demo_workflow, capsys):
     call_command("run_workflow", "demo", "--user", "telegram:42", "--message", "my name is Ada")
     call_command("run_workflow", "demo", "--user", "telegram:42", "--message", "what is my name?", "--json")
     out = capsys.readouterr().out
-    result = json.loads(out[out.index("{"):])
+    result = json.loads(out[out.index("{") :])
     assert "Ada" in result["reply"] and result["user"]["canonical_id"] == "telegram:42"
     with pytest.raises(CommandError, match="no active workflow"):
         call_command("run_workflow", "missing", "--user", "x", "--message", "hi")
@@ -80,10 +85,18 @@ def test_workflows_can_be_created_and_edited_with_definitions_checked(admin_clie
     from workflows.models import Workflow
 
     created = admin_client.post(
-        "/api/v1/workflows/", {"slug": "helper", "name": "Helper", "definition": DEMO_DEFINITION}, content_type="application/json"
+        "/api/v1/workflows/",
+        {"slug": "helper", "name": "Helper", "definition": DEMO_DEFINITION},
+        content_type="application/json",
     )
     assert created.status_code == 201, created.content
-    bad = {**DEMO_DEFINITION, "nodes": [*DEMO_DEFINITION["nodes"][:-1], {"id": "remember", "type": "remember", "config": {"scope": "planet"}}]}
+    bad = {
+        **DEMO_DEFINITION,
+        "nodes": [
+            *DEMO_DEFINITION["nodes"][:-1],
+            {"id": "remember", "type": "remember", "config": {"scope": "planet"}},
+        ],
+    }
     refused = admin_client.patch("/api/v1/workflows/helper/", {"definition": bad}, content_type="application/json")
     assert refused.status_code == 400
     assert refused.json()["definition"][0].startswith('node "remember": config.scope:')

@@ -1,4 +1,5 @@
 """The `checkpoints` API: threads' checkpoints listed, inspected and deleted through the saver's public API."""
+
 import json
 
 import pytest
@@ -21,7 +22,6 @@ def config(thread_id, checkpoint_id=None):
     return {"configurable": configurable}
 
 
-
 def thread_ids(response):
     return [row["thread_id"] for row in response.json()["results"]]
 
@@ -29,7 +29,9 @@ def thread_ids(response):
 # ------------------------------------------------------------------ who may use it
 
 
-def test_anonymous_and_non_staff_are_refused_and_nothing_is_deleted(threads, django_user_model, django_capture_on_commit_callbacks):
+def test_anonymous_and_non_staff_are_refused_and_nothing_is_deleted(
+    threads, django_user_model, django_capture_on_commit_callbacks
+):
     anonymous = APIClient()
     visitor = APIClient()
     user = django_user_model.objects.create_user("visitor")
@@ -65,12 +67,17 @@ def test_list_has_a_total_count_filters_and_ordering(api, threads, demo_workflow
     assert thread_ids(api.get("/api/v1/checkpoints/", {"user": ann.pk})) == [threads["ann"]]
     assert thread_ids(api.get("/api/v1/checkpoints/", {"thread": threads["bob"]})) == [threads["bob"]]
     assert thread_ids(api.get("/api/v1/checkpoints/", {"workflow": "other"})) == []
-    assert thread_ids(api.get("/api/v1/checkpoints/", {"ordering": "-checkpoint_count"})) == [threads["ann"], threads["bob"]]
+    assert thread_ids(api.get("/api/v1/checkpoints/", {"ordering": "-checkpoint_count"})) == [
+        threads["ann"],
+        threads["bob"],
+    ]
     page = api.get("/api/v1/checkpoints/", {"page_size": 1, "ordering": "thread_id"}).json()
     assert page["count"] == 2 and len(page["results"]) == 1 and page["next"] is not None
 
 
-@pytest.mark.parametrize("params,field", [({"user": "ann"}, "user"), ({"user": "0"}, "user"), ({"page_size": "x"}, "page_size")])
+@pytest.mark.parametrize(
+    "params,field", [({"user": "ann"}, "user"), ({"user": "0"}, "user"), ({"page_size": "x"}, "page_size")]
+)
 def test_malformed_list_filters_are_refused(api, threads, params, field):
     response = api.get("/api/v1/checkpoints/", params)
     assert response.status_code == 400 and field in response.json()
@@ -119,7 +126,12 @@ def test_retrieve_pages_with_limit_and_before(api, threads):
 
 @pytest.mark.parametrize(
     "params,field",
-    [({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"), ({"limit": "501"}, "limit"), ({"before": "not an id"}, "before")],
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"limit": "501"}, "limit"),
+        ({"before": "not an id"}, "before"),
+    ],
 )
 def test_retrieve_refuses_a_malformed_page(api, threads, params, field):
     response = api.get(f"/api/v1/checkpoints/{threads['ann']}/", params)
@@ -184,7 +196,9 @@ def test_batch_delete_refuses_malformed_ids(api, threads, body):
 
 def test_valid_and_malformed_ids_mixed_delete_nothing(api, threads, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
-        response = api.post("/api/v1/checkpoints/batch-delete/", {"ids": [threads["ann"], threads["bob"], 7]}, format="json")
+        response = api.post(
+            "/api/v1/checkpoints/batch-delete/", {"ids": [threads["ann"], threads["bob"], 7]}, format="json"
+        )
     assert response.status_code == 400
     assert response.json()["ids"] == {"2": ["Must be a thread id (a JSON string), got int."]}
     assert Thread.objects.count() == 2 and saved(threads["ann"]) and saved(threads["bob"])
@@ -211,13 +225,17 @@ def test_schema_documents_the_checkpoints_endpoints(api):
     detail = paths["/api/v1/checkpoints/{thread_id}/"]
     assert {"get", "delete"} <= set(detail)
     assert {p["name"] for p in detail["get"]["parameters"]} == {"thread_id", "limit", "before"}
-    assert {"thread", "user", "workflow", "ordering", "page"} <= {p["name"] for p in paths["/api/v1/checkpoints/"]["get"]["parameters"]}
+    assert {"thread", "user", "workflow", "ordering", "page"} <= {
+        p["name"] for p in paths["/api/v1/checkpoints/"]["get"]["parameters"]
+    }
 
 
 # ------------------------------------------------------------------ forget this person
 
 
-def test_forgetting_a_person_leaves_no_checkpoint_or_write_of_theirs(api, service, threads, demo_workflow, django_capture_on_commit_callbacks):
+def test_forgetting_a_person_leaves_no_checkpoint_or_write_of_theirs(
+    api, service, threads, demo_workflow, django_capture_on_commit_callbacks
+):
     saver = get_checkpointer()
     ann = MemoryUser.objects.get(canonical_id="chat:ann")
     service.link_identity(ann.pk, "email", "ann@example.org")

@@ -1,4 +1,5 @@
 """Workflow definitions: validated against the node registry on save, compiled and run; the palette API."""
+
 import copy
 
 import pytest
@@ -24,16 +25,26 @@ def save(data):
     [
         (definition(nodes=[{"id": "x", "type": "teleport"}]), "x", "unknown node type 'teleport'"),
         (
-            definition(nodes=[{"id": "recall", "type": "recall", "config": {"limit": 0}}], edges=[{"source": "START", "target": "recall"}]),
+            definition(
+                nodes=[{"id": "recall", "type": "recall", "config": {"limit": 0}}],
+                edges=[{"source": "START", "target": "recall"}],
+            ),
             "recall",
             "config.limit: 0 is less than the minimum of 1",
         ),
         (
-            definition(nodes=[{"id": "recall", "type": "recall", "config": {"colour": "red"}}], edges=[{"source": "START", "target": "recall"}]),
+            definition(
+                nodes=[{"id": "recall", "type": "recall", "config": {"colour": "red"}}],
+                edges=[{"source": "START", "target": "recall"}],
+            ),
             "recall",
             "'colour' was unexpected",
         ),
-        (definition(edges=DEMO_DEFINITION["edges"] + [{"source": "agent", "target": "ghost"}]), "agent", "dangling edge to unknown node 'ghost'"),
+        (
+            definition(edges=DEMO_DEFINITION["edges"] + [{"source": "agent", "target": "ghost"}]),
+            "agent",
+            "dangling edge to unknown node 'ghost'",
+        ),
         (
             definition(edges=[e for e in DEMO_DEFINITION["edges"] if e["target"] != "remember"]),
             "remember",
@@ -68,7 +79,10 @@ def test_bad_definitions_are_refused_naming_the_node(db, data, node, fragment):
         ([], "must be a JSON object"),
         ({"nodes": []}, "non-empty list"),
         (definition(edges=[e for e in DEMO_DEFINITION["edges"] if e["source"] != "START"]), "no edge from START"),
-        (definition(edges=DEMO_DEFINITION["edges"] + [{"source": "nowhere", "target": "agent"}]), "dangling edge from unknown node"),
+        (
+            definition(edges=DEMO_DEFINITION["edges"] + [{"source": "nowhere", "target": "agent"}]),
+            "dangling edge from unknown node",
+        ),
     ],
 )
 def test_malformed_definitions_are_refused(db, data, fragment):

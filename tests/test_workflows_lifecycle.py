@@ -1,4 +1,5 @@
 """Workflows in memory's upkeep: checkpoint and thread limits through `memory prune`, the checkpointer on /healthz."""
+
 import json
 
 import pytest
@@ -150,7 +151,8 @@ class BrokenModel(FakeListChatModel):
 
 
 def test_a_failing_consolidation_model_leaves_the_run_answered_and_the_episode_unprocessed(demo_workflow, settings):
-    settings.MEMORY = {**settings.MEMORY,
+    settings.MEMORY = {
+        **settings.MEMORY,
         **settings.MEMORY,
         "CONSOLIDATION": {
             "AFTER_EACH_RUN": True,
@@ -182,8 +184,12 @@ def _fail_updates_of_checkpoints():
             saver.conn.commit()
         return lambda: saver.conn.execute("DROP TRIGGER refuse_parent_update")
     with saver.conn.connection() as conn:
-        conn.execute("CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql")
-        conn.execute("CREATE TRIGGER refuse_parent_update BEFORE UPDATE ON checkpoints FOR EACH ROW EXECUTE FUNCTION refuse_update()")
+        conn.execute(
+            "CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_parent_update BEFORE UPDATE ON checkpoints FOR EACH ROW EXECUTE FUNCTION refuse_update()"
+        )
 
     def undo():
         with saver.conn.connection() as conn:

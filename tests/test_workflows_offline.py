@@ -1,4 +1,5 @@
 """The offline responder: facts from plain statements, answers from recalled memory, always labelled."""
+
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
@@ -9,13 +10,25 @@ from workflows.offline import LABEL, OfflineResponder, facts_in, reply_to
     "text, facts",
     [
         ("my name is Ada", [{"key": "name", "value": "Ada", "fact_type": "world_knowledge"}]),
-        ("My favourite colour is green!", [{"key": "favourite_colour", "value": "green", "fact_type": "user_preference"}]),
-        ("Remember that my birthday is May 1.", [{"key": "birthday", "value": "May 1", "fact_type": "world_knowledge"}]),
+        (
+            "My favourite colour is green!",
+            [{"key": "favourite_colour", "value": "green", "fact_type": "user_preference"}],
+        ),
+        (
+            "Remember that my birthday is May 1.",
+            [{"key": "birthday", "value": "May 1", "fact_type": "world_knowledge"}],
+        ),
         (
             "please remember the office closes at 6",
             [{"key": "note_the_office_closes_at_6", "value": "the office closes at 6", "fact_type": "world_knowledge"}],
         ),
-        ("my name is Ada and my city is Paris", [{"key": "name", "value": "Ada", "fact_type": "world_knowledge"}, {"key": "city", "value": "Paris", "fact_type": "world_knowledge"}]),
+        (
+            "my name is Ada and my city is Paris",
+            [
+                {"key": "name", "value": "Ada", "fact_type": "world_knowledge"},
+                {"key": "city", "value": "Paris", "fact_type": "world_knowledge"},
+            ],
+        ),
         ("call me Ada", [{"key": "name", "value": "Ada", "fact_type": "world_knowledge"}]),
         ("what is my name?", []),
         ("hello there", []),
@@ -72,5 +85,7 @@ def test_fact_types_follow_what_was_said(text, fact_type):
 
     assert [f["fact_type"] for f in facts_in(text)] == [fact_type]
     episode = type("E", (), {"conversation": [{"role": "user", "content": text}], "summary": ""})()
-    expected = "user_preference" if fact_type == "world_knowledge" else fact_type  # rules: "my X" defaults to the person's
+    expected = (
+        "user_preference" if fact_type == "world_knowledge" else fact_type
+    )  # rules: "my X" defaults to the person's
     assert [f.fact_type for f in RuleExtractor(confidence=0.6).extract(episode)] == [expected]

@@ -1,4 +1,5 @@
 """Telegram end to end: Django's live server over real HTTP, a fake Bot API on 127.0.0.1."""
+
 import json
 import logging
 
@@ -90,7 +91,9 @@ def test_malformed_updates_are_acknowledged_as_rejected_naming_the_problem(post,
     """An update that can never succeed is answered 200 (Telegram would retry anything else forever),
     with the problem named, logged, and nothing run or written."""
     response = post(b'{"update_id": 1, "message": ', raw=True)
-    assert response.status_code == 200 and response.json()["status"] == "rejected" and "body" in response.json()["errors"]
+    assert (
+        response.status_code == 200 and response.json()["status"] == "rejected" and "body" in response.json()["errors"]
+    )
     response = post({"message": {"text": "no id"}})
     assert response.status_code == 200 and "update_id" in response.json()["errors"]
     bad_sender = telegram_update(2, 42, "hi")
@@ -199,13 +202,19 @@ def test_a_webhook_secret_without_a_bot_token_fails_the_system_check(settings):
 
 
 @pytest.mark.django_db
-def test_nul_and_lone_surrogates_in_a_telegram_text_are_rejected_alike_on_every_database(client, demo_workflow, fake_bot):
+def test_nul_and_lone_surrogates_in_a_telegram_text_are_rejected_alike_on_every_database(
+    client, demo_workflow, fake_bot
+):
     """PostgreSQL cannot store U+0000 (SQLite can) and nothing can encode a lone surrogate: both are
     refused before the run, the same on both databases, acknowledged so Telegram does not retry."""
     for n, text in enumerate(['"a\\u0000b"', '"hi \\ud800"']):
         body = json.dumps(telegram_update(20 + n, 42, "PLACEHOLDER")).replace('"PLACEHOLDER"', text)
-        response = client.post(f"/telegram/{demo_workflow.slug}/webhook/", body, content_type="application/json",
-                               headers={"X-Telegram-Bot-Api-Secret-Token": WEBHOOK_SECRET})
+        response = client.post(
+            f"/telegram/{demo_workflow.slug}/webhook/",
+            body,
+            content_type="application/json",
+            headers={"X-Telegram-Bot-Api-Secret-Token": WEBHOOK_SECRET},
+        )
         assert response.status_code == 200 and response.json()["status"] == "rejected"
         assert "message.text" in response.json()["errors"]
     assert not MemoryUser.objects.exists() and not Episode.objects.exists() and not fake_bot.calls

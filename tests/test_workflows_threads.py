@@ -1,4 +1,5 @@
 """The public thread API: list threads and checkpoints, delete threads (rows and checkpoints), retention."""
+
 import pytest
 
 from memory.models import MemoryUser
@@ -87,7 +88,9 @@ def test_a_merged_users_only_thread_moves_to_the_survivor(service, demo_workflow
     assert Thread.objects.get().user_id == target.pk
 
 
-def test_retention_keeps_the_most_recent_threads_per_workflow(settings, demo_workflow, django_capture_on_commit_callbacks):
+def test_retention_keeps_the_most_recent_threads_per_workflow(
+    settings, demo_workflow, django_capture_on_commit_callbacks
+):
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_THREADS_PER_WORKFLOW": 2}
     with django_capture_on_commit_callbacks(execute=True):
         old = talk(demo_workflow, "u1").thread_id

@@ -5,6 +5,7 @@ holds a thread's turn lock; a turn of this process on that thread waits until it
 on another thread does not wait. On SQLite the lock is a record lock beside the checkpoint file, on
 PostgreSQL an advisory lock in the database; the same test runs on whichever is configured.
 """
+
 import os
 import subprocess
 import sys
@@ -44,8 +45,13 @@ def other_process(_workflow_settings):
             "ENGRAM_DATA_DIR": str(Path(_workflow_settings["CHECKPOINT_PATH"]).parent),
         }
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, thread_id], env=env, cwd=REPO,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-c", HOLDER, thread_id],
+            env=env,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         started.append(proc)
         line = proc.stdout.readline().strip()

@@ -1,4 +1,5 @@
 """Helpers of the workflow tests: run the demo as a chat user, read a thread's checkpoints from the saver."""
+
 from workflows.checkpointer import get_checkpointer
 from workflows.runtime import run_workflow
 

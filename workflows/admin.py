@@ -1,4 +1,5 @@
 """Workflows and the Checkpoints tab on the /memories/ admin site (definitions are validated against the node registry on save)."""
+
 import re
 
 from django.contrib import admin, messages
@@ -29,7 +30,6 @@ class WorkflowAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name"]
 
 
-
 # ------------------------------------------------------------------ the Checkpoints tab of /memories/
 #
 # Checkpoints are not Django rows, so the tab lists the tracked threads, one row per thread with its
@@ -56,14 +56,30 @@ def _bytes(size):
 class CheckpointsTab(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Checkpoints", 30
     list_display = [
-        "thread_id", "head_id", "head_parent", "head_step", "head_source", "head_blob_size", "checkpoint_count",
-        "user_link", "last_activity",
+        "thread_id",
+        "head_id",
+        "head_parent",
+        "head_step",
+        "head_source",
+        "head_blob_size",
+        "checkpoint_count",
+        "user_link",
+        "last_activity",
     ]
     list_display_links = ["thread_id"]
     list_filter = ["workflow", "channel"]
     search_fields = ["thread_id", "conversation_id", "user__canonical_id", "user__display_name"]
     list_select_related = ["workflow", "user"]
-    fields = ["thread_id", "user", "workflow", "conversation_id", "channel", "created_at", "last_activity", "checkpoint_count"]
+    fields = [
+        "thread_id",
+        "user",
+        "workflow",
+        "conversation_id",
+        "channel",
+        "created_at",
+        "last_activity",
+        "checkpoint_count",
+    ]
     readonly_fields = fields
     change_form_template = "admin/workflows/thread_change_form.html"
 
@@ -152,8 +168,14 @@ def _user_threads(user):
         "",
         '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
         (
-            (reverse(f"{site}:workflows_thread_change", args=[t.pk]), t.thread_id, t.workflow.slug, t.channel or "–",
-             t.checkpoint_count, date_format(localtime(t.last_activity), "DATETIME_FORMAT"))
+            (
+                reverse(f"{site}:workflows_thread_change", args=[t.pk]),
+                t.thread_id,
+                t.workflow.slug,
+                t.channel or "–",
+                t.checkpoint_count,
+                date_format(localtime(t.last_activity), "DATETIME_FORMAT"),
+            )
             for t in list_threads(user_ids=[user.pk])
         ),
     )
@@ -162,7 +184,8 @@ def _user_threads(user):
         '<p><a href="{}">This user\'s threads in the Checkpoints tab</a></p>'
         '<table class="memories-section" id="user-threads"><thead><tr><th>thread id</th><th>workflow</th>'
         "<th>channel</th><th>checkpoints</th><th>last activity</th></tr></thead><tbody>{}</tbody></table>",
-        all_url, rows,
+        all_url,
+        rows,
     )
 
 

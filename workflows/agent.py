@@ -17,6 +17,7 @@ Without a user, with conversation memory off, or when the checkpointer fails (re
 `memory_errors`), the turn runs on the same agent without a checkpointer. The node holds no database
 transaction while the model runs: LangGraph runs tools in worker threads with their own connections.
 """
+
 import logging
 import sqlite3
 import uuid
@@ -64,7 +65,7 @@ def trim_history(messages, limit):
     start = next((i for i, m in enumerate(window) if isinstance(m, HumanMessage)), None)
     if start is None:
         humans = [i for i, m in enumerate(rest) if isinstance(m, HumanMessage)]
-        kept = rest[humans[-1]:] if humans else []
+        kept = rest[humans[-1] :] if humans else []
     else:
         kept = window[start:]
     return fallback + kept
@@ -99,7 +100,10 @@ def build_agent_graph(config, model, checkpointer=None):
         return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *trim_history(state["messages"], limit)]}
 
     def prompt(state, runtime):
-        return [SystemMessage(content=runtime.context.system_prompt), *with_memory(state["messages"], runtime.context.memory_prompt)]
+        return [
+            SystemMessage(content=runtime.context.system_prompt),
+            *with_memory(state["messages"], runtime.context.memory_prompt),
+        ]
 
     if model is None:
 
@@ -172,7 +176,9 @@ def build_agent_node(config, context):
                         )
                     except CHECKPOINT_ERRORS as exc:
                         # Conversation memory is out of order: say so, and answer this turn without it.
-                        logger.error("agent %s: conversation memory failed, answering without it: %s", context.node_id, exc)
+                        logger.error(
+                            "agent %s: conversation memory failed, answering without it: %s", context.node_id, exc
+                        )
                         update["memory_errors"].append(_error(context, "conversation memory", exc))
                         thread_ref = None
                     else:

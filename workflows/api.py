@@ -7,6 +7,7 @@ checkpoints newest first (through the saver's public `list`), and DELETE / `batc
 threads with all their checkpoints and pending writes. Staff only; pagination, JSON parsing, errors
 and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 """
+
 import django_filters
 from django.db import transaction
 from drf_spectacular.utils import (
@@ -47,8 +48,15 @@ class ThreadCheckpointsSerializer(serializers.ModelSerializer):
     class Meta:
         model = Thread
         fields = [
-            "thread_id", "user", "workflow", "conversation_id", "channel", "checkpoint_count", "head_checkpoint_id",
-            "created_at", "last_activity",
+            "thread_id",
+            "user",
+            "workflow",
+            "conversation_id",
+            "channel",
+            "checkpoint_count",
+            "head_checkpoint_id",
+            "created_at",
+            "last_activity",
         ]
         read_only_fields = fields
 
@@ -66,7 +74,9 @@ class CheckpointSerializer(serializers.Serializer):
 
 class ThreadCheckpointsDetailSerializer(ThreadCheckpointsSerializer):
     checkpoints = CheckpointSerializer(many=True, read_only=True, help_text="Newest first.")
-    more = serializers.BooleanField(read_only=True, help_text="Older checkpoints exist: ask again with before=<last id>.")
+    more = serializers.BooleanField(
+        read_only=True, help_text="Older checkpoints exist: ask again with before=<last id>."
+    )
 
     class Meta(ThreadCheckpointsSerializer.Meta):
         fields = [*ThreadCheckpointsSerializer.Meta.fields, "checkpoints", "more"]
@@ -85,7 +95,9 @@ class CheckpointPageSerializer(serializers.Serializer):
         return value
 
 
-@extend_schema_field({"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": THREAD_ID_PATTERN})
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": THREAD_ID_PATTERN}
+)
 class ThreadIdField(serializers.CharField):
     """A thread id given as a JSON string (numbers and the like are refused, not converted)."""
 
@@ -120,7 +132,9 @@ class ThreadBatchDeleteResultSerializer(serializers.Serializer):
 
 
 class CheckpointFilter(django_filters.FilterSet):
-    thread = django_filters.CharFilter(field_name="thread_id", max_length=MAX_THREAD_ID_LENGTH, help_text="A thread id.")
+    thread = django_filters.CharFilter(
+        field_name="thread_id", max_length=MAX_THREAD_ID_LENGTH, help_text="A thread id."
+    )
     user = IdFilter(field_name="user_id", help_text="Memory user id: that person's threads.")
     workflow = django_filters.CharFilter(field_name="workflow__slug", help_text="Workflow slug.")
     channel = django_filters.CharFilter(help_text="Channel of the thread's latest message.")
@@ -133,17 +147,23 @@ class CheckpointFilter(django_filters.FilterSet):
 # ------------------------------------------------------------------ views
 
 _THREAD_ID = OpenApiParameter(
-    "thread_id", {"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": r"^[^/\x00]+$"},
+    "thread_id",
+    {"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": r"^[^/\x00]+$"},
     OpenApiParameter.PATH,
     description="The thread id, <memory user id>:<conversation id>:<workflow id>.",
 )
 _LIMIT = OpenApiParameter(
-    "limit", {"type": "integer", "minimum": 1, "maximum": memory_settings.API_MAX_PAGE_SIZE}, OpenApiParameter.QUERY,
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": memory_settings.API_MAX_PAGE_SIZE},
+    OpenApiParameter.QUERY,
     required=False,
     description="How many checkpoints (default API_PAGE_SIZE, at most API_MAX_PAGE_SIZE).",
 )
 _BEFORE = OpenApiParameter(
-    "before", {"type": "string", "maxLength": 64, "pattern": CHECKPOINT_ID_PATTERN}, OpenApiParameter.QUERY, required=False,
+    "before",
+    {"type": "string", "maxLength": 64, "pattern": CHECKPOINT_ID_PATTERN},
+    OpenApiParameter.QUERY,
+    required=False,
     description="Only checkpoints older than this checkpoint id (the last one of the previous answer).",
 )
 
@@ -155,7 +175,9 @@ _BEFORE = OpenApiParameter(
         responses={200: ThreadCheckpointsDetailSerializer},
         description="A thread and its checkpoints, newest first, read through the checkpointer.",
     ),
-    destroy=extend_schema(parameters=[_THREAD_ID], description="Delete the thread with all its checkpoints and writes."),
+    destroy=extend_schema(
+        parameters=[_THREAD_ID], description="Delete the thread with all its checkpoints and writes."
+    ),
     batch_delete=extend_schema(
         request=ThreadBatchDeleteSerializer,
         responses={200: ThreadBatchDeleteResultSerializer},
@@ -163,7 +185,9 @@ _BEFORE = OpenApiParameter(
         "Malformed ids or more than the limit: 400, nothing deleted.",
     ),
 )
-class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class CheckpointViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
     """Conversation checkpoints, per thread: the id of a checkpoints resource is its thread id."""
 
     serializer_class = ThreadCheckpointsSerializer
@@ -213,7 +237,8 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
         serializer.is_valid(raise_exception=True)
         with transaction.atomic():
             result = delete_checkpoints(
-                serializer.validated_data["ids"], max_ids=memory_settings.API_MAX_BATCH_IDS,
+                serializer.validated_data["ids"],
+                max_ids=memory_settings.API_MAX_BATCH_IDS,
                 actor=f"api:{request.user.get_username()}",
             )
         body = {"deleted": result.deleted, "not_found": result.not_found}

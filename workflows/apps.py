@@ -1,4 +1,5 @@
 """App configuration of the workflows app."""
+
 from django.apps import AppConfig
 
 

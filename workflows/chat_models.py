@@ -1,4 +1,5 @@
 """The chat model of agent nodes, from WORKFLOWS["CHAT_MODEL"] (None: the offline responder)."""
+
 import threading
 
 from django.utils.module_loading import import_string

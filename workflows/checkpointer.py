@@ -4,6 +4,7 @@ SQLite (`SqliteSaver`, a file at WORKFLOWS["CHECKPOINT_PATH"]) unless the Django
 PostgreSQL, then `PostgresSaver` on the same database through a small connection pool. The savers
 serialise their own calls with a lock; use them only through `BaseCheckpointSaver` methods.
 """
+
 import logging
 import sqlite3
 import threading
@@ -83,7 +84,12 @@ def _postgres_saver():
         "port": str(db["PORT"]) if db.get("PORT") else None,
     }
     pool = ConnectionPool(
-        kwargs={**{k: v for k, v in conninfo.items() if v}, "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        kwargs={
+            **{k: v for k, v in conninfo.items() if v},
+            "autocommit": True,
+            "prepare_threshold": 0,
+            "row_factory": dict_row,
+        },
         min_size=1,
         max_size=4,
         open=True,

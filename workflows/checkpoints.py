@@ -10,6 +10,7 @@ their pending writes (see workflows.threads.delete_threads).
 A checkpoint's blob size is the length of the checkpoint as the saver's own serializer encodes it
 (`saver.serde.dumps_typed`): channel values, versions and all, without its metadata and pending writes.
 """
+
 from dataclasses import dataclass
 from datetime import datetime
 

@@ -1,4 +1,5 @@
 """System checks of the workflows app (`manage.py check`, and every server start)."""
+
 from django.core.checks import Error, Tags, register
 
 from .conf import workflow_settings

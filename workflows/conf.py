@@ -1,4 +1,5 @@
 """Settings of the workflows app: the WORKFLOWS dict in Django settings, read with defaults."""
+
 from django.conf import settings
 from django.core.signals import setting_changed
 

@@ -11,6 +11,7 @@ Edges without `when` always run (several of them fan out in parallel). A node wh
 the run ends. A node with no outgoing edge ends the run. Every node must be reachable from START, and
 every cycle needs an exit (a routing node in it that can leave it).
 """
+
 import re
 from dataclasses import dataclass
 
@@ -125,7 +126,9 @@ def _check_routing(definition):
     for node in definition.nodes:
         out = definition.outgoing(node.id)
         if any(e.when for e in out) and sum(1 for e in out if not e.when) > 1:
-            raise InvalidDefinition("a routing node (edges with 'when') may have only one edge without 'when'", node=node.id)
+            raise InvalidDefinition(
+                "a routing node (edges with 'when') may have only one edge without 'when'", node=node.id
+            )
 
 
 def _successors(definition, node_id):
@@ -140,7 +143,11 @@ def _check_reachable(definition):
     seen, todo = set(), [START_NAME]
     while todo:
         current = todo.pop()
-        for nxt in (_successors(definition, current) if current != START_NAME else {e.target for e in definition.outgoing(START_NAME)}):
+        for nxt in (
+            _successors(definition, current)
+            if current != START_NAME
+            else {e.target for e in definition.outgoing(START_NAME)}
+        ):
             if nxt not in seen:
                 seen.add(nxt)
                 if nxt != END_NAME:

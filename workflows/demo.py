@@ -1,4 +1,5 @@
 """The demo workflow: Telegram (or any trigger) -> identify_user -> recall -> agent -> remember."""
+
 DEMO_SLUG = "demo"
 
 DEMO_DEFINITION = {

@@ -1,4 +1,5 @@
 """Exceptions of the workflows app."""
+
 from django.core.exceptions import ValidationError
 
 

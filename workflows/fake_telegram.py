@@ -4,6 +4,7 @@ For tests, the webhook benchmark and offline demos (point WORKFLOWS["TELEGRAM_AP
 It is a real HTTP server (stdlib, one thread per request) that answers like the Bot API:
 {"ok": true, "result": ...}. Any token is accepted; `calls` records (token, method, payload).
 """
+
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,7 +92,11 @@ class FakeBotAPI:
                 self._message_id += 1
                 return 200, {
                     "ok": True,
-                    "result": {"message_id": self._message_id, "chat": {"id": payload["chat_id"]}, "text": payload["text"]},
+                    "result": {
+                        "message_id": self._message_id,
+                        "chat": {"id": payload["chat_id"]},
+                        "text": payload["text"],
+                    },
                 }
             if method == "getUpdates":
                 offset = payload.get("offset")

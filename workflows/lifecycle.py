@@ -13,6 +13,7 @@ where it was and a crash leaves either the old thread or the trimmed one, never 
 the root namespace is trimmed (the graphs here have no subgraph checkpoints), and channels must store
 whole values (DeltaChannel, a LangGraph beta, is not used here).
 """
+
 import logging
 from datetime import datetime
 
@@ -84,7 +85,7 @@ def _prune_requested(sender, agent_id=None, dry_run=False, **kwargs):
 
 
 def checkpointer_status():
-    """"ok" when the saver answers a read, else "unreachable" (logged)."""
+    """ "ok" when the saver answers a read, else "unreachable" (logged)."""
     try:
         get_checkpointer().get_tuple(_config("engram-healthz"))
     except Exception:  # any failure of a third-party saver means it cannot serve conversations
@@ -146,4 +147,3 @@ def connect():
     """Join memory's lifecycle (called from WorkflowsConfig.ready)."""
     prune_requested.connect(_prune_requested, dispatch_uid="workflows_prune_threads")
     health.register_component("checkpointer", checkpointer_status)
-

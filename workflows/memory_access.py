@@ -4,6 +4,7 @@ Nodes and tools call `recall_for`. Facts come from MemoryService.recall (hybrid 
 recall, or keyword-only without an embedder), topped up with the user's own facts; episodes are this
 agent's latest runs with the user; procedures are the active ones whose trigger conditions match.
 """
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,7 +16,6 @@ from memory.text import content_words
 from .conf import workflow_settings
 
 MEMORY_TYPES = ("facts", "episodes", "procedures")
-
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,9 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
                 "success": e.success,
                 "started_at": e.started_at.isoformat(),
             }
-            for e in service.recent_episodes(agent_id=scope.agent_id, user_id=scope.user_id, limit=min(options.limit, 5))
+            for e in service.recent_episodes(
+                agent_id=scope.agent_id, user_id=scope.user_id, limit=min(options.limit, 5)
+            )
         ]
     if "procedures" in options.memory_types and (query or "").strip():
         context = {"channel": scope.channel} if scope.channel else {}

@@ -1,4 +1,5 @@
 """Models of the workflows app: workflow definitions, tracked conversation threads, seen Telegram updates."""
+
 from django.db import models
 
 from memory.models import MemoryUser

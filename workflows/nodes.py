@@ -5,6 +5,7 @@ through MemoryService, each node that writes in one transaction (recall only rea
 failure is logged and added to `memory_errors` in the state; it never raises out of the run and is
 never reported as success.
 """
+
 import logging
 from datetime import datetime
 
@@ -47,7 +48,11 @@ def build_identify_user(config, context):
         try:
             trigger = parse_trigger(state.get("trigger"))
         except InvalidTrigger as exc:
-            return {"user": None, "identity_failed": True, "memory_errors": [_failure(context.node_id, "identify_user", exc)]}
+            return {
+                "user": None,
+                "identity_failed": True,
+                "memory_errors": [_failure(context.node_id, "identify_user", exc)],
+            }
         try:
             identified = MemoryService().identify(
                 trigger.channel, trigger.external_id, display_name=trigger.display_name
@@ -200,7 +205,9 @@ def build_remember(config, context):
                 if record:
                     episode_id = _record_episode(service, state, context, user, errors).pk
                 for fact in facts:
-                    report = _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id)
+                    report = _write_fact(
+                        service, fact, state, context, user, default_scope, default_type, overwrite, episode_id
+                    )
                     reports.append(report)
                     if report["action"] == "failed":
                         new_errors.append(_failure(context.node_id, f"remember {report['key']!r}", report["error"]))
@@ -283,7 +290,9 @@ def _record_episode(service, state, context, user, errors):
     started = state.get("run_started_at")
     started_at = datetime.fromisoformat(started) if started else timezone.now()
     # What the model wrote is recorded as it was, but storable: a NUL in a tool argument must not lose the episode.
-    conversation = storable([{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else []))
+    conversation = storable(
+        [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
+    )
     who = user.get("display_name") or user.get("canonical_id") or "someone"
     return service.record_episode(
         started_at=started_at,
@@ -298,7 +307,9 @@ def _record_episode(service, state, context, user, errors):
         final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
-        summary=storable(f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"),
+        summary=storable(
+            f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"
+        ),
     )
 
 

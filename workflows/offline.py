@@ -4,6 +4,7 @@ It answers from recalled memory only (no network): "what is my X?" looks the fac
 know about me?" lists what is known, and statements are acknowledged. `facts_in(text)` turns
 "remember that ..." and "my X is Y" into facts for the remember node. Every reply starts with LABEL.
 """
+
 import re
 from typing import Any
 
@@ -21,7 +22,9 @@ FALLBACK_MESSAGE_ID = "engram-system-prompt"
 _REMEMBER = re.compile(r"^\s*(?:please\s+)?remember\s+(?:that\s+)?(?P<what>.+?)\s*[.!]*\s*$", re.IGNORECASE | re.DOTALL)
 _MY_X_IS_Y = re.compile(r"^\s*my\s+(?P<key>[\w' -]{1,60}?)\s+(?:is|are|=)\s+(?P<value>.+?)\s*[.!]*\s*$", re.IGNORECASE)
 _CALL_ME = re.compile(r"^\s*(?:call me|i am|i'm)\s+(?P<value>[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)?)\s*[.!]*\s*$")
-_WHAT_IS_MY = re.compile(r"^\s*(?:what(?:'s| is| are)|do you (?:know|remember))\s+my\s+(?P<key>[\w' -]{1,60}?)\s*\??\s*$", re.IGNORECASE)
+_WHAT_IS_MY = re.compile(
+    r"^\s*(?:what(?:'s| is| are)|do you (?:know|remember))\s+my\s+(?P<key>[\w' -]{1,60}?)\s*\??\s*$", re.IGNORECASE
+)
 _ABOUT_ME = re.compile(r"\b(?:what do you (?:know|remember)(?: about me)?|who am i)\b", re.IGNORECASE)
 
 
@@ -55,7 +58,9 @@ def facts_in(text) -> list[FactToRemember]:
             continue
         if remembered:
             words = re.findall(r"[A-Za-z0-9]+", inner)[:6]
-            facts.append({"key": "note_" + fact_key(" ".join(words)), "value": inner.strip(), "fact_type": "world_knowledge"})
+            facts.append(
+                {"key": "note_" + fact_key(" ".join(words)), "value": inner.strip(), "fact_type": "world_knowledge"}
+            )
     return facts
 
 
@@ -73,7 +78,7 @@ def reply_to(text, memories, user=None) -> str:
         )
         if found:
             return f"{LABEL} Your {asked.group('key').strip()} is {_value(found['value'])}."
-        return f"{LABEL} I don't know your {asked.group('key').strip()} yet. Tell me with \"my {asked.group('key').strip()} is ...\"."
+        return f'{LABEL} I don\'t know your {asked.group("key").strip()} yet. Tell me with "my {asked.group("key").strip()} is ...".'
     if _ABOUT_ME.search(text):
         if not own:
             return f"{LABEL} I don't know anything about you yet."
@@ -93,7 +98,7 @@ def reply_to(text, memories, user=None) -> str:
     greeting = f"Hello {_value(name)}. " if name else "Hello. "
     return (
         f"{LABEL} {greeting}No chat model is configured, so I can only remember and recall: "
-        "tell me \"my X is Y\" or \"remember that ...\", and ask \"what is my X?\"."
+        'tell me "my X is Y" or "remember that ...", and ask "what is my X?".'
     )
 
 
@@ -115,8 +120,6 @@ class OfflineResponder(BaseChatModel):
         return self  # it answers without tools
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
-        question = next(
-            (m.text for m in reversed(messages) if m.type == "human" and m.id != FALLBACK_MESSAGE_ID), ""
-        )
+        question = next((m.text for m in reversed(messages) if m.type == "human" and m.id != FALLBACK_MESSAGE_ID), "")
         reply = reply_to(question, self.memories, self.user)
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])

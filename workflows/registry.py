@@ -1,4 +1,5 @@
 """The node registry: every node type a workflow can use, described for a visual builder's palette."""
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,4 +66,3 @@ def get_node_type(name: str, *, node=None) -> NodeType:
     except (KeyError, TypeError):
         known = ", ".join(sorted(_registry))
         raise InvalidDefinition(f"unknown node type {name!r} (known: {known})", node=node) from None
-

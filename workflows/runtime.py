@@ -1,4 +1,5 @@
 """Running workflows: compile (once per definition version), build the first state, invoke."""
+
 import threading
 from dataclasses import dataclass, field
 

@@ -1,4 +1,5 @@
 """Serializers of the workflows API."""
+
 from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers

@@ -1,4 +1,5 @@
 """The state a workflow run carries from node to node, and the value objects inside it."""
+
 import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any

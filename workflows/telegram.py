@@ -4,6 +4,7 @@ The Bot API base URL, token and webhook secret come from WORKFLOWS settings (the
 TELEGRAM_BOT_TOKEN environment variable). The token is part of every Bot API URL, so no URL, request
 or client exception is ever logged or raised as is: errors are rebuilt without it.
 """
+
 import logging
 import re
 import threading
@@ -57,7 +58,9 @@ class BotAPI:
 
     def call(self, method, payload, *, timeout=None):
         try:
-            response = self._client.post(f"{self._base}/{method}", json=payload, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+            response = self._client.post(
+                f"{self._base}/{method}", json=payload, timeout=timeout or httpx.USE_CLIENT_DEFAULT
+            )
         except httpx.HTTPError as exc:
             # httpx puts the URL (with the token) into some messages: say what failed without it.
             raise TelegramError(f"{method}: {type(exc).__name__}: {self._redact(str(exc))}") from None
@@ -66,7 +69,9 @@ class BotAPI:
         except ValueError:
             raise TelegramError(f"{method}: HTTP {response.status_code}, not JSON") from None
         if response.status_code != 200 or not body.get("ok"):
-            raise TelegramError(f"{method}: HTTP {response.status_code}: {self._redact(str(body.get('description', '')))}")
+            raise TelegramError(
+                f"{method}: HTTP {response.status_code}: {self._redact(str(body.get('description', '')))}"
+            )
         return body.get("result")
 
     def _redact(self, text):

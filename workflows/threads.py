@@ -10,6 +10,7 @@ checkpoints once the transaction commits. When two users are merged, the merged 
 to the surviving user, so a person continues their conversation after the merge; where both had a
 thread for the same conversation and workflow, the more recently active one is kept.
 """
+
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -68,9 +69,7 @@ class ThreadRef:
 # Every agent turn runs these two statements: written once here rather than compiled from querysets
 # per run (which took longer than running them).
 _TABLE = Thread._meta.db_table
-_THREAD_FOR_SQL = (
-    f"SELECT thread_id, head_checkpoint_id FROM {_TABLE} WHERE user_id = %s AND workflow_id = %s AND conversation_id = %s"
-)
+_THREAD_FOR_SQL = f"SELECT thread_id, head_checkpoint_id FROM {_TABLE} WHERE user_id = %s AND workflow_id = %s AND conversation_id = %s"
 
 
 @cache
@@ -228,7 +227,9 @@ def _users_deleting(sender, user_ids, **kwargs):
 
 @receiver(users_footprint, dispatch_uid="workflows_threads_footprint")
 def _users_footprint(sender, user_ids, **kwargs):
-    counts = Thread.objects.filter(user_id__in=list(user_ids)).aggregate(n=Count("id"), checkpoints=Sum("checkpoint_count"))
+    counts = Thread.objects.filter(user_id__in=list(user_ids)).aggregate(
+        n=Count("id"), checkpoints=Sum("checkpoint_count")
+    )
     return {"threads": counts["n"] or 0, "checkpoints": counts["checkpoints"] or 0}
 
 
@@ -239,15 +240,17 @@ def _person_exporting(sender, user_ids, **kwargs):
     for thread in Thread.objects.filter(user_id__in=list(user_ids)).order_by("pk"):
         latest = get_checkpointer().get_tuple(_config(thread.thread_id))
         messages = (latest.checkpoint.get("channel_values") or {}).get("messages", []) if latest else []
-        rows.append({
-            "kind": "thread",
-            "thread_id": thread.thread_id,
-            "conversation_id": thread.conversation_id,
-            "channel": thread.channel,
-            "created_at": thread.created_at,
-            "last_activity": thread.last_activity,
-            "messages": [{"type": getattr(m, "type", ""), "content": getattr(m, "content", "")} for m in messages],
-        })
+        rows.append(
+            {
+                "kind": "thread",
+                "thread_id": thread.thread_id,
+                "conversation_id": thread.conversation_id,
+                "channel": thread.channel,
+                "created_at": thread.created_at,
+                "last_activity": thread.last_activity,
+                "messages": [{"type": getattr(m, "type", ""), "content": getattr(m, "content", "")} for m in messages],
+            }
+        )
     return rows
 
 

@@ -5,6 +5,7 @@ thread as session) and say what actually happened. Expected failures (bad argume
 database errors) go through one wrapper, `memory_tool`: logged, and returned to the model as an
 error tool message (status "error"), never as a result.
 """
+
 import functools
 import json
 import logging
@@ -56,7 +57,10 @@ def _scope(runtime):
     context = runtime.context
     user = context.user or {}
     return RecallScope(
-        agent_id=context.agent_id, user_id=user.get("id"), session_id=context.session_id, channel=user.get("channel", "")
+        agent_id=context.agent_id,
+        user_id=user.get("id"),
+        session_id=context.session_id,
+        channel=user.get("channel", ""),
     )
 
 
@@ -116,8 +120,9 @@ def make_remember_tool(config):
         scope = _scope(runtime)
         if scope.user_id is None and not agent_scope_without_user:
             raise InvalidMemoryArgument(
-                "user", "nobody is identified in this conversation, so nothing is stored "
-                "(the agent's own memory would show it to every user)"
+                "user",
+                "nobody is identified in this conversation, so nothing is stored "
+                "(the agent's own memory would show it to every user)",
             )
         owner = (
             {"scope": Scope.USER, "user_id": scope.user_id}

@@ -10,6 +10,7 @@ An email identifies the person on the `email` channel (so it links across channe
 `user_id`, then `user_name`, on the payload's channel. Group chats are their own conversation;
 one-to-one conversations are "direct".
 """
+
 from dataclasses import dataclass
 
 from memory.exceptions import InvalidMemoryArgument
@@ -93,7 +94,9 @@ def parse_telegram_update(update) -> TriggerInfo:
         type="telegram",
         channel="telegram",
         external_id=str(sender["id"]),
-        display_name=_display(name or (sender.get("username") if isinstance(sender.get("username"), str) else "") or ""),
+        display_name=_display(
+            name or (sender.get("username") if isinstance(sender.get("username"), str) else "") or ""
+        ),
         conversation_id=f"telegram-{chat_id}" if group and chat_id is not None else DIRECT,
         text=text.strip(),
         reply_to=str(chat_id if chat_id is not None else sender["id"]),

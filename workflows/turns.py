@@ -14,6 +14,7 @@ id; processes (several server workers) wait on a lock in the checkpointer's own 
 Neither lock has a timeout, like the in-process one: a turn ends (a model call has its own timeout)
 or its process dies.
 """
+
 import fcntl
 import hashlib
 import logging

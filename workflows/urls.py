@@ -1,4 +1,5 @@
 """URL routes of the workflows app: the staff API under api/v1/, and the Telegram webhook."""
+
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 

@@ -1,4 +1,5 @@
 """HTTP entry points: the node palette and workflow runs (staff API), and the Telegram webhook."""
+
 import hmac
 import logging
 
@@ -57,7 +58,9 @@ class WorkflowViewSet(viewsets.ModelViewSet):
         if kind not in RUN_TRIGGER_TYPES:
             raise ValidationError({"trigger": [f"must be one of {', '.join(RUN_TRIGGER_TYPES)}"]})
         try:
-            result = run_workflow(workflow, {"type": kind, "payload": {k: v for k, v in payload.items() if k != "trigger"}})
+            result = run_workflow(
+                workflow, {"type": kind, "payload": {k: v for k, v in payload.items() if k != "trigger"}}
+            )
         except InvalidTrigger as exc:
             raise ValidationError({exc.field: [exc.message]}) from None
         return Response(result.as_dict(), status=status.HTTP_200_OK)
@@ -111,8 +114,11 @@ def telegram_webhook(request, slug):
         except InvalidTrigger as exc:
             return _rejected(slug, exc.field, exc.message)
     if not workflow_settings.TELEGRAM_BOT_TOKEN:
-        logger.error("telegram webhook %s: no bot token (WORKFLOWS['TELEGRAM_BOT_TOKEN']): update %s left for Telegram's retry",
-                     slug, update_id)
+        logger.error(
+            "telegram webhook %s: no bot token (WORKFLOWS['TELEGRAM_BOT_TOKEN']): update %s left for Telegram's retry",
+            slug,
+            update_id,
+        )
         return _error(503, "bot_token", "no Telegram bot token is configured: the reply could not be sent")
     try:
         outcome = handle_update(workflow, update)

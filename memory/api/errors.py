@@ -5,6 +5,7 @@ period), a body over DATA_UPLOAD_MAX_MEMORY_SIZE, an unhandled exception. Its de
 HTML; API clients get the same JSON shape as every other API error instead, and a body that is too
 large is a 413 naming the body, as the README promises.
 """
+
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views import defaults
@@ -18,7 +19,9 @@ def _wants_json(request):
 
 def bad_request(request, exception=None):
     if isinstance(exception, RequestDataTooBig) and _wants_json(request):
-        return JsonResponse({"detail": "Request body too large.", "body": ["exceeds the largest body accepted"]}, status=413)
+        return JsonResponse(
+            {"detail": "Request body too large.", "body": ["exceeds the largest body accepted"]}, status=413
+        )
     if _wants_json(request):
         return JsonResponse({"detail": "Bad request."}, status=400)
     return defaults.bad_request(request, exception)

@@ -1,4 +1,5 @@
 """Errors of the operators' API: memory service errors become 400/404 answers that name the field."""
+
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler

@@ -4,6 +4,7 @@ Query parameters are strict, as the README promises: an unknown parameter, a bla
 `ordering` field, text no database can store, or a search of too many words is a 400 naming the
 parameter — never silently ignored (a typo'd filter would list everything), never a 500.
 """
+
 import django_filters
 from django import forms
 from django.db.models import Q
@@ -186,7 +187,9 @@ class MemoryUserFilter(django_filters.FilterSet):
         for word in _search_words(value):
             queryset = queryset.filter(
                 pk__in=MemoryUser.objects.filter(
-                    Q(display_name__icontains=word) | Q(canonical_id__icontains=word) | Q(identities__external_id__icontains=word)
+                    Q(display_name__icontains=word)
+                    | Q(canonical_id__icontains=word)
+                    | Q(identities__external_id__icontains=word)
                 ).values("pk")
             )
         return queryset

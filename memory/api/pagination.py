@@ -1,4 +1,5 @@
 """Pagination of the operators' API: pages with the total count, page size settable up to a maximum."""
+
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 

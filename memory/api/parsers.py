@@ -1,4 +1,5 @@
 """Request parsing of the operators' API: JSON only, with a limit on the body size and on nesting."""
+
 from rest_framework import exceptions, parsers, status
 
 from .. import validation

@@ -1,4 +1,5 @@
 """Serializers of the operators' API: one read-only shape per kind of memory, and the batch delete."""
+
 from django.db import models
 from rest_framework import serializers
 
@@ -18,16 +19,34 @@ class RoundedFloatField(serializers.FloatField):
 
 
 class MemorySerializer(serializers.ModelSerializer):
-    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, models.FloatField: RoundedFloatField}
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.FloatField: RoundedFloatField,
+    }
 
 
 class FactSerializer(MemorySerializer):
     class Meta:
         model = Fact
         fields = [
-            "id", "key", "value", "fact_type", "scope", "scope_key", "agent_id", "user", "session_id",
-            "confidence", "times_confirmed", "times_contradicted", "source_episode", "provenance",
-            "access_count", "last_accessed", "created_at", "updated_at",
+            "id",
+            "key",
+            "value",
+            "fact_type",
+            "scope",
+            "scope_key",
+            "agent_id",
+            "user",
+            "session_id",
+            "confidence",
+            "times_confirmed",
+            "times_contradicted",
+            "source_episode",
+            "provenance",
+            "access_count",
+            "last_accessed",
+            "created_at",
+            "updated_at",
         ]
         read_only_fields = fields
 
@@ -36,9 +55,25 @@ class EpisodeSerializer(MemorySerializer):
     class Meta:
         model = Episode
         fields = [
-            "id", "agent_id", "user", "session_id", "workflow", "trigger_type", "trigger_input", "conversation",
-            "actions", "final_output", "success", "error", "human_feedback", "human_rating", "started_at",
-            "ended_at", "duration_ms", "summary", "processed_for_facts",
+            "id",
+            "agent_id",
+            "user",
+            "session_id",
+            "workflow",
+            "trigger_type",
+            "trigger_input",
+            "conversation",
+            "actions",
+            "final_output",
+            "success",
+            "error",
+            "human_feedback",
+            "human_rating",
+            "started_at",
+            "ended_at",
+            "duration_ms",
+            "summary",
+            "processed_for_facts",
         ]
         read_only_fields = fields
 
@@ -47,9 +82,24 @@ class ProcedureSerializer(MemorySerializer):
     class Meta:
         model = Procedure
         fields = [
-            "id", "name", "agent_id", "description", "trigger_conditions", "procedure_type", "content",
-            "times_used", "times_succeeded", "times_failed", "success_rate", "avg_duration_ms", "source",
-            "parent", "is_active", "last_used", "created_at", "updated_at",
+            "id",
+            "name",
+            "agent_id",
+            "description",
+            "trigger_conditions",
+            "procedure_type",
+            "content",
+            "times_used",
+            "times_succeeded",
+            "times_failed",
+            "success_rate",
+            "avg_duration_ms",
+            "source",
+            "parent",
+            "is_active",
+            "last_used",
+            "created_at",
+            "updated_at",
         ]
         read_only_fields = fields
 
@@ -70,8 +120,18 @@ class MemoryUserSerializer(serializers.ModelSerializer):
     class Meta:
         model = MemoryUser
         fields = [
-            "id", "canonical_id", "display_name", "email", "identities", "total_conversations", "fact_count",
-            "episode_count", "merged_into", "merged_at", "created_at", "last_seen",
+            "id",
+            "canonical_id",
+            "display_name",
+            "email",
+            "identities",
+            "total_conversations",
+            "fact_count",
+            "episode_count",
+            "merged_into",
+            "merged_at",
+            "created_at",
+            "last_seen",
         ]
         read_only_fields = fields
 

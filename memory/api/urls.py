@@ -1,4 +1,5 @@
 """Routes of the operators' API, included under /api/v1/ (a SimpleRouter: other apps add their own)."""
+
 from rest_framework.routers import SimpleRouter
 
 from .views import EpisodeViewSet, FactViewSet, MemoryUserViewSet, ProcedureViewSet

@@ -2,6 +2,7 @@
 
 Reads come from MemoryService querysets and deletes go through MemoryService, one transaction each.
 """
+
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -16,7 +17,9 @@ from . import serializers
 from .filters import EpisodeFilter, FactFilter, MemoryUserFilter, ProcedureFilter
 
 
-class MemoryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class MemoryViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
     """The endpoints every kind shares: list, retrieve, delete, batch-delete.
 
     A subclass names its queryset (`list_method`) and delete (`delete_method`) on MemoryService.
@@ -44,7 +47,9 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
         return self.serializer_class
 
     def delete_ids(self, ids, data):
-        return getattr(self.service, self.delete_method)(ids, max_ids=memory_settings.API_MAX_BATCH_IDS, actor=self.actor)
+        return getattr(self.service, self.delete_method)(
+            ids, max_ids=memory_settings.API_MAX_BATCH_IDS, actor=self.actor
+        )
 
     @property
     def actor(self):
@@ -75,7 +80,9 @@ def _batch_schema(request, response, description):
 _BATCH = "Delete rows by id in one transaction. Malformed ids or more than the limit: 400, nothing deleted."
 
 
-@extend_schema_view(batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH))
+@extend_schema_view(
+    batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
+)
 class FactViewSet(MemoryViewSet):
     """Facts (semantic memory) of every owner."""
 
@@ -85,7 +92,9 @@ class FactViewSet(MemoryViewSet):
     ordering_fields = ["id", "key", "confidence", "updated_at", "last_accessed", "access_count"]
 
 
-@extend_schema_view(batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH))
+@extend_schema_view(
+    batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
+)
 class EpisodeViewSet(MemoryViewSet):
     """Episodes (episodic memory): runs, what was said and done, how they ended."""
 
@@ -95,7 +104,9 @@ class EpisodeViewSet(MemoryViewSet):
     ordering_fields = ["id", "started_at", "duration_ms", "agent_id"]
 
 
-@extend_schema_view(batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH))
+@extend_schema_view(
+    batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
+)
 class ProcedureViewSet(MemoryViewSet):
     """Procedures (procedural memory): how to do things and how well it worked."""
 
@@ -106,13 +117,18 @@ class ProcedureViewSet(MemoryViewSet):
 
 
 _CASCADE = OpenApiParameter(
-    "cascade", OpenApiTypes.BOOL, OpenApiParameter.QUERY, required=False,
+    "cascade",
+    OpenApiTypes.BOOL,
+    OpenApiParameter.QUERY,
+    required=False,
     description="Also delete the user's facts, episodes, identities, merged aliases and conversation threads.",
 )
 
 
 @extend_schema_view(
-    destroy=extend_schema(parameters=[_CASCADE], description="Delete a memory user; without cascade only one who holds nothing."),
+    destroy=extend_schema(
+        parameters=[_CASCADE], description="Delete a memory user; without cascade only one who holds nothing."
+    ),
     batch_delete=_batch_schema(
         serializers.UserBatchDeleteSerializer,
         serializers.UserBatchDeleteResultSerializer,

@@ -1,4 +1,5 @@
 """Storage backends: the few database-specific parts of the memory, chosen by settings."""
+
 import threading
 
 from django.db import connection

@@ -3,6 +3,7 @@
 The hot reads (get, search, list) are hand-written SQL built once per query shape: compiling the
 equivalent ORM expression costs more than running the query.
 """
+
 import contextlib
 from functools import cache, lru_cache
 

@@ -1,4 +1,5 @@
 """PostgreSQL backend: a pg_trgm GIN index serves substring search; jsonb matches procedures."""
+
 import json
 
 from django.db import connection

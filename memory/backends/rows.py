@@ -2,6 +2,7 @@
 
 SELECTs come back with the ORM's value conversions; counters are bumped in one UPDATE per distinct step.
 """
+
 import datetime
 from collections import defaultdict
 from functools import cache, cached_property
@@ -167,7 +168,9 @@ def _insert_kind(field):
     path; most columns need nothing, and it is a third of a write's Python time)."""
     if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add):
         return _NOW
-    if isinstance(field, (models.CharField, models.TextField, models.FloatField, models.IntegerField, models.ForeignKey)):
+    if isinstance(
+        field, (models.CharField, models.TextField, models.FloatField, models.IntegerField, models.ForeignKey)
+    ):
         return _PLAIN
     return _CONVERT
 

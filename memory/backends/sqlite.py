@@ -5,6 +5,7 @@ Search plans, chosen per query from the index's own term statistics:
 - only broad words, best-first with a limit: walk each owner's facts by confidence, stopping at the limit;
 - otherwise: the viewer's owners through the (scope_key, key) index.
 """
+
 import contextlib
 import hashlib
 import json
@@ -62,12 +63,22 @@ class IndexDelta:
 
 
 FACT_DELTA = IndexDelta(
-    "memory_fact_fts", "memory_fact_fts_pending", "memory_fact_fts_stale",
-    row="fact_id", text="search_text", owner="scope_key", source=FACT_TABLE,
+    "memory_fact_fts",
+    "memory_fact_fts_pending",
+    "memory_fact_fts_stale",
+    row="fact_id",
+    text="search_text",
+    owner="scope_key",
+    source=FACT_TABLE,
 )
 RECALL_DELTA = IndexDelta(
-    "memory_recall_fts", "memory_recall_fts_pending", "memory_recall_fts_stale",
-    row="doc_id", text="text", owner="owner", source=DOC_TABLE,
+    "memory_recall_fts",
+    "memory_recall_fts_pending",
+    "memory_recall_fts_stale",
+    row="doc_id",
+    text="text",
+    owner="owner",
+    source=DOC_TABLE,
 )
 
 
@@ -86,7 +97,9 @@ class RecallStatistics:
         now = time.monotonic()
         markers = {o: owner_marker(o) for o in owners}
         with self._lock:
-            missing = [m for m in markers.values() if self._owners.get(m, (0, -_STATS_TTL_S * 2))[1] < now - _STATS_TTL_S]
+            missing = [
+                m for m in markers.values() if self._owners.get(m, (0, -_STATS_TTL_S * 2))[1] < now - _STATS_TTL_S
+            ]
             stale_total = self._total[1] < now - _STATS_TTL_S
         found = {}
         with connection.cursor() as cursor:

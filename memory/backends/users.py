@@ -4,6 +4,7 @@ Every workflow run starts here, so these are hand-written statements built once 
 equivalent ORM querysets took longer than running them). Rows come back as small named tuples with
 the attribute names UserContext.of reads.
 """
+
 from collections import namedtuple
 from functools import cache
 

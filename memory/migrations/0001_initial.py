@@ -7,189 +7,341 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Episode',
+            name="Episode",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('agent_id', models.CharField(blank=True, db_index=True, default='', max_length=128)),
-                ('session_id', models.CharField(blank=True, default='', max_length=128)),
-                ('workflow', models.CharField(blank=True, default='', max_length=128)),
-                ('trigger_type', models.CharField(blank=True, default='', max_length=50)),
-                ('trigger_input', models.JSONField(blank=True, default=dict)),
-                ('conversation', models.JSONField(blank=True, default=list)),
-                ('actions', models.JSONField(blank=True, default=list)),
-                ('final_output', models.JSONField(blank=True, null=True)),
-                ('success', models.BooleanField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('human_feedback', models.TextField(blank=True, default='')),
-                ('human_rating', models.SmallIntegerField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('duration_ms', models.PositiveIntegerField(blank=True, null=True)),
-                ('summary', models.TextField(blank=True, default='')),
-                ('processed_for_facts', models.BooleanField(default=False)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("agent_id", models.CharField(blank=True, db_index=True, default="", max_length=128)),
+                ("session_id", models.CharField(blank=True, default="", max_length=128)),
+                ("workflow", models.CharField(blank=True, default="", max_length=128)),
+                ("trigger_type", models.CharField(blank=True, default="", max_length=50)),
+                ("trigger_input", models.JSONField(blank=True, default=dict)),
+                ("conversation", models.JSONField(blank=True, default=list)),
+                ("actions", models.JSONField(blank=True, default=list)),
+                ("final_output", models.JSONField(blank=True, null=True)),
+                ("success", models.BooleanField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("human_feedback", models.TextField(blank=True, default="")),
+                ("human_rating", models.SmallIntegerField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                ("duration_ms", models.PositiveIntegerField(blank=True, null=True)),
+                ("summary", models.TextField(blank=True, default="")),
+                ("processed_for_facts", models.BooleanField(default=False)),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
+                "ordering": ["-started_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='MemoryUser',
+            name="MemoryUser",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('canonical_id', models.CharField(max_length=300, unique=True)),
-                ('display_name', models.CharField(blank=True, default='', max_length=200)),
-                ('total_conversations', models.PositiveIntegerField(default=0)),
-                ('merged_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_seen', models.DateTimeField(blank=True, null=True)),
-                ('merged_into', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='merged_users', to='memory.memoryuser')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("canonical_id", models.CharField(max_length=300, unique=True)),
+                ("display_name", models.CharField(blank=True, default="", max_length=200)),
+                ("total_conversations", models.PositiveIntegerField(default=0)),
+                ("merged_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_seen", models.DateTimeField(blank=True, null=True)),
+                (
+                    "merged_into",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="merged_users",
+                        to="memory.memoryuser",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-last_seen', '-id'],
+                "ordering": ["-last_seen", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Fact',
+            name="Fact",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255)),
-                ('value', models.JSONField()),
-                ('fact_type', models.CharField(choices=[('user_preference', 'User preference'), ('world_knowledge', 'World knowledge'), ('self_knowledge', 'Self knowledge'), ('correction', 'Correction'), ('relationship', 'Relationship')], default='world_knowledge', max_length=32)),
-                ('scope', models.CharField(choices=[('session', 'Session'), ('user', 'User'), ('agent', 'Agent'), ('global', 'Global')], max_length=16)),
-                ('agent_id', models.CharField(blank=True, default='', max_length=128)),
-                ('session_id', models.CharField(blank=True, default='', max_length=128)),
-                ('scope_key', models.GeneratedField(db_persist=True, expression=models.Case(models.When(scope='session', then=django.db.models.functions.text.Concat(models.Value('session:'), 'session_id')), models.When(scope='user', then=django.db.models.functions.text.Concat(models.Value('user:'), django.db.models.functions.comparison.Cast('user_id', models.CharField()))), models.When(scope='agent', then=django.db.models.functions.text.Concat(models.Value('agent:'), 'agent_id')), default=models.Value('global')), output_field=models.CharField(max_length=300))),
-                ('confidence', models.FloatField(default=0.8)),
-                ('times_confirmed', models.PositiveIntegerField(default=0)),
-                ('times_contradicted', models.PositiveIntegerField(default=0)),
-                ('provenance', models.TextField(blank=True, default='')),
-                ('access_count', models.PositiveIntegerField(default=0)),
-                ('last_accessed', models.DateTimeField(blank=True, null=True)),
-                ('search_text', models.TextField(blank=True, default='', editable=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('source_episode', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='derived_facts', to='memory.episode')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='facts', to='memory.memoryuser')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("key", models.CharField(max_length=255)),
+                ("value", models.JSONField()),
+                (
+                    "fact_type",
+                    models.CharField(
+                        choices=[
+                            ("user_preference", "User preference"),
+                            ("world_knowledge", "World knowledge"),
+                            ("self_knowledge", "Self knowledge"),
+                            ("correction", "Correction"),
+                            ("relationship", "Relationship"),
+                        ],
+                        default="world_knowledge",
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "scope",
+                    models.CharField(
+                        choices=[("session", "Session"), ("user", "User"), ("agent", "Agent"), ("global", "Global")],
+                        max_length=16,
+                    ),
+                ),
+                ("agent_id", models.CharField(blank=True, default="", max_length=128)),
+                ("session_id", models.CharField(blank=True, default="", max_length=128)),
+                (
+                    "scope_key",
+                    models.GeneratedField(
+                        db_persist=True,
+                        expression=models.Case(
+                            models.When(
+                                scope="session",
+                                then=django.db.models.functions.text.Concat(models.Value("session:"), "session_id"),
+                            ),
+                            models.When(
+                                scope="user",
+                                then=django.db.models.functions.text.Concat(
+                                    models.Value("user:"),
+                                    django.db.models.functions.comparison.Cast("user_id", models.CharField()),
+                                ),
+                            ),
+                            models.When(
+                                scope="agent",
+                                then=django.db.models.functions.text.Concat(models.Value("agent:"), "agent_id"),
+                            ),
+                            default=models.Value("global"),
+                        ),
+                        output_field=models.CharField(max_length=300),
+                    ),
+                ),
+                ("confidence", models.FloatField(default=0.8)),
+                ("times_confirmed", models.PositiveIntegerField(default=0)),
+                ("times_contradicted", models.PositiveIntegerField(default=0)),
+                ("provenance", models.TextField(blank=True, default="")),
+                ("access_count", models.PositiveIntegerField(default=0)),
+                ("last_accessed", models.DateTimeField(blank=True, null=True)),
+                ("search_text", models.TextField(blank=True, default="", editable=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "source_episode",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="derived_facts",
+                        to="memory.episode",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="facts",
+                        to="memory.memoryuser",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['key', 'id'],
+                "ordering": ["key", "id"],
             },
         ),
         migrations.AddField(
-            model_name='episode',
-            name='user',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='episodes', to='memory.memoryuser'),
+            model_name="episode",
+            name="user",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="episodes",
+                to="memory.memoryuser",
+            ),
         ),
         migrations.CreateModel(
-            name='ChannelIdentity',
+            name="ChannelIdentity",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('channel', models.CharField(max_length=50)),
-                ('external_id', models.CharField(max_length=255)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='identities', to='memory.memoryuser')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("channel", models.CharField(max_length=50)),
+                ("external_id", models.CharField(max_length=255)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="identities", to="memory.memoryuser"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'channel identities',
-                'ordering': ['channel', 'external_id'],
+                "verbose_name_plural": "channel identities",
+                "ordering": ["channel", "external_id"],
             },
         ),
         migrations.CreateModel(
-            name='Procedure',
+            name="Procedure",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('agent_id', models.CharField(blank=True, default='', help_text='Blank: shared by every agent.', max_length=128)),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True, default='')),
-                ('trigger_conditions', models.JSONField(blank=True, default=dict)),
-                ('procedure_type', models.CharField(choices=[('workflow_graph', 'Workflow graph'), ('prompt_template', 'Prompt template'), ('code_snippet', 'Code snippet'), ('tool_sequence', 'Tool sequence')], default='prompt_template', max_length=32)),
-                ('content', models.JSONField(blank=True, default=dict)),
-                ('times_used', models.PositiveIntegerField(default=0)),
-                ('times_succeeded', models.PositiveIntegerField(default=0)),
-                ('times_failed', models.PositiveIntegerField(default=0)),
-                ('success_rate', models.FloatField(default=0.0)),
-                ('avg_duration_ms', models.FloatField(default=0.0)),
-                ('source', models.CharField(choices=[('human', 'Taught by a human'), ('learned', 'Learned from episodes'), ('evolved', 'Evolved from another procedure')], default='human', max_length=16)),
-                ('is_active', models.BooleanField(default=True)),
-                ('last_used', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='children', to='memory.procedure')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "agent_id",
+                    models.CharField(blank=True, default="", help_text="Blank: shared by every agent.", max_length=128),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True, default="")),
+                ("trigger_conditions", models.JSONField(blank=True, default=dict)),
+                (
+                    "procedure_type",
+                    models.CharField(
+                        choices=[
+                            ("workflow_graph", "Workflow graph"),
+                            ("prompt_template", "Prompt template"),
+                            ("code_snippet", "Code snippet"),
+                            ("tool_sequence", "Tool sequence"),
+                        ],
+                        default="prompt_template",
+                        max_length=32,
+                    ),
+                ),
+                ("content", models.JSONField(blank=True, default=dict)),
+                ("times_used", models.PositiveIntegerField(default=0)),
+                ("times_succeeded", models.PositiveIntegerField(default=0)),
+                ("times_failed", models.PositiveIntegerField(default=0)),
+                ("success_rate", models.FloatField(default=0.0)),
+                ("avg_duration_ms", models.FloatField(default=0.0)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("human", "Taught by a human"),
+                            ("learned", "Learned from episodes"),
+                            ("evolved", "Evolved from another procedure"),
+                        ],
+                        default="human",
+                        max_length=16,
+                    ),
+                ),
+                ("is_active", models.BooleanField(default=True)),
+                ("last_used", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="children",
+                        to="memory.procedure",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name', 'id'],
+                "ordering": ["name", "id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='memoryuser',
-            constraint=models.CheckConstraint(condition=models.Q(('merged_into', models.F('id')), _negated=True), name='memory_user_not_merged_into_self'),
+            model_name="memoryuser",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("merged_into", models.F("id")), _negated=True),
+                name="memory_user_not_merged_into_self",
+            ),
         ),
         migrations.AddIndex(
-            model_name='fact',
-            index=models.Index(fields=['-confidence'], name='fact_confidence_desc'),
+            model_name="fact",
+            index=models.Index(fields=["-confidence"], name="fact_confidence_desc"),
         ),
         migrations.AddConstraint(
-            model_name='fact',
-            constraint=models.UniqueConstraint(fields=('scope_key', 'key'), name='one_fact_per_owner_and_key'),
+            model_name="fact",
+            constraint=models.UniqueConstraint(fields=("scope_key", "key"), name="one_fact_per_owner_and_key"),
         ),
         migrations.AddConstraint(
-            model_name='fact',
-            constraint=models.CheckConstraint(condition=models.Q(('scope__in', ['session', 'user', 'agent', 'global'])), name='fact_scope_known'),
+            model_name="fact",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("scope__in", ["session", "user", "agent", "global"])), name="fact_scope_known"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='fact',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('agent_id', ''), ('scope', 'session'), ('user__isnull', True), models.Q(('session_id', ''), _negated=True)), models.Q(('agent_id', ''), ('scope', 'user'), ('session_id', ''), ('user__isnull', False)), models.Q(('scope', 'agent'), ('session_id', ''), ('user__isnull', True), models.Q(('agent_id', ''), _negated=True)), models.Q(('agent_id', ''), ('scope', 'global'), ('session_id', ''), ('user__isnull', True)), _connector='OR'), name='fact_scope_has_its_owner'),
+            model_name="fact",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(
+                        ("agent_id", ""),
+                        ("scope", "session"),
+                        ("user__isnull", True),
+                        models.Q(("session_id", ""), _negated=True),
+                    ),
+                    models.Q(("agent_id", ""), ("scope", "user"), ("session_id", ""), ("user__isnull", False)),
+                    models.Q(
+                        ("scope", "agent"),
+                        ("session_id", ""),
+                        ("user__isnull", True),
+                        models.Q(("agent_id", ""), _negated=True),
+                    ),
+                    models.Q(("agent_id", ""), ("scope", "global"), ("session_id", ""), ("user__isnull", True)),
+                    _connector="OR",
+                ),
+                name="fact_scope_has_its_owner",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='fact',
-            constraint=models.CheckConstraint(condition=models.Q(('confidence__gte', 0.0), ('confidence__lte', 1.0)), name='fact_confidence_0_1'),
+            model_name="fact",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("confidence__gte", 0.0), ("confidence__lte", 1.0)), name="fact_confidence_0_1"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='fact',
-            constraint=models.CheckConstraint(condition=models.Q(('key', ''), _negated=True), name='fact_key_not_blank'),
+            model_name="fact",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("key", ""), _negated=True), name="fact_key_not_blank"
+            ),
         ),
         migrations.AddIndex(
-            model_name='episode',
-            index=models.Index(fields=['user', '-started_at'], name='episode_user_recent'),
+            model_name="episode",
+            index=models.Index(fields=["user", "-started_at"], name="episode_user_recent"),
         ),
         migrations.AddIndex(
-            model_name='episode',
-            index=models.Index(fields=['agent_id', '-started_at'], name='episode_agent_recent'),
+            model_name="episode",
+            index=models.Index(fields=["agent_id", "-started_at"], name="episode_agent_recent"),
         ),
         migrations.AddIndex(
-            model_name='episode',
-            index=models.Index(fields=['processed_for_facts', 'started_at'], name='episode_unprocessed'),
+            model_name="episode",
+            index=models.Index(fields=["processed_for_facts", "started_at"], name="episode_unprocessed"),
         ),
         migrations.AddConstraint(
-            model_name='channelidentity',
-            constraint=models.UniqueConstraint(fields=('channel', 'external_id'), name='one_user_per_channel_identity'),
+            model_name="channelidentity",
+            constraint=models.UniqueConstraint(fields=("channel", "external_id"), name="one_user_per_channel_identity"),
         ),
         migrations.AddConstraint(
-            model_name='channelidentity',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('channel', ''), _negated=True), models.Q(('external_id', ''), _negated=True)), name='channel_identity_not_blank'),
+            model_name="channelidentity",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("channel", ""), _negated=True), models.Q(("external_id", ""), _negated=True)
+                ),
+                name="channel_identity_not_blank",
+            ),
         ),
         migrations.AddIndex(
-            model_name='procedure',
-            index=models.Index(fields=['agent_id', 'is_active', '-success_rate'], name='procedure_best_first'),
+            model_name="procedure",
+            index=models.Index(fields=["agent_id", "is_active", "-success_rate"], name="procedure_best_first"),
         ),
         migrations.AddConstraint(
-            model_name='procedure',
-            constraint=models.UniqueConstraint(fields=('agent_id', 'name'), name='one_procedure_per_agent_and_name'),
+            model_name="procedure",
+            constraint=models.UniqueConstraint(fields=("agent_id", "name"), name="one_procedure_per_agent_and_name"),
         ),
         migrations.AddConstraint(
-            model_name='procedure',
-            constraint=models.CheckConstraint(condition=models.Q(('name', ''), _negated=True), name='procedure_name_not_blank'),
+            model_name="procedure",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("name", ""), _negated=True), name="procedure_name_not_blank"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='procedure',
-            constraint=models.CheckConstraint(condition=models.Q(('success_rate__gte', 0.0), ('success_rate__lte', 1.0)), name='procedure_success_rate_0_1'),
+            model_name="procedure",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("success_rate__gte", 0.0), ("success_rate__lte", 1.0)),
+                name="procedure_success_rate_0_1",
+            ),
         ),
     ]

@@ -4,6 +4,7 @@ SQLite: a contentless FTS5 table indexes each fact's search_text and, in a secon
 three-character owner marker (see memory.backends.sqlite.owner_marker), so one MATCH narrows to
 the owners a viewer may see. Triggers keep it in step inside the row's own transaction.
 """
+
 from django.db import migrations
 
 _OLD = "engram_owner_marker(old.scope_key)"

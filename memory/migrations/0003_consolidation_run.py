@@ -4,31 +4,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0002_fact_search_index'),
+        ("memory", "0002_fact_search_index"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ConsolidationRun',
+            name="ConsolidationRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('started_at', models.DateTimeField(db_index=True)),
-                ('finished_at', models.DateTimeField()),
-                ('extractor', models.CharField(max_length=200)),
-                ('agent_id', models.CharField(blank=True, default='', help_text='Blank: every agent.', max_length=128)),
-                ('episodes_seen', models.PositiveIntegerField(default=0)),
-                ('episodes_processed', models.PositiveIntegerField(default=0)),
-                ('episodes_failed', models.PositiveIntegerField(default=0)),
-                ('facts_created', models.PositiveIntegerField(default=0)),
-                ('facts_confirmed', models.PositiveIntegerField(default=0)),
-                ('facts_updated', models.PositiveIntegerField(default=0)),
-                ('facts_skipped', models.PositiveIntegerField(default=0)),
-                ('errors', models.JSONField(blank=True, default=list)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("started_at", models.DateTimeField(db_index=True)),
+                ("finished_at", models.DateTimeField()),
+                ("extractor", models.CharField(max_length=200)),
+                ("agent_id", models.CharField(blank=True, default="", help_text="Blank: every agent.", max_length=128)),
+                ("episodes_seen", models.PositiveIntegerField(default=0)),
+                ("episodes_processed", models.PositiveIntegerField(default=0)),
+                ("episodes_failed", models.PositiveIntegerField(default=0)),
+                ("facts_created", models.PositiveIntegerField(default=0)),
+                ("facts_confirmed", models.PositiveIntegerField(default=0)),
+                ("facts_updated", models.PositiveIntegerField(default=0)),
+                ("facts_skipped", models.PositiveIntegerField(default=0)),
+                ("errors", models.JSONField(blank=True, default=list)),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
+                "ordering": ["-started_at", "-id"],
             },
         ),
     ]

@@ -5,6 +5,7 @@ exists); an existing file only changes mode with a full VACUUM, run here once. V
 inside a transaction, hence a non-atomic migration. PostgreSQL needs nothing: autovacuum reclaims
 space on its own.
 """
+
 from django.db import migrations
 
 INCREMENTAL = 2  # PRAGMA auto_vacuum reports 0 none, 1 full, 2 incremental

@@ -4,77 +4,95 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0004_sqlite_incremental_vacuum'),
+        ("memory", "0004_sqlite_incremental_vacuum"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='EmbeddingModelRecord',
+            name="EmbeddingModelRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=300)),
-                ('dimension', models.PositiveIntegerField()),
-                ('recorded_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("model", models.CharField(max_length=300)),
+                ("dimension", models.PositiveIntegerField()),
+                ("recorded_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'db_table': 'memory_embedding_model',
+                "db_table": "memory_embedding_model",
             },
         ),
         migrations.CreateModel(
-            name='RecallScope',
+            name="RecallScope",
             fields=[
-                ('owner', models.CharField(max_length=300, primary_key=True, serialize=False)),
-                ('generation', models.BigIntegerField(default=0)),
-                ('removed', models.BigIntegerField(default=0)),
+                ("owner", models.CharField(max_length=300, primary_key=True, serialize=False)),
+                ("generation", models.BigIntegerField(default=0)),
+                ("removed", models.BigIntegerField(default=0)),
             ],
             options={
-                'db_table': 'memory_recall_scope',
+                "db_table": "memory_recall_scope",
             },
         ),
         migrations.CreateModel(
-            name='RecallDocument',
+            name="RecallDocument",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('fact', 'Fact'), ('episode', 'Episode'), ('procedure', 'Procedure')], max_length=16)),
-                ('item_id', models.BigIntegerField()),
-                ('owner', models.CharField(max_length=300)),
-                ('shadow_key', models.CharField(blank=True, default='', max_length=255)),
-                ('active', models.BooleanField(default=True)),
-                ('text', models.TextField(blank=True, default='')),
-                ('importance', models.FloatField(default=0.5)),
-                ('item_time', models.DateTimeField(blank=True, null=True)),
-                ('embedding', models.BinaryField(blank=True, null=True)),
-                ('vector_seq', models.BigIntegerField(default=0)),
-                ('reference_count', models.PositiveIntegerField(default=0)),
-                ('last_referenced', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("fact", "Fact"), ("episode", "Episode"), ("procedure", "Procedure")], max_length=16
+                    ),
+                ),
+                ("item_id", models.BigIntegerField()),
+                ("owner", models.CharField(max_length=300)),
+                ("shadow_key", models.CharField(blank=True, default="", max_length=255)),
+                ("active", models.BooleanField(default=True)),
+                ("text", models.TextField(blank=True, default="")),
+                ("importance", models.FloatField(default=0.5)),
+                ("item_time", models.DateTimeField(blank=True, null=True)),
+                ("embedding", models.BinaryField(blank=True, null=True)),
+                ("vector_seq", models.BigIntegerField(default=0)),
+                ("reference_count", models.PositiveIntegerField(default=0)),
+                ("last_referenced", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'memory_recall_doc',
-                'indexes': [models.Index(fields=['owner', 'vector_seq'], name='recall_doc_owner_seq'), models.Index(fields=['shadow_key', 'kind', 'owner'], name='recall_doc_shadow')],
-                'constraints': [models.UniqueConstraint(fields=('kind', 'item_id'), name='one_recall_document_per_item'), models.CheckConstraint(condition=models.Q(('kind__in', ['fact', 'episode', 'procedure'])), name='recall_document_kind_known')],
+                "db_table": "memory_recall_doc",
+                "indexes": [
+                    models.Index(fields=["owner", "vector_seq"], name="recall_doc_owner_seq"),
+                    models.Index(fields=["shadow_key", "kind", "owner"], name="recall_doc_shadow"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("kind", "item_id"), name="one_recall_document_per_item"),
+                    models.CheckConstraint(
+                        condition=models.Q(("kind__in", ["fact", "episode", "procedure"])),
+                        name="recall_document_kind_known",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RecallEvent',
+            name="RecallEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(db_index=True)),
-                ('agent_id', models.CharField(blank=True, default='', max_length=128)),
-                ('user_id', models.BigIntegerField(blank=True, null=True)),
-                ('session_id', models.CharField(blank=True, default='', max_length=128)),
-                ('query', models.TextField()),
-                ('kind', models.CharField(choices=[('fact', 'Fact'), ('episode', 'Episode'), ('procedure', 'Procedure')], max_length=16)),
-                ('item_id', models.BigIntegerField()),
-                ('rank', models.PositiveSmallIntegerField()),
-                ('score', models.FloatField()),
-                ('mode', models.CharField(max_length=16)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("created_at", models.DateTimeField(db_index=True)),
+                ("agent_id", models.CharField(blank=True, default="", max_length=128)),
+                ("user_id", models.BigIntegerField(blank=True, null=True)),
+                ("session_id", models.CharField(blank=True, default="", max_length=128)),
+                ("query", models.TextField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("fact", "Fact"), ("episode", "Episode"), ("procedure", "Procedure")], max_length=16
+                    ),
+                ),
+                ("item_id", models.BigIntegerField()),
+                ("rank", models.PositiveSmallIntegerField()),
+                ("score", models.FloatField()),
+                ("mode", models.CharField(max_length=16)),
             ],
             options={
-                'db_table': 'memory_recall_event',
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['kind', 'item_id'], name='recall_event_item')],
+                "db_table": "memory_recall_event",
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["kind", "item_id"], name="recall_event_item")],
             },
         ),
     ]

@@ -12,6 +12,7 @@ SQLite: a contentless FTS5 table (porter stemming over unicode61 words, BM25 ran
 marker column (see memory.backends.sqlite.owner_marker) weighted 0 in BM25.
 PostgreSQL: a generated `tsvector` column (english configuration) with a GIN index.
 """
+
 from django.db import migrations
 
 # ---- what each item contributes (the same expressions for both databases where possible)
@@ -105,21 +106,45 @@ SQLITE_FORWARD = [
     f"INSERT INTO memory_recall_fts(memory_recall_fts, rowid, text, owner) VALUES ('delete', old.id, old.text, {_MARK_OLD}); "
     "UPDATE memory_recall_scope SET removed = removed + 1 WHERE owner = old.owner AND old.embedding IS NOT NULL; END",
     *_sqlite_item_triggers(
-        "fact", "memory_fact", owner="{r}.scope_key", shadow_key='{r}."key"', active="1", text=_FACT_TEXT,
-        importance="{r}.confidence", item_time="{r}.updated_at", watched=_FACT_WATCHED,
+        "fact",
+        "memory_fact",
+        owner="{r}.scope_key",
+        shadow_key='{r}."key"',
+        active="1",
+        text=_FACT_TEXT,
+        importance="{r}.confidence",
+        item_time="{r}.updated_at",
+        watched=_FACT_WATCHED,
     ),
     *_sqlite_item_triggers(
-        "episode", "memory_episode", owner=_SQLITE_EPISODE_OWNER, shadow_key="''", active="1",
-        text=_SQLITE_EPISODE_TEXT, importance=_EPISODE_IMPORTANCE, item_time="{r}.started_at", watched=_EPISODE_WATCHED,
+        "episode",
+        "memory_episode",
+        owner=_SQLITE_EPISODE_OWNER,
+        shadow_key="''",
+        active="1",
+        text=_SQLITE_EPISODE_TEXT,
+        importance=_EPISODE_IMPORTANCE,
+        item_time="{r}.started_at",
+        watched=_EPISODE_WATCHED,
     ),
     *_sqlite_item_triggers(
-        "procedure", "memory_procedure", owner=_PROCEDURE_OWNER, shadow_key="{r}.name", active="{r}.is_active",
-        text=_SQLITE_PROCEDURE_TEXT, importance=_PROCEDURE_IMPORTANCE, item_time="{r}.updated_at",
+        "procedure",
+        "memory_procedure",
+        owner=_PROCEDURE_OWNER,
+        shadow_key="{r}.name",
+        active="{r}.is_active",
+        text=_SQLITE_PROCEDURE_TEXT,
+        importance=_PROCEDURE_IMPORTANCE,
+        item_time="{r}.updated_at",
         watched=_PROCEDURE_WATCHED,
     ),
 ]
 SQLITE_REVERSE = [
-    *[f"DROP TRIGGER IF EXISTS memory_recall_{k}_{op}" for k in ("fact", "episode", "procedure") for op in ("ai", "au", "ad")],
+    *[
+        f"DROP TRIGGER IF EXISTS memory_recall_{k}_{op}"
+        for k in ("fact", "episode", "procedure")
+        for op in ("ai", "au", "ad")
+    ],
     *[f"DROP TRIGGER IF EXISTS memory_recall_doc_{op}" for op in ("ai", "au_text", "au_vector", "ad")],
     "DROP TABLE IF EXISTS memory_recall_fts",
     "DROP INDEX IF EXISTS memory_episode_recall_session",
@@ -191,16 +216,36 @@ POSTGRESQL_FORWARD = [
     "CREATE TRIGGER memory_recall_doc_vector BEFORE INSERT OR UPDATE OR DELETE ON memory_recall_doc "
     "FOR EACH ROW EXECUTE FUNCTION memory_recall_doc_vector()",
     *_pg_item_sync(
-        "fact", "memory_fact", owner="{r}.scope_key", shadow_key="{r}.key", active="true", text=_FACT_TEXT,
-        importance="{r}.confidence", item_time="{r}.updated_at", watched=_FACT_WATCHED,
+        "fact",
+        "memory_fact",
+        owner="{r}.scope_key",
+        shadow_key="{r}.key",
+        active="true",
+        text=_FACT_TEXT,
+        importance="{r}.confidence",
+        item_time="{r}.updated_at",
+        watched=_FACT_WATCHED,
     ),
     *_pg_item_sync(
-        "episode", "memory_episode", owner=_PG_EPISODE_OWNER, shadow_key="''", active="true", text=_PG_EPISODE_TEXT,
-        importance=_EPISODE_IMPORTANCE, item_time="{r}.started_at", watched=_EPISODE_WATCHED,
+        "episode",
+        "memory_episode",
+        owner=_PG_EPISODE_OWNER,
+        shadow_key="''",
+        active="true",
+        text=_PG_EPISODE_TEXT,
+        importance=_EPISODE_IMPORTANCE,
+        item_time="{r}.started_at",
+        watched=_EPISODE_WATCHED,
     ),
     *_pg_item_sync(
-        "procedure", "memory_procedure", owner=_PROCEDURE_OWNER, shadow_key="{r}.name", active="{r}.is_active",
-        text=_PG_PROCEDURE_TEXT, importance=_PG_PROCEDURE_IMPORTANCE, item_time="{r}.updated_at",
+        "procedure",
+        "memory_procedure",
+        owner=_PROCEDURE_OWNER,
+        shadow_key="{r}.name",
+        active="{r}.is_active",
+        text=_PG_PROCEDURE_TEXT,
+        importance=_PG_PROCEDURE_IMPORTANCE,
+        item_time="{r}.updated_at",
         watched=_PROCEDURE_WATCHED,
     ),
 ]

@@ -15,6 +15,7 @@ Searches read the index and the viewer's pending facts (memory.backends.sqlite);
 checks every candidate against the fact row itself, so a stale entry only costs a rejected
 candidate until it is removed. PostgreSQL needs none of this: its GIN index batches on its own.
 """
+
 from django.db import migrations
 
 FLUSH_AT = 256

@@ -7,6 +7,7 @@ entries to remove, with the values indexed). The delta moves into the index when
 FLUSH_AT documents, inside the write that filled it, and before any keyword recall reads the index
 (memory.backends.sqlite): BM25 can only rank what the index holds. PostgreSQL needs none of this.
 """
+
 from django.db import migrations
 
 FLUSH_AT = 256

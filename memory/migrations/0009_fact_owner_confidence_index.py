@@ -4,18 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0008_recall_index_delta'),
+        ("memory", "0008_recall_index_delta"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='fact',
-            name='fact_confidence_desc',
+            model_name="fact",
+            name="fact_confidence_desc",
         ),
         migrations.AddIndex(
-            model_name='fact',
-            index=models.Index(fields=['scope_key', '-confidence'], name='fact_owner_confidence'),
+            model_name="fact",
+            index=models.Index(fields=["scope_key", "-confidence"], name="fact_owner_confidence"),
         ),
     ]

@@ -4,30 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0009_fact_owner_confidence_index'),
+        ("memory", "0009_fact_owner_confidence_index"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='DeletionRecord',
+            name="DeletionRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('actor', models.CharField(max_length=200)),
-                ('kind', models.CharField(choices=[('facts', 'Facts'), ('episodes', 'Episodes'), ('procedures', 'Procedures'), ('memory users', 'Memory Users'), ('threads', 'Threads')], max_length=20)),
-                ('count', models.PositiveIntegerField()),
-                ('ids', models.JSONField(default=list)),
-                ('cascaded', models.JSONField(blank=True, default=dict)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("actor", models.CharField(max_length=200)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("facts", "Facts"),
+                            ("episodes", "Episodes"),
+                            ("procedures", "Procedures"),
+                            ("memory users", "Memory Users"),
+                            ("threads", "Threads"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("count", models.PositiveIntegerField()),
+                ("ids", models.JSONField(default=list)),
+                ("cascaded", models.JSONField(blank=True, default=dict)),
             ],
             options={
-                'db_table': 'memory_deletion_record',
-                'ordering': ['-created_at', '-id'],
+                "db_table": "memory_deletion_record",
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddIndex(
-            model_name='recallevent',
-            index=models.Index(fields=['user_id'], name='recall_event_user'),
+            model_name="recallevent",
+            index=models.Index(fields=["user_id"], name="recall_event_user"),
         ),
     ]

@@ -16,6 +16,7 @@ WAL checkpoints (copying committed pages from the -wal file back into the databa
 background thread per file, not inside a writer's commit; see WalCheckpointer. Cursors remember
 each statement's placeholder rewrite; see CursorWrapper.
 """
+
 import logging
 import os
 import sqlite3

@@ -1,4 +1,5 @@
 """ASGI entry point of the Engram site."""
+
 import os
 import sys
 from pathlib import Path

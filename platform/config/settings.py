@@ -1,4 +1,5 @@
 """Settings of the Engram site, read from the environment with embedded defaults."""
+
 import os
 from pathlib import Path
 
@@ -20,7 +21,9 @@ def env_bool(name, default=False):
 DEBUG = env_bool("DEBUG", False)
 # The embedded default key is only good for a local, DEBUG-less demo; set SECRET_KEY in production.
 SECRET_KEY = os.environ.get("SECRET_KEY", "engram-insecure-development-key-change-me")
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()
+]
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -1,4 +1,5 @@
 """URL routes of the Engram site."""
+
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView

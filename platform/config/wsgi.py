@@ -1,4 +1,5 @@
 """WSGI entry point of the Engram site."""
+
 import os
 import sys
 from pathlib import Path

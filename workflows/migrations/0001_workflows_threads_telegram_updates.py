@@ -5,60 +5,82 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('memory', '0002_fact_search_index'),
+        ("memory", "0002_fact_search_index"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Workflow',
+            name="Workflow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(max_length=100, unique=True)),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True, default='')),
-                ('definition', models.JSONField(default=dict)),
-                ('is_active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("slug", models.SlugField(max_length=100, unique=True)),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True, default="")),
+                ("definition", models.JSONField(default=dict)),
+                ("is_active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['slug'],
+                "ordering": ["slug"],
             },
         ),
         migrations.CreateModel(
-            name='Thread',
+            name="Thread",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('thread_id', models.CharField(max_length=300, unique=True)),
-                ('conversation_id', models.CharField(default='direct', max_length=100)),
-                ('channel', models.CharField(blank=True, default='', max_length=50)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_activity', models.DateTimeField(db_index=True)),
-                ('checkpoint_count', models.PositiveIntegerField(default=0)),
-                ('head_checkpoint_id', models.CharField(blank=True, default='', max_length=100)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='threads', to='memory.memoryuser')),
-                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='threads', to='workflows.workflow')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("thread_id", models.CharField(max_length=300, unique=True)),
+                ("conversation_id", models.CharField(default="direct", max_length=100)),
+                ("channel", models.CharField(blank=True, default="", max_length=50)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_activity", models.DateTimeField(db_index=True)),
+                ("checkpoint_count", models.PositiveIntegerField(default=0)),
+                ("head_checkpoint_id", models.CharField(blank=True, default="", max_length=100)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="threads", to="memory.memoryuser"
+                    ),
+                ),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="threads", to="workflows.workflow"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-last_activity', '-id'],
-                'indexes': [models.Index(fields=['workflow', '-last_activity'], name='thread_workflow_recent')],
-                'constraints': [models.UniqueConstraint(fields=('user', 'workflow', 'conversation_id'), name='one_thread_per_conversation')],
+                "ordering": ["-last_activity", "-id"],
+                "indexes": [models.Index(fields=["workflow", "-last_activity"], name="thread_workflow_recent")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("user", "workflow", "conversation_id"), name="one_thread_per_conversation"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='TelegramUpdate',
+            name="TelegramUpdate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('update_id', models.BigIntegerField()),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
-                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='telegram_updates', to='workflows.workflow')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("update_id", models.BigIntegerField()),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="telegram_updates",
+                        to="workflows.workflow",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('workflow', 'update_id'), name='one_run_per_telegram_update')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("workflow", "update_id"), name="one_run_per_telegram_update")
+                ],
             },
         ),
     ]

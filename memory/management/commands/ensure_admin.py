@@ -1,4 +1,5 @@
 """Create a staff superuser for /memories/ from ENGRAM_ADMIN_PASSWORD, if it does not exist yet."""
+
 import os
 
 from django.contrib.auth import get_user_model

@@ -4,6 +4,7 @@ Tables (rich) for people; `--json` prints exactly one JSON object for programs. 
 is one class with `add_arguments(parser)` and `handle(command, options)`, listed in SUBCOMMANDS:
 another app's subcommand (recall's `reindex`) joins by adding its class there.
 """
+
 import json
 import shutil
 import sys
@@ -76,32 +77,56 @@ class ListSubcommand(Subcommand):
     def row(kind, obj):
         if kind == "facts":
             return {
-                "id": obj.pk, "key": obj.key, "value": obj.value, "scope": obj.scope, "owner": obj.scope_key,
-                "fact_type": obj.fact_type, "confidence": round(obj.confidence, 3), "confirmed": obj.times_confirmed,
+                "id": obj.pk,
+                "key": obj.key,
+                "value": obj.value,
+                "scope": obj.scope,
+                "owner": obj.scope_key,
+                "fact_type": obj.fact_type,
+                "confidence": round(obj.confidence, 3),
+                "confirmed": obj.times_confirmed,
                 "updated_at": obj.updated_at,
             }
         if kind == "episodes":
             return {
-                "id": obj.pk, "agent_id": obj.agent_id, "user_id": obj.user_id, "trigger_type": obj.trigger_type,
-                "success": obj.success, "processed": obj.processed_for_facts, "summary": obj.summary, "started_at": obj.started_at,
+                "id": obj.pk,
+                "agent_id": obj.agent_id,
+                "user_id": obj.user_id,
+                "trigger_type": obj.trigger_type,
+                "success": obj.success,
+                "processed": obj.processed_for_facts,
+                "summary": obj.summary,
+                "started_at": obj.started_at,
             }
         if kind == "procedures":
             return {
-                "id": obj.pk, "name": obj.name, "agent_id": obj.agent_id, "procedure_type": obj.procedure_type,
-                "active": obj.is_active, "used": obj.times_used, "success_rate": round(obj.success_rate, 3),
+                "id": obj.pk,
+                "name": obj.name,
+                "agent_id": obj.agent_id,
+                "procedure_type": obj.procedure_type,
+                "active": obj.is_active,
+                "used": obj.times_used,
+                "success_rate": round(obj.success_rate, 3),
                 "updated_at": obj.updated_at,
             }
         return {
-            "id": obj.pk, "display_name": obj.display_name, "canonical_id": obj.canonical_id,
+            "id": obj.pk,
+            "display_name": obj.display_name,
+            "canonical_id": obj.canonical_id,
             "identities": [f"{i.channel}:{i.external_id}" for i in obj.identities.all()],
-            "conversations": obj.total_conversations, "last_seen": obj.last_seen,
+            "conversations": obj.total_conversations,
+            "last_seen": obj.last_seen,
         }
 
     def handle(self, command, options):
         kind = options["kind"]
         found = command.service.list_memories(
-            kind, scope=options["scope"], agent_id=options["agent_id"], user_id=options["user_id"],
-            category=options["category"], limit=options["limit"],
+            kind,
+            scope=options["scope"],
+            agent_id=options["agent_id"],
+            user_id=options["user_id"],
+            category=options["category"],
+            limit=options["limit"],
         )
         if kind == "users":
             from django.db.models import prefetch_related_objects
@@ -125,7 +150,9 @@ class ListSubcommand(Subcommand):
                     value = _when(value)
                 elif isinstance(value, list):
                     value = ", ".join(value)
-                cells.append("" if value is None else _short(value) if not isinstance(value, (int, float, bool)) else str(value))
+                cells.append(
+                    "" if value is None else _short(value) if not isinstance(value, (int, float, bool)) else str(value)
+                )
             table.add_row(*cells)
         command.console.print(table)
 
@@ -140,10 +167,17 @@ class StatsSubcommand(Subcommand):
     def handle(self, command, options):
         counts = command.service.memory_counts()
         run = command.service.last_consolidation()
-        last = None if run is None else {
-            "finished_at": run.finished_at.isoformat(), "ok": run.ok, "episodes_processed": run.episodes_processed,
-            "facts_created": run.facts_created, "facts_confirmed": run.facts_confirmed,
-        }
+        last = (
+            None
+            if run is None
+            else {
+                "finished_at": run.finished_at.isoformat(),
+                "ok": run.ok,
+                "episodes_processed": run.episodes_processed,
+                "facts_created": run.facts_created,
+                "facts_confirmed": run.facts_confirmed,
+            }
+        )
         if options["json"]:
             return command.print_json({**counts, "last_consolidation": last})
         table = Table(title="Memory")
@@ -240,8 +274,13 @@ class ClearSubcommand(Subcommand):
     help = "Delete memory by type, scope, agent or user (asks for confirmation unless --force)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--type", dest="kinds", action="append", choices=["facts", "episodes", "procedures", "users"],
-                            help="repeat for several; default: every type the filters apply to")
+        parser.add_argument(
+            "--type",
+            dest="kinds",
+            action="append",
+            choices=["facts", "episodes", "procedures", "users"],
+            help="repeat for several; default: every type the filters apply to",
+        )
         parser.add_argument("--scope", help="facts of this scope only")
         parser.add_argument("--agent", dest="agent_id")
         parser.add_argument("--user", dest="user_id", type=int, help="memory user id")
@@ -269,7 +308,9 @@ class ConsolidateSubcommand(Subcommand):
     help = "Distil unprocessed episodes into facts (exit status 1 when any episode failed)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--limit", type=int, help="episodes to take (default CONSOLIDATION['MAX_EPISODES_PER_RUN'])")
+        parser.add_argument(
+            "--limit", type=int, help="episodes to take (default CONSOLIDATION['MAX_EPISODES_PER_RUN'])"
+        )
         parser.add_argument("--agent", dest="agent_id")
         _json_flag(parser)
 
@@ -329,8 +370,10 @@ class HealthSubcommand(Subcommand):
         if options["json"]:
             return command.print_json(data)
         style = BAND_STYLE[report.band]
-        table = Table(title=f"Memory health: [{style}]{report.band}[/{style}]"
-                      + ("" if report.score is None else f" ({report.score:.1f})"))
+        table = Table(
+            title=f"Memory health: [{style}]{report.band}[/{style}]"
+            + ("" if report.score is None else f" ({report.score:.1f})")
+        )
         table.add_column("metric")
         table.add_column("weight", justify="right")
         table.add_column("score", justify="right")
@@ -378,13 +421,25 @@ class VerifyErasureSubcommand(Subcommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "identifiers", nargs="*",
+            "identifiers",
+            nargs="*",
             help="what identified the person: display name, canonical id (telegram:42), external ids, e-mail",
         )
-        parser.add_argument("--user-id", dest="user_ids", type=int, action="append", default=[],
-                            help="their memory user id (and of users merged into them); repeatable")
-        parser.add_argument("--text", dest="texts", action="append", default=[],
-                            help="anything else they said that must be gone (a secret, a phrase); repeatable")
+        parser.add_argument(
+            "--user-id",
+            dest="user_ids",
+            type=int,
+            action="append",
+            default=[],
+            help="their memory user id (and of users merged into them); repeatable",
+        )
+        parser.add_argument(
+            "--text",
+            dest="texts",
+            action="append",
+            default=[],
+            help="anything else they said that must be gone (a secret, a phrase); repeatable",
+        )
 
     def handle(self, command, options):
         from memory.erasure import find_traces
@@ -438,9 +493,17 @@ def _person_id(service, given):
 
 
 SUBCOMMANDS = [
-    ListSubcommand(), StatsSubcommand(), ExportSubcommand(), ImportSubcommand(), ClearSubcommand(),
-    ConsolidateSubcommand(), PruneSubcommand(), HealthSubcommand(), ReindexSubcommand(),
-    VerifyErasureSubcommand(), ExportPersonSubcommand(),
+    ListSubcommand(),
+    StatsSubcommand(),
+    ExportSubcommand(),
+    ImportSubcommand(),
+    ClearSubcommand(),
+    ConsolidateSubcommand(),
+    PruneSubcommand(),
+    HealthSubcommand(),
+    ReindexSubcommand(),
+    VerifyErasureSubcommand(),
+    ExportPersonSubcommand(),
 ]
 
 

@@ -1,4 +1,5 @@
 """Run a workflow once from the command line, as a manual trigger."""
+
 import json
 
 from django.core.management.base import BaseCommand, CommandError

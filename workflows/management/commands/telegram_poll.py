@@ -3,6 +3,7 @@
 Telegram delivers updates either to a webhook or to getUpdates, not both: remove the bot's webhook
 (Bot API deleteWebhook) before polling.
 """
+
 import logging
 
 from django.core.management.base import BaseCommand, CommandError
@@ -54,7 +55,9 @@ class Command(BaseCommand):
                     except InvalidTrigger as exc:
                         console.print(f"update {update_id}: [red]bad update[/] {exc}")
                         continue
-                    console.print(f"update {update_id}: {outcome.status}" + (" (reply sent)" if outcome.reply_sent else ""))
+                    console.print(
+                        f"update {update_id}: {outcome.status}" + (" (reply sent)" if outcome.reply_sent else "")
+                    )
                 if once:
                     if offset is not None:
                         bot.get_updates(offset=offset, timeout=0)  # confirm what was handled
