@@ -135,3 +135,14 @@ def test_an_unhandled_exception_is_logged_with_its_traceback_and_counted(admin_c
     [record] = [r for r in caplog.records if r.name == "django.request"]
     assert record.exc_info is not None and "/api/v1/recall/" in record.getMessage()
     assert admin_client.get("/healthz").json()["unhandled_errors"] == before + 1
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_sqlite_database_without_immediate_transactions_is_refused(settings):
+    """The upserts rely on IMMEDIATE write transactions; `manage.py check` says so, naming the database."""
+    from django.core.checks import run_checks
+
+    assert not [e for e in run_checks() if e.id == "memory.E001"]
+    settings.DATABASES = {**settings.DATABASES, "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.db"}}
+    errors = [e for e in run_checks() if e.id == "memory.E001"]
+    assert len(errors) == 1 and "DATABASES['other']" in errors[0].msg
