@@ -1,0 +1,81 @@
+"""What MemoryService's concerns ask of a storage backend: the complete interface, in one place.
+
+`MemoryBackend` (memory/backends/base.py) implements it with SQL both databases share; the SQLite
+and PostgreSQL backends add what differs (substring and keyword search, procedure matching,
+locking). A third database implements this Protocol; tests/test_backend_contract.py is the
+conformance suite every backend must pass (CI runs it on SQLite and on PostgreSQL).
+"""
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class StorageBackend(Protocol):
+    vendor: str
+
+    # ---- facts
+    def get_fact(self, key, viewer):
+        """The most specific fact for `key` among the viewer's owners (merges followed), or None. One query."""
+
+    def visible_facts(self, viewer, *, tokens=(), min_confidence=None, fact_type=None, order="key", limit=None):
+        """Facts the viewer sees holding every token, shadowed ones left out, by "key" or "confidence"."""
+
+    def owned_fact(self, fact, *, lock):
+        """The stored fact with the owner and key of `fact`, or None; `lock` holds it to the commit."""
+
+    def insert_fact_if_absent(self, fact):
+        """Insert `fact` unless its (owner, key) exists, under a merged user's survivor; True if inserted."""
+
+    def update_fact(self, pk, changes):
+        """UPDATE one fact: column -> value, or -> (SQL over the old row, params)."""
+
+    def hold_user(self, user_id):
+        """Keep the user from being merged away until the transaction ends (before a write by user id)."""
+
+    def optimize(self):
+        """Compact the fact search index (after a bulk load)."""
+
+    def bulk_load(self):
+        """A context manager around many inserts inside a transaction; indexes catch up on exit."""
+
+    # ---- episodes and procedures
+    def episode_exists(self, episode_id):
+        """Whether an episode with this id exists."""
+
+    def insert_episode(self, episode):
+        """Insert `episode` under its user's survivor (NULL for an unknown user); sets pk and user_id."""
+
+    def recent_episodes(self, agent_id, user_id, limit):
+        """The latest episodes of an agent and/or a user (merges followed), newest first."""
+
+    def matching_procedures(self, goal, context_keys, agent_id, limit):
+        """Active procedures (the agent's and shared) whose trigger conditions hold, best first."""
+
+    # ---- identify (one statement each)
+    def identities_of(self, channel, external_id):
+        """(user, [identities]) of the surviving user behind an identity, or (None, [])."""
+
+    def count_visit(self, user_id, when, display_name=None):
+        """Count one more conversation at `when` (and set the display name when given)."""
+
+    def context_facts(self, user_id, limit):
+        """([facts], total) of a user's own facts, most confident first."""
+
+    def context_episodes(self, user_id, limit):
+        """([episodes], total) of a user's episodes, newest first."""
+
+    # ---- recall
+    def recall_owners(self, viewer, owner_terms, user_owner_sql):
+        """[(owner, rank, generation, removed)] the viewer sees; catches the keyword index up first."""
+
+    def recall_keyword(self, terms, owners, depth):
+        """[(document id, score)] of the best keyword matches among `owners`, best first."""
+
+    def recall_documents(self, doc_ids, owners, kinds, min_confidence, *, for_person=False):
+        """{document id: its row} of these ids that [(owner, rank)] may see, of these kinds."""
+
+    def recall_neighbours(self, doc_ids):
+        """The documents said just before and after these episode pieces."""
+
+    def optimize_recall_index(self):
+        """Compact the keyword recall index."""

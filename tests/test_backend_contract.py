@@ -1,0 +1,145 @@
+"""The storage backend contract (memory/backends/interface.py), run against the configured database.
+
+CI runs this file on SQLite and on PostgreSQL: a backend for another database must pass it too.
+Rows are written through MemoryService (what users do); each test then asks the backend directly.
+"""
+
+import inspect
+
+import pytest
+from django.db import transaction
+
+from memory.backends import get_backend
+from memory.backends.base import USER_OWNER_SQL, owner_terms
+from memory.backends.interface import StorageBackend
+from memory.backends.postgresql import PostgreSQLBackend
+from memory.backends.sqlite import SQLiteBackend
+from memory.models import Episode, Fact, Scope
+from memory.validation import Viewer
+
+INTERFACE = [name for name, _ in inspect.getmembers(StorageBackend, inspect.isfunction) if not name.startswith("_")]
+
+
+@pytest.fixture
+def backend(db):
+    return get_backend()
+
+
+@pytest.mark.parametrize("backend_class", [SQLiteBackend, PostgreSQLBackend])
+def test_every_backend_implements_the_whole_interface(backend_class):
+    missing = [name for name in INTERFACE if not callable(getattr(backend_class, name, None))]
+    assert not missing
+    for name in INTERFACE:  # and takes the arguments the interface names
+        wanted = list(inspect.signature(getattr(StorageBackend, name)).parameters)
+        assert list(inspect.signature(getattr(backend_class, name)).parameters) == wanted, name
+
+
+def test_the_configured_backend_is_a_storage_backend(backend):
+    assert isinstance(backend, StorageBackend)
+    assert len(INTERFACE) >= 20
+
+
+def test_get_fact_returns_the_most_specific_visible_fact(backend, service, user_factory):
+    ada = user_factory("ada")
+    service.set_fact("tz", "UTC", scope=Scope.GLOBAL)
+    service.set_fact("tz", "CET", scope=Scope.AGENT, agent_id="bot")
+    service.set_fact("tz", "PST", scope=Scope.USER, user_id=ada.pk)
+    assert backend.get_fact("tz", Viewer(agent_id="bot", user_id=ada.pk)).value == "PST"
+    assert backend.get_fact("tz", Viewer(agent_id="bot")).value == "CET"
+    assert backend.get_fact("tz", Viewer(agent_id="other")).value == "UTC"
+    assert backend.get_fact("missing", Viewer()) is None
+
+
+def test_visible_facts_filter_order_and_shadow(backend, service, user_factory):
+    ada = user_factory("ada")
+    service.set_fact("drink", "tea", scope=Scope.GLOBAL, confidence=0.9)
+    service.set_fact("drink", "coffee", scope=Scope.USER, user_id=ada.pk, confidence=0.2, fact_type="user_preference")
+    service.set_fact("food", "plain rice", scope=Scope.GLOBAL, confidence=0.6)
+    viewer = Viewer(user_id=ada.pk)
+    by_key = backend.visible_facts(viewer)
+    assert [(f.key, f.value) for f in by_key] == [("drink", "coffee"), ("food", "plain rice")]  # tea is shadowed
+    best = backend.visible_facts(viewer, order="confidence", limit=10)
+    assert [f.value for f in best] == ["plain rice", "coffee"]
+    assert [f.value for f in backend.visible_facts(viewer, tokens=["rice"])] == ["plain rice"]
+    assert [f.value for f in backend.visible_facts(viewer, min_confidence=0.5)] == ["plain rice"]
+    assert [f.value for f in backend.visible_facts(viewer, fact_type="user_preference")] == ["coffee"]
+    assert [f.value for f in backend.visible_facts(Viewer())] == ["tea", "plain rice"]
+
+
+def test_insert_if_absent_owned_fact_and_update(backend, service, user_factory):
+    ada = user_factory("ada")
+    fact = Fact(key="k", value=1, scope=Scope.USER, user_id=ada.pk, search_text="k 1")
+    assert backend.insert_fact_if_absent(fact) and fact.pk
+    twin = Fact(key="k", value=2, scope=Scope.USER, user_id=ada.pk, search_text="k 2")
+    assert backend.insert_fact_if_absent(twin) is False
+    stored = backend.owned_fact(twin, lock=False)
+    assert stored.pk == fact.pk and stored.value == 1
+    backend.update_fact(fact.pk, {"value": 3, "times_confirmed": ("times_confirmed + %s", [2])})
+    fact.refresh_from_db()
+    assert fact.value == 3 and fact.times_confirmed == 2
+
+
+def test_writes_by_a_merged_users_id_land_on_the_survivor(backend, service, user_factory):
+    ada, bea = user_factory("ada"), user_factory("bea")
+    service.merge_users(ada.pk, bea.pk)
+    fact = Fact(key="k", value=1, scope=Scope.USER, user_id=ada.pk, search_text="k 1")
+    assert backend.insert_fact_if_absent(fact)
+    assert fact.user_id == bea.pk
+    episode = Episode(user_id=ada.pk, agent_id="bot", started_at=Fact.objects.get(pk=fact.pk).created_at)
+    backend.insert_episode(episode)
+    assert episode.user_id == bea.pk and backend.episode_exists(episode.pk)
+    assert [e.pk for e in backend.recent_episodes(None, ada.pk, 5)] == [episode.pk]
+    assert not backend.episode_exists(episode.pk + 1000)
+
+
+def test_an_episode_of_an_unknown_user_is_stored_without_one(backend, service):
+    episode = Episode(user_id=987654, started_at=service.start_episode().started_at)
+    backend.insert_episode(episode)
+    assert episode.pk and episode.user_id is None
+
+
+def test_matching_procedures_best_first(backend, service):
+    good = service.save_procedure("refund", trigger_conditions={"goal_contains": ["refund"]})
+    service.save_procedure("other", trigger_conditions={"goal_contains": ["ship"]})
+    service.save_procedure("ctx", trigger_conditions={"context_has": ["order_id"]})
+    service.record_procedure_use(good.pk, success=True)
+    assert [p.name for p in backend.matching_procedures("a refund please", [], "", 5)] == ["refund"]
+    assert "ctx" in [p.name for p in backend.matching_procedures("anything", ["order_id"], "", 5)]
+
+
+def test_identify_statements(backend, service, user_factory):
+    ada = user_factory("ada")
+    service.link_identity(ada.pk, "email", "ada@example.org")
+    service.set_fact("pet", "cat", scope=Scope.USER, user_id=ada.pk)
+    service.start_episode(user_id=ada.pk)
+    user, identities = backend.identities_of("email", "ada@example.org")
+    assert user.pk == ada.pk and {i.channel for i in identities} >= {"email"}
+    assert backend.identities_of("email", "nobody") == (None, [])
+    before = user.total_conversations
+    with transaction.atomic():
+        backend.hold_user(ada.pk)
+        backend.count_visit(ada.pk, ada.created_at, "Ada L.")
+    assert backend.identities_of("email", "ada@example.org")[0].total_conversations == before + 1
+    facts, total = backend.context_facts(ada.pk, 10)
+    assert total == 1 and facts[0].key == "pet"
+    episodes, total = backend.context_episodes(ada.pk, 10)
+    assert total == 1 and len(episodes) == 1
+
+
+def test_recall_statements_find_a_viewers_documents_only(backend, service, user_factory):
+    ada, bea = user_factory("ada"), user_factory("bea")
+    service.set_fact("hobby", "kayaking on the lake", scope=Scope.USER, user_id=ada.pk)
+    service.set_fact("hobby", "kayaking in the sea", scope=Scope.USER, user_id=bea.pk)
+    viewer = Viewer(user_id=ada.pk)
+    owners = backend.recall_owners(viewer, owner_terms, USER_OWNER_SQL)
+    keys = [owner for owner, *_ in owners]
+    assert f"user:{ada.pk}" in keys and f"user:{bea.pk}" not in keys
+    hits = backend.recall_keyword(["kayaking"], keys, 10)
+    assert len(hits) == 1 and hits[0][1] > 0
+    documents = backend.recall_documents([doc for doc, _ in hits], [(o, r) for o, r, *_ in owners], ["fact"], None)
+    assert len(documents) == 1
+    backend.optimize_recall_index()
+    with transaction.atomic(), backend.bulk_load():
+        service.set_fact("more", "x", scope=Scope.GLOBAL)
+    backend.optimize()
+    assert backend.get_fact("more", Viewer()).value == "x"
