@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
 
-from memory.backends.rows import fetch_models, select_columns
-
 from . import lifecycle
 from .conf import on_workflow_settings_changed
 from .definition import compile_definition, validate_definition
@@ -57,17 +55,13 @@ class RunResult:
         }
 
 
-# Every trigger looks its workflow up: one statement written once, not a queryset compiled per run.
-_ACTIVE_WORKFLOW_SQL = (
-    f"SELECT {select_columns(Workflow, 'w')} FROM {Workflow._meta.db_table} w WHERE w.slug = %s AND w.is_active"
-)
-
-
 def get_workflow(slug):
-    found = fetch_models(Workflow, _ACTIVE_WORKFLOW_SQL, [slug])
-    if not found:
+    """The active workflow `slug` (a queryset: the hand-written statement it replaced saved ~0.1 ms
+    of a run that takes tens of milliseconds, far from the 2x that would justify it)."""
+    found = Workflow.objects.filter(slug=slug, is_active=True).first()
+    if found is None:
         raise WorkflowNotFound(slug)
-    return found[0]
+    return found
 
 
 def compiled_graph(workflow):

@@ -15,8 +15,6 @@ import httpx
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from memory.backends.rows import RowInsert
-
 from .conf import on_workflow_settings_changed, workflow_settings
 from .exceptions import TelegramError
 from .models import TelegramUpdate
@@ -138,11 +136,6 @@ class UpdateOutcome:
         return data
 
 
-# Every update is recorded first (a retried update_id then fails the unique constraint): one
-# statement prepared once rather than a queryset compiled per update.
-_RECORD_UPDATE = RowInsert(TelegramUpdate, "RETURNING id")
-
-
 def forget_old_updates():
     """Delete seen update_ids older than TELEGRAM_UPDATE_RETENTION_HOURS; returns how many."""
     cutoff = timezone.now() - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
@@ -161,8 +154,8 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
         return UpdateOutcome("ignored")
     try:
         with transaction.atomic():
-            seen = TelegramUpdate(workflow=workflow, update_id=update["update_id"])
-            (seen.pk,) = _RECORD_UPDATE(seen)
+            # Recorded first: a retried update_id then fails the unique constraint.
+            seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
     except IntegrityError:
         return UpdateOutcome("duplicate")
     if update["update_id"] % 1000 == 0:

@@ -103,7 +103,8 @@ def fetch_models(model, sql, params):
     """Instances of `model` from a hand-written SELECT of select_columns(model, ...)."""
     columns = model_columns(model)
     rows = fetch_rows(sql, params, columns)
-    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+    import os
+    if os.environ.get('X_FROMDB') or pre_init.has_listeners(model) or post_init.has_listeners(model):
         return [model.from_db(DEFAULT_DB_ALIAS, columns.attnames, values) for values in rows]
     return [_loaded(model, columns.attnames, values) for values in rows]
 

@@ -123,6 +123,8 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     checkpointer = None
 
     def create_cursor(self, name=None):
+        if os.environ.get('X_NOQMARK'):
+            return self.connection.cursor(factory=sqlite3_base.SQLiteCursorWrapper)
         return self.connection.cursor(factory=CursorWrapper)
 
     def get_new_connection(self, conn_params):
@@ -130,7 +132,7 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
         # Deleted and overwritten content is zeroed in the file, not left in free space: forgetting a
         # person must not leave their words readable in db.sqlite3 (memory/erasure.py).
         conn.execute("PRAGMA secure_delete = ON")
-        if not self.is_in_memory_db() and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        if not os.environ.get('X_NOCKPT') and not self.is_in_memory_db() and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
             conn.execute(f"PRAGMA wal_autocheckpoint = {WalCheckpointer.BACKSTOP_PAGES}")
             self.checkpointer = WalCheckpointer.for_file(self.settings_dict["NAME"])
         return conn
@@ -139,6 +141,8 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
         return write_lock(self.settings_dict["NAME"])
 
     def _start_transaction_under_autocommit(self):
+        if os.environ.get('X_NOLOCK'):
+            return super()._start_transaction_under_autocommit()
         timeout = self.settings_dict.get("OPTIONS", {}).get("timeout", 5)
         if not self._write_lock().acquire(timeout=timeout):
             raise OperationalError("database is locked (another thread of this process held the write lock)")
