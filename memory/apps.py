@@ -9,8 +9,10 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401  (system checks: SQLite's write mode)
-        from . import signals  # noqa: F401  (flushes buffered access counts)
+        from . import (
+            checks,  # noqa: F401  (system checks: SQLite's write mode)
+            signals,  # noqa: F401  (flushes buffered access counts)
+        )
         from .backends import sqlite  # noqa: F401  (registers SQL functions the SQLite index needs)
         from .embeddings import log_mode
 

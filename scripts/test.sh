@@ -19,6 +19,11 @@ if [[ ",$extras," == *",embeddings,"* ]]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev${extras:+,$extras}]"
 
+echo "== style and import layers (ruff check, ruff format --check, lint-imports)"
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+"$venv/bin/lint-imports"
+
 postgres_url="${DATABASE_URL:-}"
 echo "== tests on SQLite (${venv}, extras: ${extras:-none})"
 env -u DATABASE_URL "$venv/bin/python" -m pytest "$@"
