@@ -67,13 +67,14 @@ class CheckpointsTab(MemoriesTab, admin.ModelAdmin):
         "last_activity",
     ]
     list_display_links = ["thread_id"]
-    list_filter = ["workflow", "channel"]
+    list_filter = ["workflow", "graph", "channel"]
     search_fields = ["thread_id", "conversation_id", "user__canonical_id", "user__display_name"]
     list_select_related = ["workflow", "user"]
     fields = [
         "thread_id",
         "user",
         "workflow",
+        "graph",
         "conversation_id",
         "channel",
         "created_at",
@@ -171,7 +172,7 @@ def _user_threads(user):
             (
                 reverse(f"{site}:workflows_thread_change", args=[t.pk]),
                 t.thread_id,
-                t.workflow.slug,
+                t.source,
                 t.channel or "–",
                 t.checkpoint_count,
                 date_format(localtime(t.last_activity), "DATETIME_FORMAT"),
@@ -182,7 +183,7 @@ def _user_threads(user):
     all_url = reverse(f"{site}:workflows_thread_changelist") + "?" + urlencode({"user__id__exact": user.pk})
     return format_html(
         '<p><a href="{}">This user\'s threads in the Checkpoints tab</a></p>'
-        '<table class="memories-section" id="user-threads"><thead><tr><th>thread id</th><th>workflow</th>'
+        '<table class="memories-section" id="user-threads"><thead><tr><th>thread id</th><th>workflow or graph</th>'
         "<th>channel</th><th>checkpoints</th><th>last activity</th></tr></thead><tbody>{}</tbody></table>",
         all_url,
         rows,

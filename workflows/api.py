@@ -41,7 +41,15 @@ THREAD_ID_PATTERN = r"^[^\x00]+$"
 
 
 class ThreadCheckpointsSerializer(serializers.ModelSerializer):
-    workflow = serializers.SlugRelatedField(slug_field="slug", read_only=True, help_text="The workflow's slug.")
+    workflow = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        allow_null=True,
+        help_text="The workflow's slug (null for a graph built in code).",
+    )
+    graph = serializers.CharField(
+        read_only=True, help_text="The name of a graph built in code ('' for a workflow's thread)."
+    )
     checkpoint_count = serializers.IntegerField(read_only=True, help_text="Checkpoints counted on this thread's runs.")
     head_checkpoint_id = serializers.CharField(read_only=True, help_text="The newest checkpoint counted ('' if none).")
 
@@ -51,6 +59,7 @@ class ThreadCheckpointsSerializer(serializers.ModelSerializer):
             "thread_id",
             "user",
             "workflow",
+            "graph",
             "conversation_id",
             "channel",
             "checkpoint_count",
@@ -137,11 +146,12 @@ class CheckpointFilter(django_filters.FilterSet):
     )
     user = IdFilter(field_name="user_id", help_text="Memory user id: that person's threads.")
     workflow = django_filters.CharFilter(field_name="workflow__slug", help_text="Workflow slug.")
+    graph = django_filters.CharFilter(max_length=100, help_text="Name of a graph built in code.")
     channel = django_filters.CharFilter(help_text="Channel of the thread's latest message.")
 
     class Meta:
         model = Thread
-        fields = ["thread", "user", "workflow", "channel"]
+        fields = ["thread", "user", "workflow", "graph", "channel"]
 
 
 # ------------------------------------------------------------------ views
@@ -150,7 +160,7 @@ _THREAD_ID = OpenApiParameter(
     "thread_id",
     {"type": "string", "minLength": 1, "maxLength": MAX_THREAD_ID_LENGTH, "pattern": r"^[^/\x00]+$"},
     OpenApiParameter.PATH,
-    description="The thread id, <memory user id>:<conversation id>:<workflow id>.",
+    description="The thread id, <memory user id>:<conversation id>:<workflow id> (or graph:<name>).",
 )
 _LIMIT = OpenApiParameter(
     "limit",

@@ -39,14 +39,19 @@ class Workflow(models.Model):
 
 
 class Thread(models.Model):
-    """A conversation kept by the checkpointer: one memory user, one conversation, one workflow.
+    """A conversation kept by the checkpointer: one memory user, one conversation, one workflow or graph.
+
+    A workflow's agent node tracks its threads; a graph of the developer's own (built in code on the
+    shared checkpointer, see workflows.langgraph.conversation) is named by `graph` instead.
 
     The checkpoints themselves live in the saver; deleting a Thread row (directly, or through its
     user or workflow) deletes them through `saver.delete_thread` once the transaction commits.
     """
 
     thread_id = models.CharField(max_length=300, unique=True)
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="threads")
+    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="threads")
+    # The name of a graph built in code (not a Workflow row); "" for a workflow's thread.
+    graph = models.CharField(max_length=100, blank=True, default="")
     user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="threads")
     # "direct" for one-to-one conversations, else the group chat's id.
     conversation_id = models.CharField(max_length=100, default="direct")
@@ -62,11 +67,26 @@ class Thread(models.Model):
         ordering = ["-last_activity", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["user", "workflow", "conversation_id"], name="one_thread_per_conversation"),
+            models.UniqueConstraint(
+                fields=["user", "graph", "conversation_id"],
+                condition=models.Q(workflow__isnull=True),
+                name="one_thread_per_graph_conversation",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(workflow__isnull=False, graph="")
+                | (models.Q(workflow__isnull=True) & ~models.Q(graph="")),
+                name="thread_of_a_workflow_or_a_graph",
+            ),
         ]
         indexes = [models.Index(fields=["workflow", "-last_activity"], name="thread_workflow_recent")]
 
     def __str__(self):
         return self.thread_id
+
+    @property
+    def source(self):
+        """What the conversation runs in: the workflow's slug, or "graph <name>"."""
+        return self.workflow.slug if self.workflow_id else f"graph {self.graph}"
 
 
 class TelegramUpdate(models.Model):

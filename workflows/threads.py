@@ -14,10 +14,9 @@ thread for the same conversation and workflow, the more recently active one is k
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Sum
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Sum
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -49,8 +48,9 @@ class CheckpointInfo:
     message_count: int
 
 
-def thread_id_for(user_id, conversation_id, workflow_id):
-    return f"{user_id}:{conversation_id}:{workflow_id}"
+def thread_id_for(user_id, conversation_id, workflow_id=None, *, graph=""):
+    """`<user>:<conversation>:<workflow id>`, or `<user>:<conversation>:graph:<name>` for a graph built in code."""
+    return f"{user_id}:{conversation_id}:graph:{graph}" if graph else f"{user_id}:{conversation_id}:{workflow_id}"
 
 
 def _config(thread_id):
@@ -66,57 +66,52 @@ class ThreadRef:
     tracked: bool = False
 
 
-# Every agent turn runs these two statements: written once here rather than compiled from querysets
-# per run (which took longer than running them).
-_TABLE = Thread._meta.db_table
-_THREAD_FOR_SQL = f"SELECT thread_id, head_checkpoint_id FROM {_TABLE} WHERE user_id = %s AND workflow_id = %s AND conversation_id = %s"
+def _runs_in(workflow_id, graph):
+    """The Thread filter of a workflow's threads, or of a code-built graph's."""
+    return {"workflow_id": workflow_id} if not graph else {"workflow__isnull": True, "graph": graph}
 
 
-@cache
-def _activity_sql(channel, head):
-    """The UPDATE of a tracked thread's activity; `channel`, `head`: whether those change too."""
-    sets = ["last_activity = %s", "checkpoint_count = checkpoint_count + %s"]
-    sets += ["channel = %s"] * channel + ["head_checkpoint_id = %s"] * head
-    return f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE thread_id = %s"
-
-
-def thread_for(*, workflow_id, user_id, conversation_id):
-    """The thread a user's conversation with a workflow continues (one query)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_THREAD_FOR_SQL, [user_id, workflow_id, conversation_id])
-        row = cursor.fetchone()
+def thread_for(*, user_id, conversation_id, workflow_id=None, graph=""):
+    """The thread a user's conversation with a workflow (or a graph built in code) continues (one query)."""
+    row = (
+        Thread.objects.filter(user_id=user_id, conversation_id=conversation_id, **_runs_in(workflow_id, graph))
+        .values_list("thread_id", "head_checkpoint_id")
+        .first()
+    )
     if row is None:
-        return ThreadRef(thread_id_for(user_id, conversation_id, workflow_id))
+        return ThreadRef(thread_id_for(user_id, conversation_id, workflow_id, graph=graph))
     return ThreadRef(row[0], row[1], tracked=True)
 
 
-def record_activity(ref, *, workflow_id, user_id, conversation_id, channel):
-    """Track a run on a thread: last activity, channel, and the checkpoints it added (one statement)."""
+def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None, graph=""):
+    """Track a run on a thread: last activity, channel, and the checkpoints it added."""
     now = timezone.now()
     added, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
     with transaction.atomic():
         if ref.tracked and _count_activity(ref.thread_id, now, added, channel, head):
             return
-        created = _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head)
+        created = _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, head)
     if created:
-        prune_threads(workflow_id)
+        prune_threads(workflow_id, graph=graph)
 
 
 def _count_activity(thread_id, now, added, channel, head):
     """Count a run on an existing thread's row; False if there is no such row."""
-    params = [Thread._meta.get_field("last_activity").get_db_prep_save(now, connection), added]
-    params += [channel] * bool(channel) + [head] * bool(head)
-    with connection.cursor() as cursor:
-        cursor.execute(_activity_sql(bool(channel), bool(head)), [*params, thread_id])
-        return cursor.rowcount > 0
+    changes = {"last_activity": now, "checkpoint_count": F("checkpoint_count") + added}
+    if channel:
+        changes["channel"] = channel
+    if head:
+        changes["head_checkpoint_id"] = head
+    return Thread.objects.filter(thread_id=thread_id).update(**changes) > 0
 
 
-def _create_thread(ref, workflow_id, user_id, conversation_id, channel, now, added, head):
+def _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, head):
     try:
         with transaction.atomic():
             Thread.objects.create(
                 thread_id=ref.thread_id,
-                workflow_id=workflow_id,
+                workflow_id=None if graph else workflow_id,
+                graph=graph,
                 user_id=user_id,
                 conversation_id=conversation_id,
                 channel=channel,
@@ -190,13 +185,14 @@ def delete_user_threads(user_ids):
     return deleted
 
 
-def prune_threads(workflow_id):
-    """Keep the MAX_THREADS_PER_WORKFLOW most recently active threads of a workflow; delete the rest."""
+def prune_threads(workflow_id=None, *, graph=""):
+    """Keep the MAX_THREADS_PER_WORKFLOW most recently active threads of a workflow (or a graph built
+    in code); delete the rest."""
     keep = workflow_settings.MAX_THREADS_PER_WORKFLOW
     if not keep:
         return 0
     stale = list(
-        Thread.objects.filter(workflow_id=workflow_id)
+        Thread.objects.filter(**_runs_in(workflow_id, graph))
         .order_by("-last_activity", "-id")
         .values_list("pk", flat=True)[keep:]
     )
@@ -283,9 +279,12 @@ trace_scanners.append(_scan_checkpoints)
 
 @receiver(users_merged, dispatch_uid="workflows_threads_follow_merge")
 def _users_merged(sender, source_id, target_id, **kwargs):
-    kept = {(t.workflow_id, t.conversation_id): t for t in Thread.objects.select_for_update().filter(user_id=target_id)}
+    def conversation(t):
+        return t.workflow_id, t.graph, t.conversation_id
+
+    kept = {conversation(t): t for t in Thread.objects.select_for_update().filter(user_id=target_id)}
     for thread in Thread.objects.select_for_update().filter(user_id=source_id):
-        other = kept.get((thread.workflow_id, thread.conversation_id))
+        other = kept.get(conversation(thread))
         if other is None:
             Thread.objects.filter(pk=thread.pk).update(user_id=target_id)
         elif thread.last_activity > other.last_activity:

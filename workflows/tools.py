@@ -53,8 +53,11 @@ def memory_tool(func):
     return wrapper
 
 
-def _scope(runtime):
-    context = runtime.context
+def _scope(runtime, bound=None):
+    """Who the tool acts for: the run's AgentContext, else the identity the tool was made with."""
+    context = runtime.context if isinstance(runtime.context, AgentContext) else bound
+    if context is None:
+        raise InvalidMemoryArgument("context", "the tool runs without an AgentContext and was made without an agent")
     user = context.user or {}
     return RecallScope(
         agent_id=context.agent_id,
@@ -68,14 +71,16 @@ def _show(value):
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def make_recall_tool(config):
-    """The `recall` tool; config: memory_type (facts, episodes, procedures, all), limit, min_confidence."""
+def make_recall_tool(config, *, bound=None):
+    """The `recall` tool; config: memory_type (facts, episodes, procedures, all), limit, min_confidence.
+
+    `bound`: an AgentContext to act for when the run has none (a graph of your own)."""
     options = RecallOptions.from_config({"memory_types": config.get("memory_type", "facts"), **config})
 
     @memory_tool
     def recall(runtime: ToolRuntime[AgentContext], key: str = "", query: str = "") -> str:
         """Look something up in long-term memory."""
-        scope = _scope(runtime)
+        scope = _scope(runtime, bound)
         service = MemoryService()
         if key.strip():
             fact = service.get_fact(key, agent_id=scope.agent_id, user_id=scope.user_id, session_id=scope.session_id)
@@ -106,7 +111,7 @@ def make_recall_tool(config):
     )
 
 
-def make_remember_tool(config):
+def make_remember_tool(config, *, bound=None):
     """The `remember` tool; config: fact_type (default for facts given without one), overwrite,
     agent_scope_without_user (off: with no identified user the tool refuses rather than storing the
     words as the agent's own, where every other user of the agent would see them)."""
@@ -117,7 +122,7 @@ def make_remember_tool(config):
     @memory_tool
     def remember(runtime: ToolRuntime[AgentContext], key: str, value: str, fact_type: str = "") -> str:
         """Store a fact in long-term memory."""
-        scope = _scope(runtime)
+        scope = _scope(runtime, bound)
         if scope.user_id is None and not agent_scope_without_user:
             raise InvalidMemoryArgument(
                 "user",

@@ -1,0 +1,153 @@
+"""Engram's memory in a LangGraph graph of your own: nodes, tools and tracked conversations.
+
+    from workflows.langgraph import conversation, get_checkpointer, identify_user, memory_tools, recall, remember
+
+The node factories are the built-in nodes a workflow definition uses (workflows/nodes.py), for a
+`StateGraph` you build in code. Each reads and writes the state keys Engram's workflows use
+(`trigger`, `messages`, `user`, `memories`, `memory_prompt`, `facts_to_remember`, `remembered`,
+`memory_errors`, ...); `keys={"engram key": "your key"}` renames any of them, and a key mapped to
+None is neither read nor written. Memory failures are logged and reported under `memory_errors`
+(declare it in your state, as `Annotated[list, operator.add]`, to see them there).
+
+`memory_tools(agent_id=..., user_id=...)` gives the `recall` and `remember` tools bound to one agent
+and user, for `create_react_agent` / `create_agent` without any context schema.
+
+`conversation(graph_name, user_id=...)` is how a graph of your own on Engram's shared checkpointer
+(`get_checkpointer()`) keeps its conversations: it takes the conversation's turn lock, yields the
+config to invoke with, and tracks the thread afterwards, so the conversation is listed in the
+Checkpoints tab and the REST API, kept within the thread limits, and deleted with the person.
+"""
+
+import contextlib
+import logging
+
+from django.db import DatabaseError
+
+from memory.exceptions import InvalidMemoryArgument
+from memory.service import MemoryService
+from memory.validation import check_user_id, clean_text
+
+from . import threads, turns
+from .checkpointer import get_checkpointer
+from .nodes import build_identify_user, build_recall, build_remember
+from .registry import BuildContext
+from .state import AgentContext
+from .tools import make_recall_tool, make_remember_tool
+
+__all__ = ["conversation", "get_checkpointer", "identify_user", "memory_tools", "recall", "remember"]
+
+logger = logging.getLogger("engram.workflows")
+
+_IDENTIFY_READS = ("trigger",)
+_IDENTIFY_WRITES = ("user", "identity_failed", "conversation_id", "user_context", "memory_errors")
+_RECALL_READS = ("messages", "user", "user_context", "thread_id")
+_RECALL_WRITES = ("memories", "memory_prompt", "memory_errors")
+_REMEMBER_READS = (
+    "messages",
+    "user",
+    "identity_failed",
+    "facts_to_remember",
+    "memory_errors",
+    "thread_id",
+    "reply",
+    "actions",
+    "trigger",
+    "run_started_at",
+)
+_REMEMBER_WRITES = ("remembered", "episode_id", "memory_errors")
+
+
+def identify_user(*, keys=None):
+    """A node: the memory user behind state["trigger"] ({"type": "chat", "payload": {"user_id": ...,
+    "message": ...}}, or a Telegram update), created if new, with their context."""
+    return _adapted(build_identify_user({}, _context("", "identify_user")), _IDENTIFY_READS, _IDENTIFY_WRITES, keys)
+
+
+def recall(*, agent_id, memory_types=("all",), limit=10, min_confidence=0.5, keys=None):
+    """A node: what `agent_id` remembers about the last human message, for the identified user."""
+    config = {"memory_types": list(memory_types), "limit": limit, "min_confidence": min_confidence}
+    return _adapted(build_recall(config, _context(agent_id, "recall")), _RECALL_READS, _RECALL_WRITES, keys)
+
+
+def remember(
+    *,
+    agent_id,
+    scope="user",
+    fact_type="world_knowledge",
+    overwrite=True,
+    record_episode=True,
+    store_without_user=False,
+    keys=None,
+):
+    """A node: store state["facts_to_remember"] ([{"key", "value", ...}]) and record the turn as an episode."""
+    config = {
+        "scope": scope,
+        "fact_type": fact_type,
+        "overwrite": overwrite,
+        "record_episode": record_episode,
+        "store_without_user": store_without_user,
+    }
+    node = build_remember(config, _context(agent_id, "remember"))
+    return _adapted(node, _REMEMBER_READS, _REMEMBER_WRITES, keys)
+
+
+def memory_tools(*, agent_id, user_id=None, session_id="", recall_config=None, remember_config=None):
+    """[recall, remember]: the agent tools, acting for `agent_id` and the memory user `user_id`."""
+    bound = AgentContext(
+        agent_id=clean_text("agent_id", agent_id, max_length=128),
+        user=None if user_id is None else {"id": check_user_id("user_id", user_id, required=True)},
+        session_id=clean_text("session_id", session_id, required=False, max_length=128),
+    )
+    return [
+        make_recall_tool(recall_config or {"memory_type": "all"}, bound=bound),
+        make_remember_tool(remember_config or {}, bound=bound),
+    ]
+
+
+@contextlib.contextmanager
+def conversation(graph, *, user_id, conversation_id="direct", channel=""):
+    """Run one turn of `user_id`'s conversation with the graph named `graph` on the shared checkpointer.
+
+        with conversation("support-graph", user_id=ada.pk) as config:
+            graph.invoke({"messages": [("user", "hi")]}, config)
+
+    One turn at a time per conversation (a second caller waits); after the turn the thread is
+    tracked: its checkpoints counted, the thread listed for operators and within the limits.
+    """
+    graph = clean_text("graph", graph, max_length=100)
+    conversation_id = clean_text("conversation_id", conversation_id, max_length=100)
+    user = MemoryService().resolve_user(check_user_id("user_id", user_id, required=True))
+    key = threads.thread_id_for(user.pk, conversation_id, graph=graph)
+    with turns.one_turn_at_a_time(key):
+        ref = threads.thread_for(user_id=user.pk, conversation_id=conversation_id, graph=graph)
+        yield {"configurable": {"thread_id": ref.thread_id}}
+        try:
+            threads.record_activity(ref, user_id=user.pk, conversation_id=conversation_id, channel=channel, graph=graph)
+        except DatabaseError as exc:
+            logger.error("conversation %s: could not track thread %s: %s", graph, ref.thread_id, exc)
+            raise
+
+
+def _context(agent_id, node_id):
+    if node_id != "identify_user":
+        clean_text("agent_id", agent_id, max_length=128)
+    return BuildContext(workflow_id=None, workflow_slug=agent_id, node_id=node_id)
+
+
+def _adapted(node, reads, writes, keys):
+    """`node` reading and writing the caller's state keys (`keys`: Engram's name -> theirs, or None)."""
+    keys = dict(keys or {})
+    unknown = set(keys) - set(reads) - set(writes)
+    if unknown:
+        raise InvalidMemoryArgument(
+            "keys", f"unknown state key(s) {sorted(unknown)}; known: {sorted({*reads, *writes})}"
+        )
+    outer = {name: keys.get(name, name) for name in {*reads, *writes}}
+
+    def run(state):
+        inner = {name: state[outer[name]] for name in reads if outer[name] is not None and outer[name] in state}
+        update = node(inner)
+        return {outer[name]: value for name, value in update.items() if outer.get(name) is not None}
+
+    run.__name__ = node.__name__
+    return run
