@@ -79,10 +79,10 @@ def database_from_env():
     if url:
         db = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
         if db["ENGINE"] == "django.db.backends.sqlite3":
-            db.update(ENGINE=SQLITE_ENGINE, OPTIONS=sqlite_options())
+            db.update(OPTIONS=sqlite_options())
         return db
     return {
-        "ENGINE": SQLITE_ENGINE,
+        "ENGINE": "django.db.backends.sqlite3",
         "NAME": DATA_DIR / "db.sqlite3",
         "OPTIONS": sqlite_options(),
         # Kept open between requests: a new connection costs its PRAGMAs and per-connection setup.
@@ -91,10 +91,6 @@ def database_from_env():
         # A file, not :memory:, so tests see WAL and the busy timeout across threads as the site does.
         "TEST": {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")},
     }
-
-
-# Django's SQLite backend with write transactions queued in-process (see memory/sqlite_engine/base.py).
-SQLITE_ENGINE = "memory.sqlite_engine"
 
 
 def sqlite_options():
