@@ -10,10 +10,12 @@ callers (nodes, tools, the admin, the REST API, commands) need one object and on
     memory/recall_service.py  recall (hybrid keyword + vector) and its index upkeep
     memory/operators.py   lists for operators, batch deletes, forget a person, list_memories
     memory/lifecycle.py   consolidation, limits, export / import, clearing, health, counts
+    memory/asynchronous.py  aget_fact, aset_fact, arecall, aidentify, ...: the same, awaitable
 
 Shared argument checks are in memory/validation.py, owner keys in memory/owners.py.
 """
 
+from .asynchronous import AsyncMixin
 from .backends import get_backend
 from .episodes import EpisodesMixin
 from .facts import (
@@ -53,6 +55,7 @@ class MemoryService(
     RecallMixin,
     OperatorsMixin,
     LifecycleMixin,
+    AsyncMixin,
 ):
     """Every memory question and write goes through here; see the README for the rules it keeps."""
 

@@ -2,7 +2,7 @@
 
     from workflows.langgraph import conversation, get_checkpointer, identify_user, memory_tools, recall, remember
 
-The node factories are the built-in nodes a workflow definition uses (workflows/nodes.py), for a
+The node factories (usable with `invoke` and with `ainvoke`, which never blocks the event loop) are the built-in nodes a workflow definition uses (workflows/nodes.py), for a
 `StateGraph` you build in code. Each reads and writes the state keys Engram's workflows use
 (`trigger`, `messages`, `user`, `memories`, `memory_prompt`, `facts_to_remember`, `remembered`,
 `memory_errors`, ...); `keys={"engram key": "your key"}` renames any of them, and a key mapped to
@@ -21,7 +21,9 @@ Checkpoints tab and the REST API, kept within the thread limits, and deleted wit
 import contextlib
 import logging
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError
+from langchain_core.runnables import RunnableLambda
 
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
@@ -135,7 +137,11 @@ def _context(agent_id, node_id):
 
 
 def _adapted(node, reads, writes, keys):
-    """`node` reading and writing the caller's state keys (`keys`: Engram's name -> theirs, or None)."""
+    """`node` reading and writing the caller's state keys (`keys`: Engram's name -> theirs, or None).
+
+    A Runnable with both forms: `invoke` runs it in the caller's thread; `ainvoke` / `astream` run it
+    on Django's sync worker thread (asgiref), so the event loop never waits for a query or a model.
+    """
     keys = dict(keys or {})
     unknown = set(keys) - set(reads) - set(writes)
     if unknown:
@@ -150,4 +156,4 @@ def _adapted(node, reads, writes, keys):
         return {outer[name]: value for name, value in update.items() if outer.get(name) is not None}
 
     run.__name__ = node.__name__
-    return run
+    return RunnableLambda(run, afunc=sync_to_async(run, thread_sensitive=True), name=node.__name__)

@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
@@ -107,7 +108,11 @@ def make_recall_tool(config, *, bound=None):
         return "\n".join(lines)
 
     return StructuredTool.from_function(
-        func=recall, name="recall", description=RECALL_DESCRIPTION, handle_tool_error=True
+        func=recall,
+        coroutine=sync_to_async(recall, thread_sensitive=True),
+        name="recall",
+        description=RECALL_DESCRIPTION,
+        handle_tool_error=True,
     )
 
 
@@ -151,5 +156,9 @@ def make_remember_tool(config, *, bound=None):
         return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action})."
 
     return StructuredTool.from_function(
-        func=remember, name="remember", description=REMEMBER_DESCRIPTION, handle_tool_error=True
+        func=remember,
+        coroutine=sync_to_async(remember, thread_sensitive=True),
+        name="remember",
+        description=REMEMBER_DESCRIPTION,
+        handle_tool_error=True,
     )
