@@ -7,10 +7,10 @@ from typing import Annotated, TypedDict
 
 import pytest
 from django.db import connection, connections, transaction
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.prebuilt import create_react_agent
 
 from memory.models import Fact
 from memory.service import MemoryService
@@ -121,7 +121,7 @@ def test_memory_tools_are_awaited_by_an_async_agent(user_factory):
             ]
         )
     )
-    agent = create_react_agent(model, engram.memory_tools(agent_id="bot", user_id=ada.pk))
+    agent = create_agent(model, engram.memory_tools(agent_id="bot", user_id=ada.pk))
     out = asyncio.run(agent.ainvoke({"messages": [("user", "I have a cat")]}))
     assert [m.content for m in out["messages"] if m.type == "tool"][0].startswith("Remembered pet = cat")
     assert Fact.objects.get(key="pet", user=ada).value == "cat"

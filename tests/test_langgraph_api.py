@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.prebuilt import create_react_agent
 
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Fact
@@ -136,7 +136,7 @@ def test_memory_tools_act_for_the_bound_user_in_a_prebuilt_agent(service, user_f
             ]
         )
     )
-    agent = create_react_agent(model, engram.memory_tools(agent_id="bot", user_id=ada.pk))
+    agent = create_agent(model, engram.memory_tools(agent_id="bot", user_id=ada.pk))
     out = agent.invoke({"messages": [("user", "I have a cat. What pet do I have?")]})
     tool_replies = [m.content for m in out["messages"] if m.type == "tool"]
     assert tool_replies[0].startswith("Remembered pet = a cat for this user")

@@ -1,4 +1,4 @@
-"""The agent node: a LangGraph prebuilt ReAct agent with memory tools and conversation memory.
+"""The agent node: LangChain's `create_agent` with memory tools, conversation memory and Engram's middleware.
 
 With conversation memory on, the agent runs on the shared checkpointer under the thread of (memory
 user, conversation, workflow), so a person continues the conversation on any linked channel. The
@@ -21,10 +21,11 @@ transaction while the model runs: LangGraph runs tools in worker threads with th
 import logging
 import sqlite3
 import uuid
-import warnings
 
 import psycopg
 from django.db import DatabaseError
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import (
     AIMessage,
     HumanMessage,
@@ -83,46 +84,49 @@ def with_memory(messages, memory_prompt):
     return [*messages[:last_human], block, *messages[last_human:]]
 
 
-def build_agent_graph(config, model, checkpointer=None):
-    """The compiled ReAct agent for one agent node (model None: the offline responder)."""
-    from langgraph.prebuilt import create_react_agent
+class EngramAgentMiddleware(AgentMiddleware):
+    """The agent's memory around each model call: the history trimmed to `history_limit` (the stored
+    one too), the node's system prompt, the recalled-memory block as a message of its own, and, with
+    no chat model configured, the offline responder answering from this turn's memory."""
 
+    def __init__(self, history_limit, offline):
+        super().__init__()
+        self.history_limit = history_limit
+        self.offline = offline
+
+    def before_model(self, state, runtime):
+        kept = trim_history(state["messages"], self.history_limit)
+        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept]}
+
+    def wrap_model_call(self, request, handler):
+        context = request.runtime.context
+        changes = {
+            "system_message": SystemMessage(content=context.system_prompt),
+            "messages": with_memory(request.messages, context.memory_prompt),
+        }
+        if self.offline:
+            changes["model"] = OfflineResponder(memories=context.memories, user=context.user)
+        return handler(request.override(**changes))
+
+
+def build_agent_graph(config, model, checkpointer=None):
+    """The compiled agent (LangChain's create_agent) for one agent node (model None: the offline responder)."""
     tools = []
-    # The offline responder never calls tools: leave them (and LangGraph's tool node) out.
+    # The offline responder never calls tools: leave them (and the tool node) out.
     tool_config = (config.get("tools") or {}) if model is not None else {}
     if "recall" in tool_config:
         tools.append(make_recall_tool(tool_config["recall"] or {}))
     if "remember" in tool_config:
         tools.append(make_remember_tool(tool_config["remember"] or {}))
     limit = config.get("history_limit", workflow_settings.HISTORY_LIMIT)
-
-    def trim(state):
-        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *trim_history(state["messages"], limit)]}
-
-    def prompt(state, runtime):
-        return [
-            SystemMessage(content=runtime.context.system_prompt),
-            *with_memory(state["messages"], runtime.context.memory_prompt),
-        ]
-
-    if model is None:
-
-        def model(state, runtime):  # noqa: F811  (the offline responder reads this turn's memory)
-            return OfflineResponder(memories=runtime.context.memories, user=runtime.context.user)
-
-    with warnings.catch_warnings():
-        # create_react_agent is LangGraph's prebuilt ReAct agent; newer releases point to langchain's
-        # create_agent, a package this project does not otherwise need.
-        warnings.filterwarnings("ignore", message=".*create_react_agent.*", category=DeprecationWarning)
-        return create_react_agent(
-            model,
-            tools,
-            prompt=prompt,
-            pre_model_hook=trim,
-            context_schema=AgentContext,
-            checkpointer=checkpointer,
-            name="agent",
-        )
+    return create_agent(
+        model if model is not None else OfflineResponder(),
+        tools,
+        middleware=[EngramAgentMiddleware(limit, offline=model is None)],
+        context_schema=AgentContext,
+        checkpointer=checkpointer,
+        name="agent",
+    )
 
 
 def build_agent_node(config, context):

@@ -10,7 +10,7 @@ None is neither read nor written. Memory failures are logged and reported under 
 (declare it in your state, as `Annotated[list, operator.add]`, to see them there).
 
 `memory_tools(agent_id=..., user_id=...)` gives the `recall` and `remember` tools bound to one agent
-and user, for `create_react_agent` / `create_agent` without any context schema.
+and user, for `create_agent` (or any agent running LangChain tools) without any context schema.
 
 `conversation(graph_name, user_id=...)` is how a graph of your own on Engram's shared checkpointer
 (`get_checkpointer()`) keeps its conversations: it takes the conversation's turn lock, yields the
