@@ -537,7 +537,11 @@ def import_(stream, *, dry_run=False, on_progress=None):
 
 
 class _Inserter:
-    """Batches of one kind's rows, converted from validated JSON to database parameters."""
+    """Batches of one kind's rows, converted from validated JSON to database parameters.
+
+    A hand-written INSERT rather than bulk_create: bulk_create gives auto_now / auto_now_add fields
+    the time of the import, and an import must keep each row's own created and updated times.
+    """
 
     def __init__(self, kind, conn):
         self.kind, self.conn = kind, conn
