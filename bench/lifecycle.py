@@ -251,6 +251,7 @@ def main(argv=None):
                     "rows": results["rows"],
                     "export_rows_per_s": round(results["export_rows_per_s"], 1),
                     "import_rows_per_s": round(results["import_rows_per_s"], 1),
+                    "clear_s": round(results["clear_s"], 3),
                     "roundtrip_equal": results["roundtrip_equal"],
                 }
             )
