@@ -7,7 +7,7 @@ episodes, and the user. Without kinds, every kind the filters apply to. Facts di
 deleted episode stay, without their source episode.
 """
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from .exceptions import InvalidMemoryArgument
 from .models import Episode, Fact, MemoryUser, Procedure, Scope
@@ -24,14 +24,14 @@ _APPLIES = {
 
 
 def _delete(qs):
-    """DELETE the rows of a queryset in one statement (relations are handled by the caller)."""
-    model = qs.model
-    inner, params = qs.order_by().values("pk").query.sql_with_params()
-    table = connection.ops.quote_name(model._meta.db_table)
-    pk = connection.ops.quote_name(model._meta.pk.column)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table} WHERE {pk} IN (SELECT * FROM ({inner}) AS doomed)", params)
-        return cursor.rowcount
+    """Delete the rows of a queryset; returns how many of its model went.
+
+    QuerySet.delete, not a hand-written DELETE ... IN (subquery): that measured 1.4x faster on
+    bench.lifecycle's clear of 100,000 memories (3.3 s against 4.6-4.9 s), short of the 2x that
+    would justify leaving the ORM.
+    """
+    _, per_model = qs.delete()
+    return per_model.get(qs.model._meta.label, 0)
 
 
 def plan_kinds(kinds, filters):
