@@ -9,7 +9,7 @@ from django.db import transaction
 from django.template.response import TemplateResponse
 
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import Episode, Fact, Procedure
+from .models import Episode, Fact, Procedure, StoreItem
 from .service import MemoryService
 
 CONFIRM_SAMPLE = 20
@@ -25,6 +25,8 @@ def owner_label(obj):
         return {"user": person, "agent": agent, "session": f"session {obj.session_id}"}.get(obj.scope, "everyone")
     if isinstance(obj, Procedure):
         return agent or "every agent"
+    if isinstance(obj, StoreItem):
+        return person or agent or "everyone"
     parts = [p for p in (person, agent) if p] or ([f"session {obj.session_id}"] if obj.session_id else ["nobody"])
     return " with ".join(parts)
 

@@ -1,5 +1,7 @@
 """The tabs of the /memories/ admin site (memory/admin_site.py): facts, episodes, procedures, users, deletions."""
 
+import json
+
 from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -19,7 +21,7 @@ from .admin_site import (
     truncate,
 )
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure
+from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure, StoreItem
 from .service import MemoryService
 
 __all__ = ["MemoriesTab", "memories_site"]
@@ -185,6 +187,43 @@ class ProcedureAdmin(MemoriesTab, admin.ModelAdmin):
     @admin.display(description="success rate", ordering="success_rate")
     def success_percent(self, obj):
         return percent(obj.success_rate) if obj.times_used else "–"
+
+
+@admin.register(StoreItem, site=memories_site)
+class StoreItemAdmin(MemoriesTab, admin.ModelAdmin):
+    """Items LangGraph graphs keep through EngramStore, by namespace; read and delete only."""
+
+    tab_label, tab_position = "Store", 45
+    list_display = ["namespace", "key", "owner", "value_preview", "updated_at", "expires_at"]
+    list_filter = ["scope"]
+    search_fields = ["namespace", "key", "text"]
+    list_select_related = ["user"]
+    fields = ["namespace", "key", "value", "scope", "user", "agent_id", "created_at", "updated_at", "expires_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return MemoryService().store_item_list()
+
+    def delete_memories(self, ids, actor=""):
+        return MemoryService().delete_store_items(ids, actor=actor)
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # A memory user's page links to "this user's store items".
+        return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # written by graphs; operators read and delete them
+
+    @admin.display(description="owner", ordering="scope")
+    def owner(self, obj):
+        return owner_label(obj)
+
+    @admin.display(description="value")
+    def value_preview(self, obj):
+        return truncate(json.dumps(obj.value, ensure_ascii=False), 80)
 
 
 class ChannelIdentityInline(admin.TabularInline):

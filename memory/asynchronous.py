@@ -32,3 +32,7 @@ class AsyncMixin:
     aresolve_user = _off_the_loop("resolve_user")
     arecord_episode = _off_the_loop("record_episode")
     auser_context = _off_the_loop("user_context")
+    astore_get_many = _off_the_loop("store_get_many")
+    astore_put_many = _off_the_loop("store_put_many")
+    astore_search = _off_the_loop("store_search")
+    astore_namespaces = _off_the_loop("store_namespaces")

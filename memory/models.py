@@ -377,6 +377,7 @@ class DeletionKind(models.TextChoices):
     PROCEDURES = "procedures"
     MEMORY_USERS = "memory users"
     THREADS = "threads"
+    STORE_ITEMS = "store items"
 
 
 class DeletionRecord(models.Model):
@@ -401,3 +402,43 @@ class DeletionRecord(models.Model):
 
     def __str__(self):
         return f"{self.count} {self.kind} by {self.actor}"
+
+
+class StoreItem(models.Model):
+    """An item of a LangGraph store (workflows.store.EngramStore): a JSON object under (namespace, key).
+
+    The namespace decides the owner: ("users", "<memory user id>", ...) belongs to that memory user
+    (deleted with them), ("agents", "<agent id>", ...) to that agent, any other namespace to everyone
+    (global). Read and write them through MemoryService (memory/store_items.py).
+    """
+
+    # The namespace's labels joined by "." (LangGraph refuses labels holding a period).
+    namespace = models.CharField(max_length=500)
+    key = models.CharField(max_length=255)
+    value = models.JSONField()
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="store_items")
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    # The text searches match (the indexed fields), and its embedding (float32) when one was made.
+    text = models.TextField(blank=True, default="")
+    embedding = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    ttl_minutes = models.FloatField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        db_table = "memory_store_item"
+        ordering = ["namespace", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "key"], name="one_store_item_per_key"),
+            models.CheckConstraint(
+                condition=Q(scope=Scope.USER, user__isnull=False)
+                | (Q(scope=Scope.AGENT) & ~Q(agent_id="") & Q(user__isnull=True))
+                | Q(scope=Scope.GLOBAL, user__isnull=True, agent_id=""),
+                name="store_item_owner_matches_scope",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.namespace} / {self.key}"

@@ -24,6 +24,7 @@ from .models import (
     ProcedureType,
     RecallEvent,
     Scope,
+    StoreItem,
 )
 from .signals import users_deleting, users_footprint
 from .validation import check_choice, check_id_list, check_limit, chunks, clean_text
@@ -39,7 +40,7 @@ class BatchDelete:
 
 
 # What makes a user "in use" for a delete without cascade: memories, not statistics or threads.
-MEMORY_HELD = ("facts", "episodes", "identities", "merged_users")
+MEMORY_HELD = ("facts", "episodes", "identities", "merged_users", "store_items")
 
 
 def write_deletion_record(actor, kind, ids, cascaded=None):
@@ -151,13 +152,14 @@ class OperatorsMixin:
         `users_footprint` signal (workflows: threads and checkpoints).
         """
         ids = sorted(set(ids))
-        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0, "recall_events": 0}
+        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0, "recall_events": 0, "store_items": 0}
         for chunk in chunks(ids):
             totals["facts"] += Fact.objects.filter(user__in=chunk).count()
             totals["episodes"] += Episode.objects.filter(user__in=chunk).count()
             totals["identities"] += ChannelIdentity.objects.filter(user__in=chunk).count()
             totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()
             totals["recall_events"] += RecallEvent.objects.filter(user_id__in=chunk).count()
+            totals["store_items"] += StoreItem.objects.filter(user__in=chunk).count()
         for _, counts in users_footprint.send(sender=MemoryUser, user_ids=ids):
             for what, n in (counts or {}).items():
                 totals[what] = totals.get(what, 0) + n

@@ -10,6 +10,7 @@ callers (nodes, tools, the admin, the REST API, commands) need one object and on
     memory/recall_service.py  recall (hybrid keyword + vector) and its index upkeep
     memory/operators.py   lists for operators, batch deletes, forget a person, list_memories
     memory/lifecycle.py   consolidation, limits, export / import, clearing, health, counts
+    memory/store_items.py  items of LangGraph stores (workflows.store.EngramStore)
     memory/asynchronous.py  aget_fact, aset_fact, arecall, aidentify, ...: the same, awaitable
 
 Shared argument checks are in memory/validation.py, owner keys in memory/owners.py.
@@ -29,6 +30,7 @@ from .lifecycle import LifecycleMixin
 from .operators import BatchDelete, OperatorsMixin
 from .procedures import ProceduresMixin
 from .recall_service import RecallMixin
+from .store_items import StoreItemsMixin
 from .users import Identified, UserContext, UsersMixin
 from .validation import MAX_ID, Viewer, check_id_list
 
@@ -55,6 +57,7 @@ class MemoryService(
     RecallMixin,
     OperatorsMixin,
     LifecycleMixin,
+    StoreItemsMixin,
     AsyncMixin,
 ):
     """Every memory question and write goes through here; see the README for the rules it keeps."""

@@ -1,0 +1,275 @@
+"""Items of LangGraph stores (workflows.store.EngramStore), owned like every other memory. Part of MemoryService.
+
+A namespace is a tuple of labels; its owner follows from its head: ("users", "<memory user id>", ...)
+is that memory user's (isolated to them, exported with them, deleted when they are forgotten),
+("agents", "<agent id>", ...) that agent's, anything else everyone's (global). Filters follow
+LangGraph's stores: a value matches `{"field": value}` when equal (nested objects and lists
+compared whole), and `{"field": {"$gt": 3}}` with $eq, $ne, $gt, $gte, $lt, $lte.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .exceptions import InvalidMemoryArgument
+from .models import DeletionKind, MemoryUser, Scope, StoreItem
+from .operators import BatchDelete, existing_ids, write_deletion_record
+from .text import keyword_terms
+from .validation import check_id_list, check_json, chunks, clean_text
+
+SEPARATOR = "."
+# How much of a query search's score the words decide when vectors are there too (the rest: cosine).
+KEYWORD_SHARE = 0.3
+_OPERATORS = {
+    "$eq": lambda a, b: a == b,
+    "$ne": lambda a, b: a != b,
+    "$gt": lambda a, b: float(a) > float(b),
+    "$gte": lambda a, b: float(a) >= float(b),
+    "$lt": lambda a, b: float(a) < float(b),
+    "$lte": lambda a, b: float(a) <= float(b),
+}
+
+
+@dataclass(frozen=True)
+class StorePut:
+    """One write: `value` None deletes. `text` and `embedding` (float32 bytes) are what searches match."""
+
+    namespace: tuple
+    key: str
+    value: dict | None
+    text: str = ""
+    embedding: bytes | None = None
+    ttl_minutes: float | None = None
+
+
+def joined(namespace):
+    return SEPARATOR.join(namespace)
+
+
+def split(namespace):
+    return tuple(namespace.split(SEPARATOR))
+
+
+def _prefix_filter(prefix):
+    """Items whose namespace starts with the labels `prefix`, as an index range (no LIKE)."""
+    if not prefix:
+        return Q()
+    text = joined(prefix)
+    # "/" sorts right after ".": every "<prefix>.<more>" lies in [<prefix>., <prefix>/).
+    return Q(namespace=text) | Q(namespace__gte=text + SEPARATOR, namespace__lt=text + "/")
+
+
+def matches(value, wanted):
+    """Whether a stored value meets a LangGraph filter value (see the module docstring)."""
+    if isinstance(wanted, dict):
+        if any(k.startswith("$") for k in wanted):
+            try:
+                return all(_OPERATORS[op](value, operand) for op, operand in wanted.items())
+            except KeyError as exc:
+                raise InvalidMemoryArgument("filter", f"unknown operator {exc.args[0]!r}") from None
+            except (TypeError, ValueError):
+                return False
+        return isinstance(value, dict) and all(matches(value.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, (list, tuple)):
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(wanted)
+            and all(matches(a, b) for a, b in zip(value, wanted))
+        )
+    return value == wanted
+
+
+class StoreItemsMixin:
+    """What EngramStore asks of the memory; part of MemoryService."""
+
+    def store_owner(self, namespace):
+        """{"scope", "user_id", "agent_id"} of a namespace; a "users" namespace must name a memory user."""
+        if len(namespace) >= 2 and namespace[0] == "users":
+            label = namespace[1]
+            if not label.isascii() or not label.isdigit() or not 0 < int(label) < 2**63:
+                raise InvalidMemoryArgument("namespace", f"{namespace!r}: ('users', <memory user id>, ...) needs an id")
+            user = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
+            if user is None:
+                raise InvalidMemoryArgument("namespace", f"{namespace!r}: no memory user with id {label}")
+            return {"scope": Scope.USER, "user_id": user[1] or user[0], "agent_id": ""}
+        if len(namespace) >= 2 and namespace[0] == "agents":
+            return {
+                "scope": Scope.AGENT,
+                "user_id": None,
+                "agent_id": clean_text("namespace", namespace[1], max_length=128),
+            }
+        return {"scope": Scope.GLOBAL, "user_id": None, "agent_id": ""}
+
+    def store_get_many(self, keys, *, refresh_ttl=True):
+        """{(namespace, key): StoreItem} of these that exist and have not expired. One query (two with TTLs)."""
+        if not keys:
+            return {}
+        now = timezone.now()
+        wanted = Q()
+        for namespace, key in set(keys):
+            wanted |= Q(namespace=joined(namespace), key=key)
+        items = list(StoreItem.objects.filter(wanted).filter(_alive(now)))
+        if refresh_ttl:
+            _refresh(items, now)
+        return {(split(i.namespace), i.key): i for i in items}
+
+    def store_put_many(self, puts):
+        """Write and delete items in one transaction (the last write of a key wins). Nothing is embedded here."""
+        latest = {(p.namespace, p.key): p for p in puts}
+        owners = {}
+        for namespace, key in latest:
+            clean_text("key", key, max_length=255)
+            if len(joined(namespace)) > 500:
+                raise InvalidMemoryArgument("namespace", "is longer than 500 characters")
+        for p in latest.values():
+            if p.value is not None:
+                if not isinstance(p.value, dict):
+                    raise InvalidMemoryArgument("value", f"must be a dict, got {type(p.value).__name__}")
+                check_json("value", p.value)
+                owners[p.namespace] = owners.get(p.namespace) or self.store_owner(p.namespace)
+        now = timezone.now()
+        with transaction.atomic():
+            gone = [(joined(ns), key) for (ns, key), p in latest.items() if p.value is None]
+            for chunk in chunks(gone, 400):
+                doomed = Q()
+                for namespace, key in chunk:
+                    doomed |= Q(namespace=namespace, key=key)
+                StoreItem.objects.filter(doomed).delete()
+            rows = [
+                StoreItem(
+                    namespace=joined(p.namespace),
+                    key=p.key,
+                    value=p.value,
+                    text=p.text,
+                    embedding=p.embedding,
+                    created_at=now,
+                    updated_at=now,
+                    ttl_minutes=p.ttl_minutes,
+                    expires_at=now + timedelta(minutes=p.ttl_minutes) if p.ttl_minutes is not None else None,
+                    **owners[p.namespace],
+                )
+                for p in latest.values()
+                if p.value is not None
+            ]
+            StoreItem.objects.bulk_create(
+                rows,
+                batch_size=500,
+                update_conflicts=True,
+                unique_fields=["namespace", "key"],
+                update_fields=[
+                    "value",
+                    "text",
+                    "embedding",
+                    "updated_at",
+                    "ttl_minutes",
+                    "expires_at",
+                    "scope",
+                    "user",
+                    "agent_id",
+                ],
+            )
+
+    def store_search(self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, refresh_ttl=True):
+        """[(StoreItem, score)] under `prefix` meeting `filter`, best first for a query (score None without one).
+
+        Without a query: most recently updated first. With one: hybrid, like recall: the cosine of the
+        query's vector and the item's (when both exist) and the share of the query's words the item
+        holds, KEYWORD_SHARE of the score; items without either come last, unscored.
+        """
+        now = timezone.now()
+        items = StoreItem.objects.filter(_prefix_filter(prefix)).filter(_alive(now))
+        if not query:
+            items = items.order_by("-updated_at", "namespace", "key")
+            if not filter:
+                found = list(items[offset : offset + limit])
+                if refresh_ttl:
+                    _refresh(found, now)
+                return [(item, None) for item in found]
+        candidates = [i for i in items if not filter or all(matches(i.value.get(k), v) for k, v in filter.items())]
+        if not query:
+            found = candidates[offset : offset + limit]
+            if refresh_ttl:
+                _refresh(found, now)
+            return [(item, None) for item in found]
+        scored = _scores(candidates, query, query_vector)
+        ranked = sorted(scored, key=lambda pair: (pair[1] is None, -(pair[1] or 0.0)))[offset : offset + limit]
+        if refresh_ttl:
+            _refresh([item for item, _ in ranked], now)
+        return ranked
+
+    def store_namespaces(self, *, prefix=None, suffix=None, max_depth=None, limit=100, offset=0):
+        """The distinct namespaces (cut to `max_depth`) matching `prefix` / `suffix` ("*" matches any label), sorted."""
+        now = timezone.now()
+        names = StoreItem.objects.filter(_alive(now))
+        if prefix and "*" not in prefix:
+            names = names.filter(_prefix_filter(prefix))
+        found = set()
+        for text in names.order_by().values_list("namespace", flat=True).distinct():
+            namespace = split(text)
+            if prefix and not _labels_match(namespace[: len(prefix)], prefix, len(namespace) >= len(prefix)):
+                continue
+            if suffix and not _labels_match(namespace[-len(suffix) :], suffix, len(namespace) >= len(suffix)):
+                continue
+            found.add(namespace[:max_depth] if max_depth is not None else namespace)
+        return sorted(found)[offset : offset + limit]
+
+    def sweep_store_items(self):
+        """Delete expired store items; returns how many went."""
+        deleted, _ = StoreItem.objects.filter(expires_at__lte=timezone.now()).delete()
+        return deleted
+
+    def store_item_list(self):
+        """Every store item, for operators."""
+        return StoreItem.objects.select_related("user")
+
+    def delete_store_items(self, ids, *, max_ids=None, actor=""):
+        """Delete store items by id in one transaction; returns BatchDelete(deleted, not_found)."""
+        ids = check_id_list(ids, max_ids)
+        with transaction.atomic():
+            found = existing_ids(StoreItem, ids)
+            for chunk in chunks(sorted(found)):
+                StoreItem.objects.filter(pk__in=chunk).delete()
+            if found:
+                write_deletion_record(actor, DeletionKind.STORE_ITEMS, sorted(found))
+        return BatchDelete(len(found), [i for i in ids if i not in found])
+
+
+def _alive(now):
+    return Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+
+
+def _refresh(items, now):
+    """Restart the TTL of items that have one (a read counts as use, as in LangGraph's stores)."""
+    timed = {}
+    for item in items:
+        if item.ttl_minutes is not None:
+            timed.setdefault(item.ttl_minutes, []).append(item.pk)
+    for minutes, pks in timed.items():
+        StoreItem.objects.filter(pk__in=pks).update(expires_at=now + timedelta(minutes=minutes))
+
+
+def _labels_match(labels, pattern, long_enough):
+    return long_enough and all(p == "*" or p == label for label, p in zip(labels, pattern))
+
+
+def _scores(items, query, query_vector):
+    terms = set(keyword_terms(query))
+    vector = None if query_vector is None else np.asarray(query_vector, dtype=np.float32)
+    if vector is not None:
+        vector = vector / (np.linalg.norm(vector) or 1.0)
+    scored = []
+    for item in items:
+        words = set(keyword_terms(item.text, limit=10_000)) if item.text else set()
+        keyword = len(terms & words) / len(terms) if terms and words else 0.0
+        if vector is not None and item.embedding is not None:
+            stored = np.frombuffer(bytes(item.embedding), dtype=np.float32)
+            if stored.shape == vector.shape:
+                cosine = float(stored @ vector / (np.linalg.norm(stored) or 1.0))
+                scored.append((item, (1 - KEYWORD_SHARE) * cosine + KEYWORD_SHARE * keyword))
+                continue
+        scored.append((item, keyword if item.text else None))
+    return scored

@@ -1,0 +1,237 @@
+"""EngramStore: LangGraph's BaseStore contract on Engram's memory, its owners, and langmem on top of it."""
+
+import asyncio
+import time
+
+import pytest
+from django.db import transaction
+from langchain.agents import create_agent
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
+
+from memory.exceptions import InvalidMemoryArgument
+from memory.models import Scope, StoreItem
+from workflows.store import EngramStore
+
+
+class LetterEmbeddings(Embeddings):
+    """Deterministic: a text's vector counts its letters, so texts sharing letters are close."""
+
+    def _one(self, text):
+        return [text.lower().count(chr(c)) + 0.01 for c in range(ord("a"), ord("z") + 1)]
+
+    def embed_documents(self, texts):
+        return [self._one(t) for t in texts]
+
+    def embed_query(self, text):
+        return self._one(text)
+
+
+@pytest.fixture
+def store(db):
+    return EngramStore()
+
+
+def test_put_get_update_delete(store):
+    store.put(("docs",), "a", {"text": "hello"})
+    first = store.get(("docs",), "a")
+    assert (first.namespace, first.key, first.value) == (("docs",), "a", {"text": "hello"})
+    store.put(("docs",), "a", {"text": "again"})
+    second = store.get(("docs",), "a")
+    assert second.value == {"text": "again"} and second.created_at == first.created_at
+    assert second.updated_at >= first.updated_at
+    store.delete(("docs",), "a")
+    assert store.get(("docs",), "a") is None
+    assert store.get(("nowhere",), "a") is None
+
+
+def test_a_batch_answers_every_op_in_order(store):
+    store.put(("a",), "1", {"n": 1})
+    results = store.batch(
+        [GetOp(("a",), "1"), PutOp(("a",), "2", {"n": 2}), SearchOp(("a",)), ListNamespacesOp(), GetOp(("a",), "9")]
+    )
+    assert results[0].value == {"n": 1} and results[1] is None and results[4] is None
+    assert [i.key for i in results[2]] == ["1"]  # the put of the same batch is applied after its reads
+    assert results[3] == [("a",)]
+    assert store.get(("a",), "2").value == {"n": 2}
+
+
+def test_search_filters_with_langgraphs_operators_and_pages(store):
+    for n in range(6):
+        store.put(("docs", "x" if n % 2 else "y"), f"k{n}", {"n": n, "tag": {"colour": "red" if n < 3 else "blue"}})
+    assert {i.key for i in store.search(("docs",), filter={"n": {"$gte": 4}})} == {"k4", "k5"}
+    assert {i.key for i in store.search(("docs",), filter={"n": {"$ne": 0, "$lt": 2}})} == {"k1"}
+    assert {i.key for i in store.search(("docs",), filter={"tag": {"colour": "red"}})} == {"k0", "k1", "k2"}
+    assert {i.key for i in store.search(("docs", "x"))} == {"k1", "k3", "k5"}
+    everything = [i.key for i in store.search(("docs",), limit=100)]
+    assert len(everything) == 6 and all(i.score is None for i in store.search(("docs",)))
+    assert [i.key for i in store.search(("docs",), limit=2, offset=2)] == everything[2:4]
+    assert store.search(("doc",)) == []  # a prefix is whole labels
+
+
+def test_query_search_ranks_by_meaning_with_an_index(db):
+    store = EngramStore(index={"dims": 26, "embed": LetterEmbeddings(), "fields": ["text"]})
+    store.put(("docs",), "zoo", {"text": "zebra zone"})
+    store.put(("docs",), "tea", {"text": "tea time"})
+    store.put(("docs",), "hidden", {"text": "tea tea"}, index=False)
+    found = store.search(("docs",), query="a cup of tea")
+    assert found[0].key == "tea" and found[0].score > found[1].score
+    assert found[-1].key == "hidden" and found[-1].score is None  # not indexed: last, unscored
+
+
+def test_list_namespaces_prefix_suffix_wildcards_depth_and_pages(store):
+    spaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f"), ("x",)]
+    for i, ns in enumerate(spaces):
+        store.put(ns, f"k{i}", {"i": i})
+    assert store.list_namespaces(prefix=("a", "b")) == [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "f")]
+    assert store.list_namespaces(suffix=("f",)) == [("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f")]
+    assert store.list_namespaces(prefix=("a", "*", "f")) == [("a", "b", "f"), ("a", "c", "f")]
+    assert store.list_namespaces(prefix=("a", "b"), max_depth=3) == [("a", "b", "c"), ("a", "b", "d"), ("a", "b", "f")]
+    assert store.list_namespaces(prefix=("a",), limit=2, offset=1) == [("a", "b", "d", "e"), ("a", "b", "f")]
+    assert store.list_namespaces(max_depth=1) == [("a",), ("b",), ("x",)]
+
+
+def test_items_expire_after_their_ttl_and_reads_refresh_it(db):
+    store = EngramStore(ttl={"default_ttl": 0.002, "refresh_on_read": True})  # 0.12 s
+    store.put(("t",), "short", {"v": 1})
+    store.put(("t",), "forever", {"v": 2}, ttl=None)
+    assert store.get(("t",), "short") is not None
+    time.sleep(0.2)
+    assert store.get(("t",), "short") is None and store.get(("t",), "forever") is not None
+    assert [i.key for i in store.search(("t",))] == ["forever"]
+    assert store.sweep_ttl() == 1 and StoreItem.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "namespace, value, error",
+    [
+        ((), {"v": 1}, InvalidNamespaceError),
+        (("the", "thing.about"), {"v": 1}, InvalidNamespaceError),
+        (("some", ""), {"v": 1}, InvalidNamespaceError),
+        (("langgraph", "x"), {"v": 1}, InvalidNamespaceError),
+        (("docs",), ["not", "a", "dict"], InvalidMemoryArgument),
+        (("users", "999999"), {"v": 1}, InvalidMemoryArgument),
+        (("users", "ada"), {"v": 1}, InvalidMemoryArgument),
+        (("docs",), {"v": "\x00"}, InvalidMemoryArgument),
+    ],
+)
+def test_bad_input_is_refused_and_writes_nothing(store, namespace, value, error):
+    with pytest.raises(error):
+        store.put(namespace, "k", value)
+    if namespace[:1] != ("langgraph",):  # batch() may write under "langgraph", as LangGraph's stores let it
+        with pytest.raises(error):  # in a batch with a good write, neither is written
+            store.batch([PutOp(("docs",), "fine", {"v": 0}), PutOp(namespace, "k", value)])
+    assert not StoreItem.objects.exists()
+
+
+def test_namespaces_map_to_owners_and_forgetting_a_person_takes_theirs(store, service, user_factory):
+    ada, bob = user_factory("ada"), user_factory("bob")
+    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "Ada likes tea"})
+    store.put(("users", str(bob.pk), "memories"), "m1", {"text": "Bob likes coffee"})
+    store.put(("agents", "helper", "notes"), "n1", {"text": "be brief"})
+    store.put(("shared",), "s1", {"text": "office opens at nine"})
+    owners = {(i.namespace, i.scope, i.user_id, i.agent_id) for i in StoreItem.objects.all()}
+    assert owners == {
+        (f"users.{ada.pk}.memories", Scope.USER, ada.pk, ""),
+        (f"users.{bob.pk}.memories", Scope.USER, bob.pk, ""),
+        ("agents.helper.notes", Scope.AGENT, None, "helper"),
+        ("shared", Scope.GLOBAL, None, ""),
+    }
+    assert [i.value["text"] for i in store.search(("users", str(ada.pk)))] == ["Ada likes tea"]
+    footprint = service.user_footprint([ada.pk])
+    assert footprint["store_items"] == 1
+    service.delete_users([ada.pk], cascade=True)
+    assert not StoreItem.objects.filter(user_id=ada.pk).exists()
+    assert store.get(("users", str(bob.pk), "memories"), "m1").value == {"text": "Bob likes coffee"}
+
+
+def test_a_merged_users_items_land_on_the_survivor(store, service, user_factory):
+    ada, ann = user_factory("ada"), user_factory("ann")
+    service.merge_users(ann.pk, ada.pk)
+    store.put(("users", str(ann.pk)), "k", {"v": 1})
+    assert StoreItem.objects.get().user_id == ada.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_abatch_keeps_the_event_loop_free():
+    store = EngramStore()
+
+    async def main():
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(ticker())
+        for n in range(30):
+            await store.aput(("async",), f"k{n}", {"n": n})
+        found = await store.asearch(("async",), filter={"n": {"$lt": 3}})
+        task.cancel()
+        return found, ticks
+
+    found, ticks = asyncio.run(main())
+    assert {i.key for i in found} == {"k0", "k1", "k2"}
+    assert len(ticks) > 3
+
+
+class ToolCallingFake(GenericFakeChatModel):
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+@pytest.mark.django_db(transaction=True)  # LangGraph runs tools in worker threads
+def test_langmem_tools_manage_and_search_memories_on_engram(user_factory, staff_client):
+    from langmem import create_manage_memory_tool, create_search_memory_tool
+
+    ada = user_factory("ada")
+    store = EngramStore()
+    namespace = ("users", "{user_id}", "memories")
+
+    def created_id():
+        return StoreItem.objects.get(user=ada).key
+
+    def turns():
+        yield AIMessage("", tool_calls=[{"name": "manage_memory", "args": {"content": "likes green tea"}, "id": "1"}])
+        yield AIMessage(
+            "",
+            tool_calls=[
+                {
+                    "name": "manage_memory",
+                    "args": {"action": "update", "id": created_id(), "content": "likes oolong"},
+                    "id": "2",
+                }
+            ],
+        )
+        yield AIMessage("", tool_calls=[{"name": "search_memory", "args": {"query": "tea"}, "id": "3"}])
+        yield AIMessage(
+            "", tool_calls=[{"name": "manage_memory", "args": {"action": "delete", "id": created_id()}, "id": "4"}]
+        )
+        yield AIMessage("Done.")
+
+    agent = create_agent(
+        ToolCallingFake(messages=turns()),
+        [create_manage_memory_tool(namespace), create_search_memory_tool(namespace)],
+        store=store,
+    )
+    out = agent.invoke({"messages": [("user", "remember I like tea")]}, {"configurable": {"user_id": str(ada.pk)}})
+    tool_replies = [m.content for m in out["messages"] if m.type == "tool"]
+    assert tool_replies[0].startswith("created memory")
+    assert tool_replies[1].startswith("updated memory")
+    assert "likes oolong" in tool_replies[2]
+    assert tool_replies[3].lower().startswith("deleted memory")
+    assert not StoreItem.objects.exists()
+    # While it existed it was Ada's, and the admin lists store items under their owner.
+    store.put(("users", str(ada.pk), "memories"), "again", {"content": "likes oolong"})
+    page = staff_client.get("/memories/memory/storeitem/", {"user__id__exact": ada.pk})
+    assert page.status_code == 200 and "likes oolong" in page.content.decode()
+
+
+def test_writes_inside_a_callers_transaction_roll_back_with_it(store):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        store.put(("docs",), "a", {"v": 1})
+        raise RuntimeError("undo")
+    assert store.get(("docs",), "a") is None

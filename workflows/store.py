@@ -1,0 +1,180 @@
+"""EngramStore: a LangGraph `BaseStore` on Engram's memory, for any graph or agent (`compile(store=...)`).
+
+    store = EngramStore()                                   # Engram's embedder, if installed
+    store = EngramStore(index={"dims": 384, "embed": my_embeddings, "fields": ["text"]})
+    store = EngramStore(ttl={"default_ttl": 60, "refresh_on_read": True})
+
+Items live in MemoryService's tables (memory/store_items.py), owned by their namespace:
+("users", "<memory user id>", ...) is that person's (shown on their page in /memories/, exported
+with them, deleted when they are forgotten), ("agents", "<agent id>", ...) that agent's, anything
+else global. Query searches are hybrid: the cosine of the query's and the item's vectors and the
+share of the query's words the item holds (memory.store_items.KEYWORD_SHARE); without an embedder,
+the words alone. No embedding model runs inside a database transaction: values are embedded first,
+then written in one transaction per batch.
+"""
+
+import numpy as np
+from asgiref.sync import sync_to_async
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    PutOp,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+)
+from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
+
+from memory.embeddings import get_embedder
+from memory.exceptions import InvalidMemoryArgument
+from memory.service import MemoryService
+from memory.store_items import StorePut, split
+
+__all__ = ["EngramStore"]
+
+
+class EngramStore(BaseStore):
+    supports_ttl = True
+
+    def __init__(self, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None) -> None:
+        self.index_config = index
+        self.ttl_config = ttl
+        if index is not None:
+            self._embed = ensure_embeddings(index.get("embed"))
+            fields = index.get("fields") or ["$"]
+        else:
+            self._embed = None  # Engram's configured embedder, looked up per batch (it may change in tests)
+            fields = ["$"]
+        self._fields = [_path(path) for path in fields]
+        self._memory = MemoryService()
+
+    # ---- the BaseStore interface
+
+    def batch(self, ops):
+        ops = list(ops)
+        results = [None] * len(ops)
+        gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
+        puts = [op for op in ops if isinstance(op, PutOp)]
+        if gets:
+            found = self._memory.store_get_many(
+                [(op.namespace, op.key) for _, op in gets], refresh_ttl=any(op.refresh_ttl for _, op in gets)
+            )
+            for i, op in gets:
+                item = found.get((tuple(op.namespace), op.key))
+                results[i] = None if item is None else _item(Item, item)
+        for i, op in enumerate(ops):
+            if isinstance(op, SearchOp):
+                results[i] = self._search(op)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list_namespaces(op)
+            elif not isinstance(op, (GetOp, PutOp)):
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        if puts:
+            self._memory.store_put_many(self._prepared(puts))
+        return results
+
+    async def abatch(self, ops):
+        """`batch` on Django's sync worker thread: the event loop never waits for the database or a model."""
+        return await sync_to_async(self.batch, thread_sensitive=True)(list(ops))
+
+    def sweep_ttl(self):
+        """Delete expired items now; returns how many went (expired items are invisible already)."""
+        return self._memory.sweep_store_items()
+
+    # ---- helpers
+
+    def _embedder(self):
+        """(embed documents, embed query) functions, or None when nothing can embed."""
+        if self._embed is not None:
+            return self._embed.embed_documents, self._embed.embed_query
+        engram = get_embedder()
+        if engram is None:
+            return None
+        return engram.documents, engram.query
+
+    def _prepared(self, puts):
+        """StorePut rows with their search text and (outside any transaction) their vectors."""
+        rows = []
+        for op in puts:
+            if not op.namespace or any(
+                not isinstance(label, str) or not label or "." in label for label in op.namespace
+            ):
+                raise InvalidNamespaceError(f"Invalid namespace {op.namespace!r}: non-empty labels without periods")
+            if op.value is None:
+                rows.append(StorePut(tuple(op.namespace), op.key, None))
+                continue
+            if not isinstance(op.value, dict):
+                raise InvalidMemoryArgument("value", f"must be a dict, got {type(op.value).__name__}")
+            if op.index is False:
+                text = ""
+            else:
+                paths = self._fields if op.index is None else [_path(p) for p in op.index]
+                text = "\n".join(t for _, path in paths for t in get_text_at_path(op.value, path))
+            rows.append(
+                StorePut(tuple(op.namespace), op.key, op.value, text=text, ttl_minutes=getattr(op, "ttl", None))
+            )
+        embedder = self._embedder()
+        wanted = [i for i, row in enumerate(rows) if row.value is not None and row.text]
+        if embedder is not None and wanted:
+            vectors = embedder[0]([rows[i].text for i in wanted])
+            for i, vector in zip(wanted, vectors):
+                row = rows[i]
+                rows[i] = StorePut(
+                    row.namespace,
+                    row.key,
+                    row.value,
+                    text=row.text,
+                    embedding=np.asarray(vector, dtype=np.float32).tobytes(),
+                    ttl_minutes=row.ttl_minutes,
+                )
+        return rows
+
+    def _search(self, op):
+        query_vector = None
+        if op.query:
+            embedder = self._embedder()
+            if embedder is not None:
+                query_vector = embedder[1](op.query)
+        found = self._memory.store_search(
+            tuple(op.namespace_prefix),
+            filter=op.filter,
+            limit=op.limit,
+            offset=op.offset,
+            query=op.query or "",
+            query_vector=query_vector,
+            refresh_ttl=op.refresh_ttl,
+        )
+        return [_item(SearchItem, item, score=score) for item, score in found]
+
+    def _list_namespaces(self, op):
+        prefix = suffix = None
+        for condition in op.match_conditions or ():
+            if condition.match_type == "prefix":
+                prefix = tuple(condition.path)
+            elif condition.match_type == "suffix":
+                suffix = tuple(condition.path)
+            else:
+                raise ValueError(f"Unsupported match type: {condition.match_type}")
+        return self._memory.store_namespaces(
+            prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit, offset=op.offset
+        )
+
+
+def _path(path):
+    """(path, what get_text_at_path takes): "$" (the whole value) stays a string, others are tokenized."""
+    return path, path if path == "$" else tokenize_path(path)
+
+
+def _item(cls, row, **extra):
+    return cls(
+        namespace=split(row.namespace),
+        key=row.key,
+        value=row.value,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        **extra,
+    )
