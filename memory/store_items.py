@@ -63,6 +63,17 @@ def _prefix_filter(prefix):
     return Q(namespace=text) | Q(namespace__gte=text + SEPARATOR, namespace__lt=text + "/")
 
 
+def value_at(value, key):
+    """value[key], or for a dotted key ("user.access-level") the value down that path (None if absent)."""
+    if key in value or "." not in key:
+        return value.get(key)
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
 def matches(value, wanted):
     """Whether a stored value meets a LangGraph filter value (see the module docstring)."""
     if isinstance(wanted, dict):
@@ -189,7 +200,9 @@ class StoreItemsMixin:
                 if refresh_ttl:
                     _refresh(found, now)
                 return [(item, None) for item in found]
-        candidates = [i for i in items if not filter or all(matches(i.value.get(k), v) for k, v in filter.items())]
+        candidates = [
+            i for i in items if not filter or all(matches(value_at(i.value, k), v) for k, v in filter.items())
+        ]
         if not query:
             found = candidates[offset : offset + limit]
             if refresh_ttl:

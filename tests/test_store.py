@@ -64,6 +64,7 @@ def test_search_filters_with_langgraphs_operators_and_pages(store):
     assert {i.key for i in store.search(("docs",), filter={"n": {"$gte": 4}})} == {"k4", "k5"}
     assert {i.key for i in store.search(("docs",), filter={"n": {"$ne": 0, "$lt": 2}})} == {"k1"}
     assert {i.key for i in store.search(("docs",), filter={"tag": {"colour": "red"}})} == {"k0", "k1", "k2"}
+    assert {i.key for i in store.search(("docs",), filter={"tag.colour": "blue"})} == {"k3", "k4", "k5"}  # dotted
     assert {i.key for i in store.search(("docs", "x"))} == {"k1", "k3", "k5"}
     everything = [i.key for i in store.search(("docs",), limit=100)]
     assert len(everything) == 6 and all(i.score is None for i in store.search(("docs",)))

@@ -44,10 +44,10 @@ class EngramStore(BaseStore):
         self.index_config = index
         self.ttl_config = ttl
         if index is not None:
-            self._embed = ensure_embeddings(index.get("embed"))
+            self._embed = self.embeddings = ensure_embeddings(index.get("embed"))
             fields = index.get("fields") or ["$"]
         else:
-            self._embed = None  # Engram's configured embedder, looked up per batch (it may change in tests)
+            self._embed = self.embeddings = None  # Engram's embedder, looked up per batch (settings may change)
             fields = ["$"]
         self._fields = [_path(path) for path in fields]
         self._memory = MemoryService()
