@@ -30,6 +30,7 @@ from .models import (
     RecallKind,
     RecallScope,
     Scope,
+    StoreItem,
 )
 from .owners import owner_key
 from .validation import chunks
@@ -243,6 +244,17 @@ def export_person(user, out):
         row = model_to_dict(event)
         row["item_kind"] = row.pop("kind")
         write("recall_event", {**row, "created_at": event.created_at})
+    for item in StoreItem.objects.filter(user_id__in=user_ids).order_by("pk"):
+        write(
+            "store_item",
+            {
+                "namespace": item.namespace.split("."),
+                "key": item.key,
+                "value": item.value,
+                "created_at": item.created_at,
+                "updated_at": item.updated_at,
+            },
+        )
     for _, rows in person_exporting.send(sender=MemoryUser, user_ids=user_ids):
         for row in rows or []:
             write(row.pop("kind", "other"), row)

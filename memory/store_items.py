@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import transfer
 from .exceptions import InvalidMemoryArgument
 from .models import DeletionKind, MemoryUser, Scope, StoreItem
 from .operators import BatchDelete, existing_ids, write_deletion_record
@@ -249,6 +250,38 @@ class StoreItemsMixin:
             if found:
                 write_deletion_record(actor, DeletionKind.STORE_ITEMS, sorted(found))
         return BatchDelete(len(found), [i for i in ids if i not in found])
+
+
+def _check_imported(row):
+    if not row["namespace"] or any(not label for label in row["namespace"].split(".")):
+        return "namespace", "must be non-empty labels joined by '.'"
+    owner = {"user": row["user_id"] is not None, "agent": bool(row["agent_id"])}
+    wanted = {Scope.USER: "user", Scope.AGENT: "agent", Scope.GLOBAL: None}.get(row["scope"], "?")
+    if wanted == "?" or any(present != (name == wanted) for name, present in owner.items()):
+        return "scope", f"a {row['scope']} store item cannot have these owner columns"
+    if not isinstance(row["value"], dict):
+        return "value", "must be a JSON object"
+    return None
+
+
+def _prepare_imported(row):
+    # Vectors are not exported (they belong to one model); an imported item is found by its words
+    # until it is written again (no model runs inside the import's transaction).
+    row["embedding"] = None
+
+
+transfer.register_kind(
+    transfer.TransferKind(
+        "store_item",
+        StoreItem,
+        derived=("embedding",),
+        check=_check_imported,
+        prepare=_prepare_imported,
+        natural_keys=(
+            transfer.NaturalKey("namespace, key", ("namespace", "key"), lambda r: (r["namespace"], r["key"])),
+        ),
+    )
+)
 
 
 def _alive(now):

@@ -186,9 +186,6 @@ def kinds_by_name():
     return {k.name: k for k in KINDS}
 
 
-# ---------------------------------------------------------------- export
-
-
 def _to_json(value):
     if isinstance(value, datetime):
         return value.isoformat()
@@ -240,9 +237,6 @@ def export(out, *, on_progress=None):
             if on_progress:
                 on_progress(kind.name, done, counts[kind.name])
     return counts
-
-
-# ---------------------------------------------------------------- validation
 
 
 @dataclass
@@ -480,9 +474,6 @@ def _check_natural_keys(plan, present, errors):
                             f"{_show(tuple(value))} already belongs to {plan.kind.name} {pk} in the database",
                         )
                     )
-
-
-# ---------------------------------------------------------------- import
 
 
 def import_(stream, *, dry_run=False, on_progress=None):

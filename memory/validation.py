@@ -329,6 +329,8 @@ def field_checker(f):
     elif isinstance(f, models.FloatField):
 
         def check(v):
+            if v is None and nullable:
+                return done(None)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 return done(None, "must be a finite number")
             return done(float(v))

@@ -103,7 +103,7 @@ def test_export_clear_import_round_trip(store, tmp_path):
     assert run_json("clear", "--force")["deleted"]["facts"] == 3
     assert Fact.objects.count() == 0
     data = run_json("import", str(path))
-    assert data["added"] == {"user": 1, "identity": 1, "episode": 1, "procedure": 1, "fact": 3}
+    assert data["added"] == {"user": 1, "identity": 1, "episode": 1, "procedure": 1, "fact": 3, "store_item": 0}
     again = run_json("import", str(path))
     assert sum(again["added"].values()) == 0 and again["present"]["fact"] == 3
 

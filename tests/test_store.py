@@ -236,3 +236,45 @@ def test_writes_inside_a_callers_transaction_roll_back_with_it(store):
         store.put(("docs",), "a", {"v": 1})
         raise RuntimeError("undo")
     assert store.get(("docs",), "a") is None
+
+
+def test_operators_list_filter_and_batch_delete_store_items_over_rest(api, store, user_factory):
+    ada = user_factory("ada")
+    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "tea"})
+    store.put(("shared", "faq"), "hours", {"text": "nine to five"})
+    body = api.get("/api/v1/store-items/", {"user": ada.pk}).json()
+    assert body["count"] == 1 and body["results"][0]["namespace"] == ["users", str(ada.pk), "memories"]
+    assert api.get("/api/v1/store-items/", {"namespace": "shared"}).json()["count"] == 1
+    ids = [row["id"] for row in api.get("/api/v1/store-items/").json()["results"]]
+    assert api.get("/api/v1/store-items/", {"namespace": "x" * 501}).status_code == 400
+    response = api.post("/api/v1/store-items/batch-delete/", {"ids": [*ids, 999999]}, format="json")
+    assert response.json() == {"deleted": 2, "not_found": [999999]}
+    assert not StoreItem.objects.exists()
+
+
+def test_store_items_travel_with_export_and_import(store, service, user_factory):
+    import io
+
+    ada = user_factory("ada")
+    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "likes tea", "n": 1}, ttl=None)
+    store.put(("agents", "helper"), "style", {"text": "be brief"})
+    out = io.StringIO()
+    assert service.export_memories(out)["store_item"] == 2
+    StoreItem.objects.all().delete()
+    report = service.import_memories(io.StringIO(out.getvalue()))
+    assert report.added["store_item"] == 2
+    assert store.get(("users", str(ada.pk), "memories"), "m1").value == {"text": "likes tea", "n": 1}
+    assert StoreItem.objects.get(key="style").agent_id == "helper"
+    assert [i.key for i in store.search(("users",), query="tea")] == ["m1"]  # found by its words
+
+
+def test_a_persons_export_holds_their_store_items(store, service, user_factory):
+    import io
+    import json
+
+    ada = user_factory("ada")
+    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "likes tea"})
+    out = io.StringIO()
+    service.export_person(ada.pk, out)
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["value"] for r in rows if r["kind"] == "store_item"] == [{"text": "likes tea"}]

@@ -22,6 +22,7 @@ from ..models import (
     Procedure,
     ProcedureType,
     Scope,
+    StoreItem,
 )
 from ..service import MAX_ID
 from ..text import search_tokens
@@ -168,6 +169,22 @@ class ProcedureFilter(django_filters.FilterSet):
 
     def search_text(self, queryset, name, value):
         return _every_word(queryset, ["name", "description"], value)
+
+
+class StoreItemFilter(django_filters.FilterSet):
+    scope = django_filters.ChoiceFilter(choices=Scope.choices)
+    agent_id = django_filters.CharFilter()
+    user = IdFilter(field_name="user_id", help_text="Memory user id: that person's items.")
+    namespace = django_filters.CharFilter(
+        method="under_namespace", max_length=500, help_text="Labels joined by '.': items in it or below it."
+    )
+
+    class Meta:
+        model = StoreItem
+        fields = ["scope", "agent_id", "user", "namespace"]
+
+    def under_namespace(self, queryset, name, value):
+        return queryset.filter(Q(namespace=value) | Q(namespace__startswith=value + "."))
 
 
 class MemoryUserFilter(django_filters.FilterSet):

@@ -4,7 +4,7 @@ from django.db import models
 from rest_framework import serializers
 
 from ..conf import memory_settings
-from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure
+from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, StoreItem
 from ..service import MAX_ID
 
 # Digits shown of stored floats: confidence moves by repeated arithmetic (0.8 -> 0.8720000000000001).
@@ -76,6 +76,29 @@ class EpisodeSerializer(MemorySerializer):
             "processed_for_facts",
         ]
         read_only_fields = fields
+
+
+class StoreItemSerializer(MemorySerializer):
+    namespace = serializers.SerializerMethodField(help_text="The namespace's labels.")
+
+    class Meta:
+        model = StoreItem
+        fields = [
+            "id",
+            "namespace",
+            "key",
+            "value",
+            "scope",
+            "user",
+            "agent_id",
+            "created_at",
+            "updated_at",
+            "expires_at",
+        ]
+        read_only_fields = fields
+
+    def get_namespace(self, obj) -> list[str]:
+        return obj.namespace.split(".")
 
 
 class ProcedureSerializer(MemorySerializer):

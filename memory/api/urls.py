@@ -2,12 +2,13 @@
 
 from rest_framework.routers import SimpleRouter
 
-from .views import EpisodeViewSet, FactViewSet, MemoryUserViewSet, ProcedureViewSet
+from .views import EpisodeViewSet, FactViewSet, MemoryUserViewSet, ProcedureViewSet, StoreItemViewSet
 
 router = SimpleRouter()
 router.register("facts", FactViewSet, basename="fact")
 router.register("episodes", EpisodeViewSet, basename="episode")
 router.register("procedures", ProcedureViewSet, basename="procedure")
 router.register("memory-users", MemoryUserViewSet, basename="memory-user")
+router.register("store-items", StoreItemViewSet, basename="store-item")
 
 urlpatterns = router.urls

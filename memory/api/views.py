@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from ..conf import memory_settings
 from ..service import MemoryService
 from . import serializers
-from .filters import EpisodeFilter, FactFilter, MemoryUserFilter, ProcedureFilter
+from .filters import EpisodeFilter, FactFilter, MemoryUserFilter, ProcedureFilter, StoreItemFilter
 
 
 class MemoryViewSet(
@@ -114,6 +114,18 @@ class ProcedureViewSet(MemoryViewSet):
     filterset_class = ProcedureFilter
     list_method, delete_method = "procedure_list", "delete_procedures"
     ordering_fields = ["id", "name", "times_used", "success_rate", "last_used"]
+
+
+@extend_schema_view(
+    batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
+)
+class StoreItemViewSet(MemoryViewSet):
+    """Items LangGraph graphs keep through EngramStore (workflows.store), by namespace."""
+
+    serializer_class = serializers.StoreItemSerializer
+    filterset_class = StoreItemFilter
+    list_method, delete_method = "store_item_list", "delete_store_items"
+    ordering_fields = ["id", "namespace", "key", "updated_at"]
 
 
 _CASCADE = OpenApiParameter(
