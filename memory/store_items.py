@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from . import transfer
+from .backends.store import SEARCH_NAMES, STORE_NAMES, StoredItem, pushable
 from .exceptions import InvalidMemoryArgument
 from .models import DeletionKind, MemoryUser, Scope, StoreItem
 from .operators import BatchDelete, existing_ids, write_deletion_record
@@ -117,17 +118,16 @@ class StoreItemsMixin:
         return {"scope": Scope.GLOBAL, "user_id": None, "agent_id": ""}
 
     def store_get_many(self, keys, *, refresh_ttl=True):
-        """{(namespace, key): StoreItem} of these that exist and have not expired. One query (two with TTLs)."""
+        """{(joined namespace, key): StoredItem} of these that exist and have not expired. One query (two with TTLs)."""
         if not keys:
             return {}
         now = timezone.now()
-        wanted = Q()
-        for namespace, key in set(keys):
-            wanted |= Q(namespace=joined(namespace), key=key)
-        items = list(StoreItem.objects.filter(wanted).filter(_alive(now)))
+        items = []
+        for chunk in chunks(sorted({(joined(namespace), key) for namespace, key in keys}), 400):
+            items += [StoredItem(*row) for row in self.backend.store_rows_by_key(chunk, now)]
         if refresh_ttl:
             _refresh(items, now)
-        return {(split(i.namespace), i.key): i for i in items}
+        return {(i.namespace, i.key): i for i in items}
 
     def store_put_many(self, puts):
         """Write and delete items in one transaction (the last write of a key wins). Nothing is embedded here."""
@@ -193,17 +193,15 @@ class StoreItemsMixin:
         holds, KEYWORD_SHARE of the score; items without either come last, unscored.
         """
         now = timezone.now()
-        items = StoreItem.objects.filter(_prefix_filter(prefix)).filter(_alive(now))
-        if not query:
-            items = items.order_by("-updated_at", "namespace", "key")
-            if not filter:
-                found = list(items[offset : offset + limit])
-                if refresh_ttl:
-                    _refresh(found, now)
-                return [(item, None) for item in found]
-        candidates = [
-            i for i in items if not filter or all(matches(value_at(i.value, k), v) for k, v in filter.items())
-        ]
+        filter = filter or {}
+        pushed = {name: wanted for name, wanted in filter.items() if pushable(name, wanted)}
+        exact = len(pushed) == len(filter)  # the database decides every filter: it can page too
+        paged = exact and not query and limit >= 0 and offset >= 0
+        rows = self.backend.store_rows_under(
+            joined(prefix), now, pushed, offset + limit if paged else None, scored=bool(query)
+        )
+        items = _items(rows, SEARCH_NAMES if query else STORE_NAMES)
+        candidates = [i for i in items if all(matches(value_at(i.value, k), v) for k, v in filter.items())]
         if not query:
             found = candidates[offset : offset + limit]
             if refresh_ttl:
@@ -282,6 +280,11 @@ transfer.register_kind(
         ),
     )
 )
+
+
+def _items(rows, names=STORE_NAMES):
+    """StoreItem instances (what the service hands out) from rows of these columns."""
+    return [StoreItem.from_db(DEFAULT_DB_ALIAS, names, row) for row in rows]
 
 
 def _alive(now):

@@ -32,7 +32,7 @@ from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, toke
 from memory.embeddings import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
-from memory.store_items import StorePut, split
+from memory.store_items import StorePut, joined, split
 
 __all__ = ["EngramStore"]
 
@@ -56,6 +56,11 @@ class EngramStore(BaseStore):
 
     def batch(self, ops):
         ops = list(ops)
+        if len(ops) == 1 and type(ops[0]) is GetOp:  # most reads: one get, no bookkeeping
+            op = ops[0]
+            item = self._memory.store_get_many([(op.namespace, op.key)], refresh_ttl=op.refresh_ttl)
+            item = item.get((joined(op.namespace), op.key))
+            return [None if item is None else _item(Item, item)]
         results = [None] * len(ops)
         gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
         puts = [op for op in ops if isinstance(op, PutOp)]
@@ -64,7 +69,7 @@ class EngramStore(BaseStore):
                 [(op.namespace, op.key) for _, op in gets], refresh_ttl=any(op.refresh_ttl for _, op in gets)
             )
             for i, op in gets:
-                item = found.get((tuple(op.namespace), op.key))
+                item = found.get((joined(op.namespace), op.key))
                 results[i] = None if item is None else _item(Item, item)
         for i, op in enumerate(ops):
             if isinstance(op, SearchOp):

@@ -13,6 +13,7 @@ from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Procedure, Scope
 from ..owners import GLOBAL, fact_owner_key, owner_key
 from .recall import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
+from .store import StoreSQL
 from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
@@ -88,7 +89,7 @@ _TIE_BREAK = "f.updated_at DESC, f.id"
 _WALK_ORDER = f"f.confidence DESC, {_TIE_BREAK}"
 
 
-class MemoryBackend(RecallSQL, UserSQL):
+class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
     """Database-specific parts of the memory; subclasses fill in the NotImplementedError methods."""
 
     vendor = None

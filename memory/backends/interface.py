@@ -79,3 +79,13 @@ class StorageBackend(Protocol):
 
     def optimize_recall_index(self):
         """Compact the keyword recall index."""
+
+    # ---- LangGraph store items
+    def store_rows_by_key(self, pairs, now):
+        """Rows of these (joined namespace, key) pairs that have not expired."""
+
+    def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
+        """Rows under a joined namespace prefix whose top-level fields equal `equal_to`, newest first."""
+
+    def store_field_equals(self, name, wanted):
+        """(SQL condition, parameter): an item's top-level field equals a string or number."""

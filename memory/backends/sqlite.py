@@ -25,6 +25,7 @@ from .base import (
     owners_sql,
 )
 from .recall import DOC_TABLE
+from .store import SQLiteStoreReads, sqlite_field_equals
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
@@ -189,11 +190,12 @@ class TermStatistics:
         return {t: min(counts[g] for g in gs) for t, gs in grams.items()}
 
 
-class SQLiteBackend(MemoryBackend):
+class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
     vendor = "sqlite"
     like_escape = " ESCAPE '\\'"
     # The planner would also take the unique (scope_key, key) index and sort the owner's facts.
     owner_walk_hint = " INDEXED BY fact_owner_confidence"
+    store_field_equals = sqlite_field_equals
 
     def __init__(self):
         self.stats = TermStatistics()
