@@ -110,7 +110,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     results = run(args.items, args.seed, args.database_url)
     engram, sqlite_ = results["EngramStore"], results["SqliteStore"]
-    ratios = {f"engram_vs_sqlite_{op}": engram[f"{op}_per_s"] / sqlite_[f"{op}_per_s"] for op in ("put", "get", "search")}
+    ratios = {
+        f"engram_vs_sqlite_{op}": engram[f"{op}_per_s"] / sqlite_[f"{op}_per_s"] for op in ("put", "get", "search")
+    }
     if args.json:
         rounded = {s: {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()} for s, r in results.items()}
         print(json.dumps({"items": args.items, **rounded, **{k: round(v, 2) for k, v in ratios.items()}}))

@@ -1,9 +1,10 @@
 """Webhook benchmark: Telegram updates over HTTP to the demo workflow on a real threaded WSGI server.
 
     python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--mode keyword|hybrid]
-                            [--database-url postgres://...] [--json]
+                            [--server wsgi|asgi] [--database-url postgres://...] [--json]
 
-Starts the site under gunicorn (WORKERS processes of 4 threads each) on a free port of 127.0.0.1,
+Starts the site under gunicorn (WORKERS processes of 4 threads each), or with --server asgi under
+uvicorn (WORKERS processes; Django runs the sync views in its thread pool), on a free port of 127.0.0.1,
 over a scratch database with the demo workflow (identify_user -> recall -> agent with the offline
 responder and conversation memory -> remember), and a fake Telegram Bot API on another port that
 takes the replies (in this process, like the HTTP client: Telegram's side). Then sends N updates from U users, C at a time, each user alternately telling
@@ -47,22 +48,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def start_server(port, workers):
-    """The site under gunicorn in child processes with this process's environment (the scratch database)."""
+def start_server(port, workers, kind="wsgi"):
+    """The site under gunicorn (WSGI) or uvicorn (ASGI) in child processes with this process's environment."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
+    if kind == "asgi":
+        command = ["uvicorn", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+        command += ["--log-level", "warning", "config.asgi:application"]
+    else:
+        command = ["gunicorn", "--workers", str(workers), "--threads", str(THREADS_PER_WORKER)]
+        command += ["--bind", f"127.0.0.1:{port}", "config.wsgi:application"]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(THREADS_PER_WORKER),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "config.wsgi:application",
-        ],
+        [sys.executable, "-m", *command],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
@@ -87,7 +83,7 @@ def wait_until_serving(server, port, timeout=60):
     raise RuntimeError("the server did not start within a minute")
 
 
-def run(updates, users, concurrency, workers, progress):
+def run(updates, users, concurrency, workers, progress, kind="wsgi"):
     import httpx
     from django.db import connections
 
@@ -97,7 +93,7 @@ def run(updates, users, concurrency, workers, progress):
     workflow, _ = ensure_demo_workflow()
     connections.close_all()
     port = free_port()
-    server = start_server(port, workers)
+    server = start_server(port, workers, kind)
     url = f"http://127.0.0.1:{port}/telegram/{workflow.slug}/webhook/"
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
     local = threading.local()
@@ -164,6 +160,7 @@ def main(argv=None):
     parser.add_argument("--users", type=int, default=50, help="Telegram users sending them (default 50)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
     parser.add_argument("--workers", type=int, default=2, help="server processes, 4 threads each (default 2)")
+    parser.add_argument("--server", choices=["wsgi", "asgi"], default="wsgi", help="gunicorn (wsgi) or uvicorn (asgi)")
     add_scratch_arguments(parser, seed=False)
     add_mode_argument(parser)
     args = parser.parse_args(argv)
@@ -180,17 +177,23 @@ def main(argv=None):
             from django.db import connection
 
             database = connection.vendor
-            results = run(args.updates, args.users, args.concurrency, args.workers, progress)
+            results = run(args.updates, args.users, args.concurrency, args.workers, progress, args.server)
         sent = len(bot.sent_messages()) - WARMUP * args.workers
     if sent != args.updates - results["errors"]:
         results["errors"] = max(results["errors"], args.updates - sent)
-    results["mode"] = args.mode
+    results["mode"], results["server"] = args.mode, args.server
     if args.json:
-        keys = ["updates", "mode", "per_s", "p50_ms", "p95_ms", "errors"]
+        keys = ["updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(
-        title=f"Telegram webhook -> demo workflow ({database}, {args.mode}; gunicorn, {args.workers} workers x {THREADS_PER_WORKER} threads)"
+        title=f"Telegram webhook -> demo workflow ({database}, {args.mode}; "
+        + (
+            f"uvicorn, {args.workers} workers"
+            if args.server == "asgi"
+            else f"gunicorn, {args.workers} workers x {THREADS_PER_WORKER} threads"
+        )
+        + ")"
     )
     table.add_column("updates", justify="right")
     table.add_column("per second", justify="right")

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from . import transfer
-from .backends.store import SEARCH_NAMES, STORE_NAMES, StoredItem, pushable
+from .backends.store import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from .exceptions import InvalidMemoryArgument
 from .models import DeletionKind, MemoryUser, Scope, StoreItem
 from .operators import BatchDelete, existing_ids, write_deletion_record
@@ -129,6 +129,17 @@ class StoreItemsMixin:
             _refresh(items, now)
         return {(i.namespace, i.key): i for i in items}
 
+    def store_get_one(self, namespace, key, *, refresh_ttl=True):
+        """The StoredItem at (namespace, key) if it exists and has not expired, else None. One query."""
+        now = timezone.now()
+        rows = self.backend.store_rows_by_key([(joined(namespace), key)], now)
+        if not rows:
+            return None
+        item = StoredItem(*rows[0])
+        if refresh_ttl and item.ttl_minutes is not None:
+            _refresh([item], now)
+        return item
+
     def store_put_many(self, puts):
         """Write and delete items in one transaction (the last write of a key wins). Nothing is embedded here."""
         latest = {(p.namespace, p.key): p for p in puts}
@@ -186,7 +197,7 @@ class StoreItemsMixin:
             )
 
     def store_search(self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, refresh_ttl=True):
-        """[(StoreItem, score)] under `prefix` meeting `filter`, best first for a query (score None without one).
+        """[(StoredItem or ScoredItem, score)] under `prefix` meeting `filter`, best first for a query (score None without one).
 
         Without a query: most recently updated first. With one: hybrid, like recall: the cosine of the
         query's vector and the item's (when both exist) and the share of the query's words the item
@@ -283,8 +294,9 @@ transfer.register_kind(
 
 
 def _items(rows, names=STORE_NAMES):
-    """StoreItem instances (what the service hands out) from rows of these columns."""
-    return [StoreItem.from_db(DEFAULT_DB_ALIAS, names, row) for row in rows]
+    """The rows as the service hands them out: StoredItem, or ScoredItem (with text and vector) for SEARCH_NAMES."""
+    shape = ScoredItem if names is SEARCH_NAMES else StoredItem
+    return [shape(*row) for row in rows]
 
 
 def _alive(now):

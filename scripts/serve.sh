@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up a virtualenv in .venv, migrate the database (SQLite in platform/data/ unless DATABASE_URL
-# is set), create the demo workflow and serve the site at http://127.0.0.1:8000/ (admin at /memories/).
+# is set), create the demo workflow and serve the site at http://127.0.0.1:8000/ (admin at /memories/)
+# with gunicorn (WSGI), or uvicorn (ASGI) when ENGRAM_SERVER=asgi.
 set -euo pipefail
+ENGRAM_BIND="${ENGRAM_BIND:-127.0.0.1:8000}"
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
@@ -12,4 +14,11 @@ fi
 if [ -n "${ENGRAM_ADMIN_PASSWORD:-}" ]; then
   .venv/bin/python manage.py ensure_admin --username "${ENGRAM_ADMIN_USER:-admin}"
 fi
-exec .venv/bin/python manage.py runserver "${ENGRAM_BIND:-127.0.0.1:8000}"
+.venv/bin/python manage.py collectstatic --no-input -v 0
+# A production server (gunicorn: processes x threads); ENGRAM_SERVER=asgi serves the ASGI app with uvicorn.
+if [ "${ENGRAM_SERVER:-wsgi}" = "asgi" ]; then
+  exec .venv/bin/uvicorn --app-dir platform --host "${ENGRAM_BIND%:*}" --port "${ENGRAM_BIND##*:}" \
+    --workers "${ENGRAM_WORKERS:-2}" config.asgi:application
+fi
+exec .venv/bin/gunicorn --pythonpath platform --workers "${ENGRAM_WORKERS:-2}" --threads 4 \
+  --bind "${ENGRAM_BIND:-127.0.0.1:8000}" config.wsgi:application

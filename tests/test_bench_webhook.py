@@ -6,13 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_webhook_benchmark_prints_one_json_object():
+@pytest.mark.parametrize("server", ["wsgi", "asgi"])
+def test_webhook_benchmark_prints_one_json_object(server):
+    """Under gunicorn (WSGI) and uvicorn (ASGI) alike, every update is answered and its reply sent."""
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.webhook", "--updates", "20", "--users", "5", "--json"],
+        [sys.executable, "-m", "bench.webhook", "--updates", "20", "--users", "5", "--server", server, "--json"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -23,6 +27,7 @@ def test_webhook_benchmark_prints_one_json_object():
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout
     result = json.loads(lines[0])
-    assert set(result) == {"updates", "mode", "per_s", "p50_ms", "p95_ms", "errors"}
+    assert set(result) == {"updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors"}
+    assert result["server"] == server
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]

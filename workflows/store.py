@@ -54,13 +54,23 @@ class EngramStore(BaseStore):
 
     # ---- the BaseStore interface
 
+    def get(self, namespace, key, *, refresh_ttl=None):
+        """One item, or None: the read graphs make most, answered without the batch machinery."""
+        _check_labels(namespace)
+        if refresh_ttl is None:
+            refresh_ttl = (self.ttl_config or {}).get("refresh_on_read", True)
+        item = self._memory.store_get_one(tuple(namespace), str(key), refresh_ttl=refresh_ttl)
+        return None if item is None else _item(Item, item)
+
+    def search(self, namespace_prefix, /, *, query=None, filter=None, limit=10, offset=0, refresh_ttl=None):
+        """Items under a namespace prefix (see BaseStore.search), answered without the batch machinery."""
+        _check_labels(namespace_prefix)
+        if refresh_ttl is None:
+            refresh_ttl = (self.ttl_config or {}).get("refresh_on_read", True)
+        return self._search(SearchOp(tuple(namespace_prefix), filter, limit, offset, query, refresh_ttl))
+
     def batch(self, ops):
         ops = list(ops)
-        if len(ops) == 1 and type(ops[0]) is GetOp:  # most reads: one get, no bookkeeping
-            op = ops[0]
-            item = self._memory.store_get_many([(op.namespace, op.key)], refresh_ttl=op.refresh_ttl)
-            item = item.get((joined(op.namespace), op.key))
-            return [None if item is None else _item(Item, item)]
         results = [None] * len(ops)
         gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
         puts = [op for op in ops if isinstance(op, PutOp)]
@@ -167,6 +177,13 @@ class EngramStore(BaseStore):
         return self._memory.store_namespaces(
             prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit, offset=op.offset
         )
+
+
+def _check_labels(namespace):
+    """As LangGraph's stores check a namespace they read: string labels, no period, no NUL."""
+    for label in namespace:
+        if not isinstance(label, str) or "." in label or "\x00" in label:
+            raise InvalidNamespaceError(f"Invalid namespace label {label!r} in {namespace!r}: a string without '.'")
 
 
 def _path(path):

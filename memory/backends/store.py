@@ -27,6 +27,7 @@ _SELECT = "SELECT " + ", ".join(f's."{name}"' for name in STORE_NAMES) + f" FROM
 # model's field order, which Model.from_db expects of a partial row.)
 SEARCH_NAMES = ("id", "namespace", "key", "value", "text", "embedding", *STORE_NAMES[4:])
 SEARCH_COLUMNS = Columns([StoreItem._meta.get_field(name) for name in SEARCH_NAMES])
+ScoredItem = namedtuple("ScoredItem", ["pk", *SEARCH_NAMES[1:]])
 _SELECT_SCORED = "SELECT " + ", ".join(f's."{name}"' for name in SEARCH_NAMES) + f" FROM {_TABLE} s"
 _ALIVE = "(s.expires_at IS NULL OR s.expires_at > %s)"
 _FIELD = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
