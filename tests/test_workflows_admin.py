@@ -29,6 +29,7 @@ def test_the_tab_sits_between_episodes_and_procedures(staff_client):
         "episodes",
         "checkpoints",
         "procedures",
+        "store",
         "users",
         "deletions",
     ]
