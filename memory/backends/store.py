@@ -56,6 +56,11 @@ class StoreSQL:
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
         """Rows under the joined namespace `prefix` ("" for all) whose fields equal `equal_to`, newest first
         (in STORE_COLUMNS order; SEARCH_COLUMNS when `scored`)."""
+        sql, params = self.store_under_sql(prefix, now, equal_to, limit, scored=scored)
+        return fetch_rows(sql, params, SEARCH_COLUMNS if scored else STORE_COLUMNS)
+
+    def store_under_sql(self, prefix, now, equal_to, limit, *, scored=False):
+        """(SQL with %s placeholders, params) of store_rows_under."""
         conn = connections[DEFAULT_DB_ALIAS]
         where = [_ALIVE]
         params = [StoreItem._meta.get_field("expires_at").get_db_prep_value(now, conn)]
@@ -66,11 +71,12 @@ class StoreSQL:
             condition, value = self.store_field_equals(name, wanted)
             where.append(condition)
             params.append(value)
-        sql = f'{_SELECT_SCORED if scored else _SELECT} WHERE {" AND ".join(where)} ORDER BY s.updated_at DESC, s.namespace, s."key"'
+        select = _SELECT_SCORED if scored else _SELECT
+        sql = f'{select} WHERE {" AND ".join(where)} ORDER BY s.updated_at DESC, s.namespace, s."key"'
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
-        return fetch_rows(sql, params, SEARCH_COLUMNS if scored else STORE_COLUMNS)
+        return sql, params
 
     def store_field_equals(self, name, wanted):
         """(SQL condition on `s`, its parameter): the item's top-level field `name` equals `wanted`."""
@@ -86,25 +92,38 @@ def postgresql_field_equals(backend, name, wanted):
 
 
 class SQLiteStoreReads:
-    """SQLite's get by key on the DB-API connection Django holds (inside the same transaction, if any).
+    """SQLite's store reads on the DB-API connection Django holds (inside the same transaction, if any).
 
     Django's cursor wrapper, placeholder rewrite and per-value converters were most of a get that
     SqliteStore answers in ~45 us; this path builds the same rows (JSON decoded, aware datetimes)
     itself. Measured in one session, 5,000 reads by key on 10,000 items, three rounds: 7,493 / 11,304
     / 13,293 per second through Django's cursor, 15,917 / 29,004 / 28,860 here (2.2x, median ratio).
+    Filtered searches take the same path: Django's converters were a quarter of one (three datetimes
+    per row).
     """
+
+    def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
+        if scored:
+            return StoreSQL.store_rows_under(self, prefix, now, equal_to, limit, scored=True)
+        sql, params = self.store_under_sql(prefix, now, equal_to, limit)
+        return _sqlite_rows(sql.replace("%s", "?"), params)
 
     def store_rows_by_key(self, pairs, now):
         if len(pairs) != 1:
             return StoreSQL.store_rows_by_key(self, pairs, now)
-        conn = connections[DEFAULT_DB_ALIAS]
-        conn.ensure_connection()
         when = now.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
-        rows = conn.connection.execute(_SQLITE_BY_KEY, (*pairs[0], when)).fetchall()
-        return [
-            [pk, ns, key, json.loads(value), _aware(created), _aware(updated), ttl, _aware(expires)]
-            for pk, ns, key, value, created, updated, ttl, expires in rows
-        ]
+        return _sqlite_rows(_SQLITE_BY_KEY, (*pairs[0], when))
+
+
+def _sqlite_rows(sql, params):
+    """STORE_NAMES rows of a statement run on the DB-API connection, converted as the ORM would."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    conn.ensure_connection()
+    rows = conn.connection.execute(sql, params).fetchall()
+    return [
+        [pk, ns, key, json.loads(value), _aware(created), _aware(updated), ttl, _aware(expires)]
+        for pk, ns, key, value, created, updated, ttl, expires in rows
+    ]
 
 
 _SQLITE_BY_KEY = f'{_SELECT} WHERE s.namespace = ? AND s."key" = ? AND (s.expires_at IS NULL OR s.expires_at > ?)'
