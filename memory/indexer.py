@@ -7,6 +7,9 @@ vector in one short transaction, only where the document still has that text and
 write changed it meanwhile: its own turn embeds the new text). Writers never wait for the model, and
 concurrent writers share its calls.
 
+EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
+vector lives on the item's own row, and a query search scores an item without one by its words.
+
 "Pending" is a state the database answers (`embedding IS NULL`, text not blank), so nothing is lost
 when a process dies between a commit and its embedding: the worker sweeps every pending document
 when it starts (with the first request or write of a process), `memory reindex --missing` does the
@@ -29,15 +32,17 @@ from django.db.models import Q
 
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
-from .models import RecallDocument
+from .models import RecallDocument, StoreItem
 
 logger = logging.getLogger("engram.memory")
 
 MAX_PAUSE_SECONDS = 60.0
+STORE = "store"  # the queue's kind of EngramStore items (their own table); other kinds are recall documents
+MODELS = (RecallDocument, StoreItem)  # where pending texts wait for a vector
 
 
-def embed_documents(docs):
-    """Embed (doc id, text) pairs and store the vectors of those whose text is unchanged; how many stored.
+def embed_documents(docs, model=RecallDocument):
+    """Embed (row id, text) pairs of `model` and store the vectors of those whose text is unchanged; how many stored.
 
     Never call inside a transaction: the model call happens here, the writes in one short transaction.
     """
@@ -51,19 +56,20 @@ def embed_documents(docs):
     stored = 0
     with transaction.atomic():
         for (doc_id, text), vector in zip(docs, vectors):
-            stored += RecallDocument.objects.filter(pk=doc_id, embedding__isnull=True, text=text).update(
+            stored += model.objects.filter(pk=doc_id, embedding__isnull=True, text=text).update(
                 embedding=to_blob(vector)
             )
     return stored
 
 
-def pending_documents(*, kind_items=None, ids=None, limit):
-    """(id, text) of documents without a vector: of these {kind: item ids}, or of these document ids.
+def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit):
+    """(id, text) of `model`'s rows without a vector: recall documents of these {kind: item ids}, or
+    these row ids.
 
     Looked up by the (kind, item_id) index or the primary key, and not ordered in SQL: "ORDER BY id"
     made SQLite walk the whole table in id order, reading every stored vector on its way.
     """
-    docs = RecallDocument.objects.filter(embedding__isnull=True).exclude(text="")
+    docs = model.objects.filter(embedding__isnull=True).exclude(text="")
     chunks = (
         [Q(pk__in=ids[i : i + 500]) for i in range(0, len(ids), 500)]
         if ids is not None
@@ -81,13 +87,14 @@ def pending_documents(*, kind_items=None, ids=None, limit):
     return sorted(found)[:limit]
 
 
-def pending_ids():
-    """Ids of every document without a vector (one scan of the table: for a worker's start)."""
-    return list(RecallDocument.objects.filter(embedding__isnull=True).exclude(text="").values_list("id", flat=True))
+def pending_ids(model=RecallDocument):
+    """Ids of every row of `model` without a vector (one scan of the table: for a worker's start)."""
+    return list(model.objects.filter(embedding__isnull=True).exclude(text="").values_list("id", flat=True))
 
 
 def pending_count():
-    return RecallDocument.objects.filter(embedding__isnull=True).exclude(text="").count()
+    """Recall documents and store items waiting for a vector."""
+    return sum(model.objects.filter(embedding__isnull=True).exclude(text="").count() for model in MODELS)
 
 
 class Indexer:
@@ -118,7 +125,10 @@ class Indexer:
 
     def _inline(self, kind, item_ids):
         try:
-            embed_documents(pending_documents(kind_items={kind: set(item_ids)}, limit=len(item_ids)))
+            if kind == STORE:
+                embed_documents(pending_documents(StoreItem, ids=list(item_ids), limit=len(item_ids)), StoreItem)
+            else:
+                embed_documents(pending_documents(kind_items={kind: set(item_ids)}, limit=len(item_ids)))
         except EmbeddingModelChanged as exc:
             logger.warning("not embedding %s %s: %s", kind, list(item_ids), exc)
 
@@ -210,10 +220,11 @@ class Indexer:
         which come through the queue, cannot keep the sweep going)."""
         batch = int(memory_settings.EMBED_BATCH)
         if work is None:
-            ids = pending_ids()
-            for start in range(0, len(ids), batch):
-                self.embedded += embed_documents(pending_documents(ids=ids[start : start + batch], limit=batch))
+            for model in MODELS:
+                self._embed_rows(model, pending_ids(model), batch)
             return
+        work = dict(work)
+        self._embed_rows(StoreItem, sorted(work.pop(STORE, ())), batch)
         last = None
         while work:
             docs = pending_documents(kind_items=work, limit=batch)
@@ -223,6 +234,11 @@ class Indexer:
             if len(docs) < batch:
                 return
             last = docs
+
+    def _embed_rows(self, model, ids, batch):
+        for start in range(0, len(ids), batch):
+            docs = pending_documents(model, ids=ids[start : start + batch], limit=batch)
+            self.embedded += embed_documents(docs, model)
 
 
 indexer = Indexer()

@@ -18,6 +18,7 @@ from django.utils import timezone
 from . import transfer
 from .backends.store import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from .exceptions import InvalidMemoryArgument
+from .indexer import STORE, indexer
 from .models import DeletionKind, MemoryUser, Scope, StoreItem
 from .operators import BatchDelete, existing_ids, write_deletion_record
 from .text import keyword_terms
@@ -141,7 +142,8 @@ class StoreItemsMixin:
         return item
 
     def store_put_many(self, puts):
-        """Write and delete items in one transaction (the last write of a key wins). Nothing is embedded here."""
+        """Write and delete items in one transaction (the last write of a key wins). No model is called here:
+        items that come without a vector are embedded by the embedding worker once this commits."""
         latest = {(p.namespace, p.key): p for p in puts}
         owners = {}
         for namespace, key in latest:
@@ -195,6 +197,8 @@ class StoreItemsMixin:
                     "agent_id",
                 ],
             )
+            # Items without a vector (Engram's embedder serves this store) get one after the commit.
+            indexer.schedule(STORE, [row.pk for row in rows if row.embedding is None and row.text])
 
     def store_search(self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, refresh_ttl=True):
         """[(StoredItem or ScoredItem, score)] under `prefix` meeting `filter`, best first for a query (score None without one).
@@ -212,7 +216,15 @@ class StoreItemsMixin:
             joined(prefix), now, pushed, offset + limit if paged else None, scored=bool(query)
         )
         items = _items(rows, SEARCH_NAMES if query else STORE_NAMES)
-        candidates = [i for i in items if all(matches(value_at(i.value, k), v) for k, v in filter.items())]
+        # Checked again exactly (SQL's equality also takes, say, a nested object's JSON text for a string);
+        # a pushed filter is a plain field and a scalar, for which `matches` is ==.
+        rest = {name: wanted for name, wanted in filter.items() if name not in pushed}
+        candidates = [
+            i
+            for i in items
+            if all(i.value.get(k) == v for k, v in pushed.items())
+            and all(matches(value_at(i.value, k), v) for k, v in rest.items())
+        ]
         if not query:
             found = candidates[offset : offset + limit]
             if refresh_ttl:

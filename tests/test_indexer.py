@@ -16,8 +16,9 @@ from conftest import database_url
 from django.utils import timezone
 
 from memory.indexer import Indexer, indexer
-from memory.models import RecallDocument
+from memory.models import RecallDocument, StoreItem
 from memory.vectors import reset_vector_index
+from workflows.store import EngramStore
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,11 +65,17 @@ def test_no_write_path_calls_the_model_inside_a_transaction(settings, service, u
         conversation=[{"role": "user", "content": "the dentist is on friday"}],
     )
     service.save_procedure("weather", description="ask for the city first")
+    store = EngramStore()  # LangGraph's store on Engram's embedder: its items too
+    store.put(("users", str(user.pk), "notes"), "n1", {"text": "allergic to peanuts"})
+    store.put(("users", str(user.pk), "notes"), "n1", {"text": "allergic to shellfish"})  # an update re-embeds
     assert service.wait_for_vectors(timeout=30)
     assert emb.calls_in_transaction == []
-    assert pending() == 0
+    assert pending() == 0 and service.pending_vectors() == 0
     hits = service.recall("black coffee", user_id=user.pk, types=("facts",), mode="vector", limit=1)
     assert [h.item.value for h in hits] == ["black coffee"]
+    assert StoreItem.objects.get(key="n1").embedding is not None
+    [found] = store.search(("users", str(user.pk)), query="allergic to shellfish", limit=1)
+    assert found.value == {"text": "allergic to shellfish"} and found.score is not None
 
 
 def test_inline_mode_does_call_the_model_inside_the_write(settings, service):

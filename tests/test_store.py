@@ -70,6 +70,9 @@ def test_search_filters_with_langgraphs_operators_and_pages(store):
     assert len(everything) == 6 and all(i.score is None for i in store.search(("docs",)))
     assert [i.key for i in store.search(("docs",), limit=2, offset=2)] == everything[2:4]
     assert store.search(("doc",)) == []  # a prefix is whole labels
+    # Equality is the value's, not its JSON text's: a nested object never equals a string spelling it.
+    assert store.search(("docs",), filter={"tag": '{"colour":"red"}'}) == []
+    assert {i.key for i in store.search(("docs",), filter={"n": 2.0})} == {"k2"}
 
 
 def test_query_search_ranks_by_meaning_with_an_index(db):

@@ -112,7 +112,7 @@ class EngramStore(BaseStore):
         return engram.documents, engram.query
 
     def _prepared(self, puts):
-        """StorePut rows with their search text and (outside any transaction) their vectors."""
+        """StorePut rows with their search text and, with the store's own `index`, their vectors."""
         rows = []
         for op in puts:
             if not op.namespace or any(
@@ -132,10 +132,12 @@ class EngramStore(BaseStore):
             rows.append(
                 StorePut(tuple(op.namespace), op.key, op.value, text=text, ttl_minutes=getattr(op, "ttl", None))
             )
-        embedder = self._embedder()
+        # With an `index` of its own, the store embeds as LangGraph's stores do, before the write; on
+        # Engram's embedder, items are embedded after their commit by its embedding worker (off the
+        # write path, batched with other writes), and a query search finds them by words meanwhile.
         wanted = [i for i, row in enumerate(rows) if row.value is not None and row.text]
-        if embedder is not None and wanted:
-            vectors = embedder[0]([rows[i].text for i in wanted])
+        if self._embed is not None and wanted:
+            vectors = self._embed.embed_documents([rows[i].text for i in wanted])
             for i, vector in zip(wanted, vectors):
                 row = rows[i]
                 rows[i] = StorePut(
