@@ -97,19 +97,31 @@ def matches(value, wanted):
     return value == wanted
 
 
+STORE_CHANNEL = "langgraph"  # the channel of the user ids ("users", <id>, ...) namespaces name
+
+
 class StoreItemsMixin:
     """What EngramStore asks of the memory; part of MemoryService."""
 
     def store_owner(self, namespace):
-        """{"scope", "user_id", "agent_id"} of a namespace; a "users" namespace must name a memory user."""
+        """{"scope", "user_id", "agent_id"} of a namespace.
+
+        ("users", X, ...) belongs to a person: the memory user whose identity on the channel
+        STORE_CHANNEL is X (an application's own user id, as LangGraph apps put in namespaces), else the
+        memory user with id X, else a new memory user with that identity (so forgetting, exporting and
+        listing a person cover their items from the first write). Identity first: once X names someone
+        it keeps naming them, whatever ids later users get.
+        """
         if len(namespace) >= 2 and namespace[0] == "users":
             label = namespace[1]
-            if not label.isascii() or not label.isdigit() or not 0 < int(label) < 2**63:
-                raise InvalidMemoryArgument("namespace", f"{namespace!r}: ('users', <memory user id>, ...) needs an id")
-            user = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
+            user = self._user_by_identity(STORE_CHANNEL, label)
+            if user is None and label.isascii() and label.isdigit() and 0 < int(label) < 2**63:
+                found = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
+                if found is not None:
+                    return {"scope": Scope.USER, "user_id": found[1] or found[0], "agent_id": ""}
             if user is None:
-                raise InvalidMemoryArgument("namespace", f"{namespace!r}: no memory user with id {label}")
-            return {"scope": Scope.USER, "user_id": user[1] or user[0], "agent_id": ""}
+                user, _ = self.get_or_create_user(STORE_CHANNEL, label)
+            return {"scope": Scope.USER, "user_id": user.pk, "agent_id": ""}
         if len(namespace) >= 2 and namespace[0] == "agents":
             return {
                 "scope": Scope.AGENT,

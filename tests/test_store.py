@@ -116,8 +116,7 @@ def test_items_expire_after_their_ttl_and_reads_refresh_it(db):
         (("some", ""), {"v": 1}, InvalidNamespaceError),
         (("langgraph", "x"), {"v": 1}, InvalidNamespaceError),
         (("docs",), ["not", "a", "dict"], InvalidMemoryArgument),
-        (("users", "999999"), {"v": 1}, InvalidMemoryArgument),
-        (("users", "ada"), {"v": 1}, InvalidMemoryArgument),
+        (("users", "x" * 300), {"v": 1}, InvalidMemoryArgument),  # no user id is that long
         (("docs",), {"v": "\x00"}, InvalidMemoryArgument),
     ],
 )
@@ -151,11 +150,44 @@ def test_namespaces_map_to_owners_and_forgetting_a_person_takes_theirs(store, se
     assert store.get(("users", str(bob.pk), "memories"), "m1").value == {"text": "Bob likes coffee"}
 
 
+def test_an_apps_own_user_ids_name_people_too(store, service, user_factory):
+    """("users", "<the app's user id>") as LangGraph apps write it: a person from the first write."""
+    store.put(("users", "u-42", "memories"), "m1", {"text": "likes jazz"})
+    store.put(("users", "123"), "m1", {"text": "no memory user has id 123 yet"})
+    store.put(("users", "u-42", "memories"), "m2", {"text": "lives in Oslo"})
+    u42 = service.get_or_create_user("langgraph", "u-42")[0]
+    assert set(StoreItem.objects.filter(user_id=u42.pk).values_list("key", flat=True)) == {"m1", "m2"}
+    numbered = StoreItem.objects.get(namespace="users.123").user
+    assert service.get_or_create_user("langgraph", "123")[0].pk == numbered.pk
+    while user_factory().pk <= 123:  # a memory user with id 123 appears later: the label keeps its person
+        pass
+    store.put(("users", "123"), "m2", {"text": "still theirs"})
+    assert set(StoreItem.objects.filter(user_id=numbered.pk).values_list("key", flat=True)) == {"m1", "m2"}
+    service.delete_users([u42.pk], cascade=True)
+    assert store.search(("users", "u-42")) == [] and len(store.search(("users", "123"))) == 2
+
+
 def test_a_merged_users_items_land_on_the_survivor(store, service, user_factory):
     ada, ann = user_factory("ada"), user_factory("ann")
     service.merge_users(ann.pk, ada.pk)
     store.put(("users", str(ann.pk)), "k", {"v": 1})
     assert StoreItem.objects.get().user_id == ada.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sync_api_works_when_called_from_a_coroutine():
+    """As with LangGraph's stores, a coroutine may call put/get/search/list (Django alone would refuse)."""
+    store = EngramStore()
+
+    async def main():
+        store.put(("notes",), "k", {"text": "sync inside async"})
+        assert store.get(("notes",), "k").value == {"text": "sync inside async"}
+        assert [i.key for i in store.search(("notes",), query="sync")] == ["k"]
+        assert store.list_namespaces() == [("notes",)]
+        store.delete(("notes",), "k")
+        return store.get(("notes",), "k")
+
+    assert asyncio.run(main()) is None
 
 
 @pytest.mark.django_db(transaction=True)

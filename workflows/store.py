@@ -5,16 +5,25 @@
     store = EngramStore(ttl={"default_ttl": 60, "refresh_on_read": True})
 
 Items live in MemoryService's tables (memory/store_items.py), owned by their namespace:
-("users", "<memory user id>", ...) is that person's (shown on their page in /memories/, exported
-with them, deleted when they are forgotten), ("agents", "<agent id>", ...) that agent's, anything
-else global. Query searches are hybrid: the cosine of the query's and the item's vectors and the
-share of the query's words the item holds (memory.store_items.KEYWORD_SHARE); without an embedder,
-the words alone. No embedding model runs inside a database transaction: values are embedded first,
-then written in one transaction per batch.
+("users", "<user id>", ...) is that person's (MemoryService.store_owner: shown on their page in
+/memories/, exported with them, deleted when they are forgotten), ("agents", "<agent id>", ...) that
+agent's, anything else global. Query searches are hybrid: the cosine of the query's and the item's
+vectors and the share of the query's words the item holds (memory.store_items.KEYWORD_SHARE);
+without an embedder, the words alone. No embedding model runs inside a database transaction: with
+an `index`, values are embedded before their transaction; on Engram's embedder, after it commits.
+
+The sync API also works when called from a coroutine (LangGraph's stores allow it; Django refuses
+database work on an event loop's thread): the call then runs on a worker thread while the caller
+waits. Async code should prefer the a-methods, which never block the loop.
 """
+
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from asgiref.sync import sync_to_async
+from django.db import connection
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -36,6 +45,29 @@ from memory.store_items import StorePut, joined, split
 
 __all__ = ["EngramStore"]
 
+_OFF_THE_LOOP = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engram-store")
+
+
+def _off_the_event_loop(method):
+    """Run a sync entry point on a worker thread when it is called on an event loop's thread."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return method(self, *args, **kwargs)
+        return _OFF_THE_LOOP.submit(_closing_connection, method, self, *args, **kwargs).result()
+
+    return wrapper
+
+
+def _closing_connection(method, *args, **kwargs):
+    try:
+        return method(*args, **kwargs)
+    finally:
+        connection.close()  # a pooled thread gives its connection back, as a request does
+
 
 class EngramStore(BaseStore):
     supports_ttl = True
@@ -54,6 +86,7 @@ class EngramStore(BaseStore):
 
     # ---- the BaseStore interface
 
+    @_off_the_event_loop
     def get(self, namespace, key, *, refresh_ttl=None):
         """One item, or None: the read graphs make most, answered without the batch machinery."""
         _check_labels(namespace)
@@ -62,6 +95,7 @@ class EngramStore(BaseStore):
         item = self._memory.store_get_one(tuple(namespace), str(key), refresh_ttl=refresh_ttl)
         return None if item is None else _item(Item, item)
 
+    @_off_the_event_loop
     def search(self, namespace_prefix, /, *, query=None, filter=None, limit=10, offset=0, refresh_ttl=None):
         """Items under a namespace prefix (see BaseStore.search), answered without the batch machinery."""
         _check_labels(namespace_prefix)
@@ -69,6 +103,7 @@ class EngramStore(BaseStore):
             refresh_ttl = (self.ttl_config or {}).get("refresh_on_read", True)
         return self._search(SearchOp(tuple(namespace_prefix), filter, limit, offset, query, refresh_ttl))
 
+    @_off_the_event_loop
     def batch(self, ops):
         ops = list(ops)
         results = [None] * len(ops)
