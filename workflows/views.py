@@ -3,7 +3,9 @@
 import hmac
 import logging
 
-from django.db import DatabaseError
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import DatabaseError, close_old_connections
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -78,8 +80,12 @@ def _rejected(slug, field, message):
 
 @csrf_exempt
 @require_POST
-def telegram_webhook(request, slug):
+async def telegram_webhook(request, slug):
     """POST /telegram/<slug>/webhook/: one Bot API update, authenticated by the secret-token header.
+
+    An async view so that, under ASGI, updates run concurrently on worker threads: a sync view there
+    runs on the one thread Django keeps per process for sync code, one update at a time (bench.webhook
+    --server asgi). Under WSGI (and Django's test client) it runs on the request's own thread.
 
     Answers: 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
     "duplicate" or "ignored"; 200 "rejected" (logged, nothing written) for an update that can never
@@ -87,6 +93,22 @@ def telegram_webhook(request, slug):
     Telegram does not retry it forever; 503 when the run cannot answer now (no bot token configured, the
     database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
     """
+    if isinstance(request, ASGIRequest):
+        return await sync_to_async(_on_a_worker_thread, thread_sensitive=False)(_telegram_update, request, slug)
+    return await sync_to_async(_telegram_update)(request, slug)  # WSGI: on the request's own thread
+
+
+def _on_a_worker_thread(handle, *args):
+    """Run `handle` with the connection care Django gives a request's own thread (stale or broken
+    connections replaced before, and closed after when CONN_MAX_AGE says so)."""
+    close_old_connections()
+    try:
+        return handle(*args)
+    finally:
+        close_old_connections()
+
+
+def _telegram_update(request, slug):
     expected = workflow_settings.TELEGRAM_WEBHOOK_SECRET
     given = request.headers.get(SECRET_HEADER, "")
     if not expected:
