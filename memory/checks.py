@@ -1,7 +1,7 @@
 """System checks of the memory app (`manage.py check`, and every server start)."""
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 
 
 @register(Tags.database, Tags.compatibility)
@@ -26,4 +26,41 @@ def sqlite_writes_take_the_lock_at_begin(app_configs, **kwargs):
                     id="memory.E001",
                 )
             )
+    return errors
+
+
+@register(Tags.compatibility)
+def host_project_settings(app_configs, **kwargs):
+    """What a project that adds Engram's apps must also have (README: "Add Engram to an existing
+    Django project"): the apps Engram's API and admin use, its API schema class, and its apps listed
+    before django.contrib.admin (their admin/base_site.html gives /memories/ its tabs)."""
+    errors = []
+    apps = list(settings.INSTALLED_APPS)
+    needed = ["rest_framework", "rest_framework.authtoken", "django_filters", "drf_spectacular"]
+    missing = [app for app in needed if app not in apps]
+    if missing:
+        errors.append(
+            Error(
+                f"INSTALLED_APPS lacks {', '.join(missing)}, which Engram's API needs.",
+                hint="Add them to INSTALLED_APPS.",
+                id="memory.E002",
+            )
+        )
+    schema = getattr(settings, "REST_FRAMEWORK", {}).get("DEFAULT_SCHEMA_CLASS", "")
+    if not str(schema).startswith("drf_spectacular."):
+        errors.append(
+            Error(
+                "REST_FRAMEWORK['DEFAULT_SCHEMA_CLASS'] is not drf-spectacular's: /api/schema/ would fail.",
+                hint="Set REST_FRAMEWORK = {'DEFAULT_SCHEMA_CLASS': 'drf_spectacular.openapi.AutoSchema'}.",
+                id="memory.E003",
+            )
+        )
+    if "django.contrib.admin" in apps and apps.index("memory") > apps.index("django.contrib.admin"):
+        errors.append(
+            Warning(
+                "'memory' comes after 'django.contrib.admin' in INSTALLED_APPS: /memories/ loses its tabs.",
+                hint="List 'memory' and 'workflows' before 'django.contrib.admin'.",
+                id="memory.W001",
+            )
+        )
     return errors

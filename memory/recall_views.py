@@ -1,11 +1,11 @@
 """GET /api/v1/recall/?q=...: hybrid recall over HTTP for staff, through MemoryService.recall."""
 
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .api.filters import check_query_parameters
+from .api.policy import StaffAPI
 from .embeddings import EmbeddingModelChanged
 from .exceptions import InvalidMemoryArgument
 from .recall import MODES
@@ -27,7 +27,7 @@ class RecallQuerySerializer(serializers.Serializer):
     mode = serializers.ChoiceField(choices=MODES, required=False, default="auto")
 
 
-class RecallView(APIView):
+class RecallView(StaffAPI, APIView):
     """Recall the memories a viewer (agent, user, session) may see that best match `q`.
 
     Query parameters: q (required), agent_id, user (a memory user id), session_id, types
@@ -36,8 +36,6 @@ class RecallView(APIView):
     {"query", "mode", "count", "results": [{"kind", "id", "text", "score", ..., "item": {...}}]};
     a bad parameter answers 400 naming it; vectors of another embedding model answer 409.
     """
-
-    permission_classes = [IsAdminUser]
 
     def get(self, request):
         check_query_parameters(request, set(RecallQuerySerializer().fields) | {"format"})

@@ -22,6 +22,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from memory.api.filters import IdFilter
+from memory.api.policy import StaffAPI
 from memory.conf import memory_settings
 
 from .checkpoints import (
@@ -196,7 +197,7 @@ _BEFORE = OpenApiParameter(
     ),
 )
 class CheckpointViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+    StaffAPI, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
 ):
     """Conversation checkpoints, per thread: the id of a checkpoints resource is its thread id."""
 

@@ -15,6 +15,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from memory import validation
+from memory.api.policy import StaffAPI
 from memory.exceptions import InvalidMemoryArgument
 
 from .conf import workflow_settings
@@ -32,14 +33,14 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 RUN_TRIGGER_TYPES = ("chat", "webhook", "manual")
 
 
-class NodeTypeViewSet(viewsets.ViewSet):
+class NodeTypeViewSet(StaffAPI, viewsets.ViewSet):
     """GET /api/v1/node-types/: every node type with its config schema, inputs and outputs."""
 
     def list(self, request):
         return Response(NodeTypeSerializer([t.describe() for t in node_types()], many=True).data)
 
 
-class WorkflowViewSet(viewsets.ModelViewSet):
+class WorkflowViewSet(StaffAPI, viewsets.ModelViewSet):
     """Workflows by slug (staff): list, create, update, delete; POST .../<slug>/run/ runs one with a JSON payload."""
 
     queryset = Workflow.objects.all()

@@ -15,10 +15,11 @@ from ..conf import memory_settings
 from ..service import MemoryService
 from . import serializers
 from .filters import EpisodeFilter, FactFilter, MemoryUserFilter, ProcedureFilter, StoreItemFilter
+from .policy import StaffAPI
 
 
 class MemoryViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+    StaffAPI, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
 ):
     """The endpoints every kind shares: list, retrieve, delete, batch-delete.
 

@@ -6,7 +6,6 @@ from pathlib import Path
 import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent  # platform/
-REPO_DIR = BASE_DIR.parent
 DATA_DIR = Path(os.environ.get("ENGRAM_DATA_DIR", BASE_DIR / "data"))
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
@@ -26,6 +25,9 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
+    # Engram's apps first: their admin/base_site.html (the /memories/ tabs) comes before Django's.
+    "memory",
+    "workflows",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -37,8 +39,6 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "memory",
-    "workflows",
 ]
 
 MIDDLEWARE = [
@@ -57,7 +57,7 @@ ROOT_URLCONF = "config.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [REPO_DIR / "frontend" / "templates"],
+        "DIRS": [],  # the apps' own templates/ (APP_DIRS)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -122,33 +122,16 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [REPO_DIR / "frontend" / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 # WhiteNoise serves the admin's static files from the apps themselves: no collectstatic step needed.
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "memories:login"
 
-# The operators' REST API (memory/api/, /api/v1/): staff only, by token ("Authorization: Token <key>",
-# `manage.py drf_create_token <username>`) or by the admin's session (with its CSRF token).
-REST_FRAMEWORK = {
-    # Token first: an anonymous request is answered 401 with a WWW-Authenticate header.
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
-    # JSON bodies only, at most MEMORY["API_MAX_BODY_BYTES"] (DRF reads past DATA_UPLOAD_MAX_MEMORY_SIZE).
-    "DEFAULT_PARSER_CLASSES": ["memory.api.parsers.LimitedJSONParser"],
-    "DEFAULT_FILTER_BACKENDS": [
-        "memory.api.filters.StrictQueryParameters",  # unknown, blank or unclean parameters: a 400 naming them
-        "django_filters.rest_framework.DjangoFilterBackend",
-        "memory.api.filters.StrictOrderingFilter",
-    ],
-    "DEFAULT_PAGINATION_CLASS": "memory.api.pagination.MemoryPagination",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "memory.api.exceptions.exception_handler",
-}
+# The operators' REST API (memory/api/, /api/v1/) carries its own policy (memory/api/policy.py: staff
+# only, by token "Authorization: Token <key>" from `manage.py drf_create_token <username>`, or by the
+# admin's session with its CSRF token), so it needs no REST_FRAMEWORK settings but drf-spectacular's one.
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
 
 # OpenAPI 3 schema at /api/schema/, Swagger UI at /api/docs/ (assets served locally), staff only.
 SPECTACULAR_SETTINGS = {
