@@ -82,6 +82,8 @@ DEFAULTS = {
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,
+    # The MCP server over HTTP (`memory mcp --http`): {bearer token: {"agent": id, "user": memory user id or None}}.
+    "MCP_TOKENS": {},
     # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
     "RECALL_KEYWORD_WEIGHT": 0.6,
     "RECALL_KEYWORD_POWER": 2.0,

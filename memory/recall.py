@@ -362,6 +362,11 @@ def _relations(neighbours):
     return around
 
 
+def viewer_owners(backend, viewer):
+    """The owners whose documents this viewer may see (as recall sees them)."""
+    return [owner for owner, _, _, _ in backend.recall_owners(viewer, *_owner_sql())]
+
+
 def _owner_sql():
     from .backends.base import USER_OWNER_SQL, owner_terms
 

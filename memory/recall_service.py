@@ -17,10 +17,10 @@ from .embeddings import (
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .indexer import indexer, pending_count
 from .models import EmbeddingModelRecord, RecallDocument, RecallKind
-from .recall import MODES, Recaller, RecallResult, model_guard, recall_events
+from .recall import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
 from .recall_events import recall_log
 from .text import keyword_terms
-from .validation import check_limit, check_unit_interval, clean_text, make_viewer
+from .validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from .vectors import reset_vector_index
 
 logger = logging.getLogger("engram.memory")
@@ -111,6 +111,21 @@ class RecallMixin:
         recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
         access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
         return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
+
+    def forget_visible(self, kind, item_id, *, agent_id="", user_id=None, session_id="", actor=""):
+        """Delete one fact, episode or procedure that this viewer may see (the owners recall shows it).
+
+        For agents' `forget` tools: anything the viewer may not see, or that does not exist, is refused
+        with the same InvalidMemoryArgument, so a caller learns nothing of other people's memories.
+        """
+        kind = check_choice("kind", kind, RecallKind)
+        item_id = check_int("id", item_id, minimum=1)
+        viewer = make_viewer(agent_id, user_id, session_id)
+        owners = viewer_owners(self.backend, viewer)
+        if not RecallDocument.objects.filter(kind=kind, item_id=item_id, owner__in=owners).exists():
+            raise InvalidMemoryArgument("id", f"there is no {kind} {item_id} among the memories you can see")
+        delete = {"fact": self.delete_facts, "episode": self.delete_episodes, "procedure": self.delete_procedures}
+        return delete[kind]([item_id], actor=actor).deleted == 1
 
     def recall_mode(self):
         """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""

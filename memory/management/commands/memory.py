@@ -479,6 +479,39 @@ class ExportPersonSubcommand(Subcommand):
             command.service.export_person(user_id, command.stdout)
 
 
+class McpSubcommand(Subcommand):
+    name = "mcp"
+    help = "Serve recall, remember and forget over MCP: stdio for one agent (and user), or HTTP with tokens."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", help="stdio: the agent the tools act for (required without --http)")
+        parser.add_argument("--user", help="stdio: the memory user (id, or a canonical id such as telegram:42)")
+        parser.add_argument("--http", action="store_true", help="streamable HTTP at /mcp, MEMORY['MCP_TOKENS'] auth")
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8765)
+
+    def handle(self, command, options):
+        from memory.conf import memory_settings
+        from memory.mcp_server import Caller, build_server, token_caller
+
+        if options["http"]:
+            if options["agent"] or options["user"]:
+                raise CommandError("--agent and --user are for stdio; over HTTP each token names its caller")
+            if not memory_settings.MCP_TOKENS:
+                raise CommandError("set MEMORY['MCP_TOKENS'] = {token: {'agent': ..., 'user': ...}} first")
+            import uvicorn
+
+            url = f"http://{options['host']}:{options['port']}"
+            app = build_server(token_caller, http_url=url).streamable_http_app(host=options["host"])
+            uvicorn.run(app, host=options["host"], port=options["port"], log_level="warning")
+            return
+        if not options["agent"]:
+            raise CommandError("--agent is required (the agent the tools act for)")
+        user_id = _person_id(command.service, options["user"]) if options["user"] else None
+        caller = Caller(agent_id=options["agent"], user_id=user_id)
+        build_server(lambda: caller).run("stdio")
+
+
 def _person_id(service, given):
     """A memory user id from an id or a canonical id (channel:external id)."""
     if given.isascii() and given.isdigit():
@@ -504,13 +537,14 @@ SUBCOMMANDS = [
     ReindexSubcommand(),
     VerifyErasureSubcommand(),
     ExportPersonSubcommand(),
+    McpSubcommand(),
 ]
 
 
 class Command(BaseCommand):
     help = (
         "Operate the memory: list, stats, export, import, clear, consolidate, prune, health, reindex, "
-        "verify-erasure, export-person."
+        "verify-erasure, export-person, mcp."
     )
 
     def add_arguments(self, parser):
