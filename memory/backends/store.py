@@ -126,7 +126,7 @@ class SQLiteStoreReads:
 
 def _utc_text(now):
     """A datetime as SQLite's columns hold it (naive UTC text), to compare with them."""
-    return now.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
+    return (now if now.tzinfo is UTC else now.astimezone(UTC)).replace(tzinfo=None).isoformat(" ")
 
 
 _SQLITE_UNDER = {}
@@ -136,8 +136,11 @@ def _sqlite_rows(sql, params):
     """STORE_NAMES rows of a _SQLITE_SELECT statement run on the DB-API connection, converted as the ORM
     would (values with orjson, as LangGraph's SqliteStore reads them: a third of json's time)."""
     conn = connections[DEFAULT_DB_ALIAS]
-    conn.ensure_connection()
-    rows = conn.connection.execute(sql, params).fetchall()
+    raw = conn.connection
+    if raw is None:  # (ensure_connection's own checks cost a tenth of a get: only when there is none)
+        conn.ensure_connection()
+        raw = conn.connection
+    rows = raw.execute(sql, params).fetchall()
     return [
         [pk, ns, key, orjson.loads(value), _aware(created), _aware(updated), ttl, _aware(expires)]
         for pk, ns, key, value, created, updated, ttl, expires in rows
