@@ -115,17 +115,22 @@ class RecallMixin:
     def forget_visible(self, kind, item_id, *, agent_id="", user_id=None, session_id="", actor=""):
         """Delete one fact, episode or procedure that this viewer may see (the owners recall shows it).
 
-        For agents' `forget` tools: anything the viewer may not see, or that does not exist, is refused
-        with the same InvalidMemoryArgument, so a caller learns nothing of other people's memories.
+        For agents' `forget` tools: anything the viewer may not see, or that does not exist (or is
+        deleted meanwhile), is refused with the same InvalidMemoryArgument on "id", so a caller learns
+        nothing of other people's memories. Visible means what recall shows this viewer: global, the
+        agent's own, the user's, and the session's memories. Returns True.
         """
         kind = check_choice("kind", kind, RecallKind)
         item_id = check_int("id", item_id, minimum=1)
         viewer = make_viewer(agent_id, user_id, session_id)
         owners = viewer_owners(self.backend, viewer)
+        refused = InvalidMemoryArgument("id", f"there is no {kind} {item_id} among the memories you can see")
         if not RecallDocument.objects.filter(kind=kind, item_id=item_id, owner__in=owners).exists():
-            raise InvalidMemoryArgument("id", f"there is no {kind} {item_id} among the memories you can see")
+            raise refused
         delete = {"fact": self.delete_facts, "episode": self.delete_episodes, "procedure": self.delete_procedures}
-        return delete[kind]([item_id], actor=actor).deleted == 1
+        if delete[kind]([item_id], actor=actor).deleted != 1:  # deleted meanwhile by someone else
+            raise refused
+        return True
 
     def recall_mode(self):
         """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""

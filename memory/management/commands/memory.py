@@ -491,25 +491,45 @@ class McpSubcommand(Subcommand):
         parser.add_argument("--port", type=int, default=8765)
 
     def handle(self, command, options):
-        from memory.conf import memory_settings
-        from memory.mcp_server import Caller, build_server, token_caller
+        from django.core.exceptions import ImproperlyConfigured
+
+        from memory.mcp_server import Caller, build_server, configured_callers, token_caller
 
         if options["http"]:
             if options["agent"] or options["user"]:
                 raise CommandError("--agent and --user are for stdio; over HTTP each token names its caller")
-            if not memory_settings.MCP_TOKENS:
+            try:
+                callers = configured_callers()
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc)) from None
+            if not callers:
                 raise CommandError("set MEMORY['MCP_TOKENS'] = {token: {'agent': ..., 'user': ...}} first")
+            for position, caller in enumerate(callers.values(), 1):
+                if caller.user_id is not None:
+                    _existing_person(command.service, caller.user_id, f"MEMORY['MCP_TOKENS'] entry {position}")
             import uvicorn
 
             url = f"http://{options['host']}:{options['port']}"
             app = build_server(token_caller, http_url=url).streamable_http_app(host=options["host"])
             uvicorn.run(app, host=options["host"], port=options["port"], log_level="warning")
             return
-        if not options["agent"]:
+        if options["agent"] is None or not options["agent"].strip():
             raise CommandError("--agent is required (the agent the tools act for)")
-        user_id = _person_id(command.service, options["user"]) if options["user"] else None
-        caller = Caller(agent_id=options["agent"], user_id=user_id)
+        if len(options["agent"].strip()) > 128:
+            raise CommandError("--agent: must be at most 128 characters")
+        user_id = None
+        if options["user"]:
+            user_id = _existing_person(command.service, _person_id(command.service, options["user"]), "--user")
+        caller = Caller(agent_id=options["agent"].strip(), user_id=user_id)
         build_server(lambda: caller).run("stdio")
+
+
+def _existing_person(service, user_id, where):
+    """The surviving memory user of `user_id` (following merges), or a CommandError naming `where`."""
+    try:
+        return service.resolve_user(user_id).pk
+    except MemoryServiceError as exc:
+        raise CommandError(f"{where}: {exc}") from None
 
 
 def _person_id(service, given):
