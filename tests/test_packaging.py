@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
 ]
 REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+"""
+HOST_SQLITE = """
 DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}  # SQLite: writers queue, never fail
 """
 HOST_URLS = """
@@ -130,7 +132,38 @@ def test_the_wheel_holds_the_apps_their_templates_and_static_files_and_no_config
     assert "memory/migrations/0001_initial.py" in names and "workflows/management/commands/setup_demo.py" in names
 
 
-def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path):
+@pytest.fixture
+def host_database():
+    """The host's DATABASES line: startproject's SQLite file, or on a PostgreSQL run (DATABASE_URL)
+    a scratch database of its own on that server, dropped afterwards."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        yield HOST_SQLITE
+        return
+    import dj_database_url
+    import psycopg
+
+    db = dj_database_url.parse(url)
+    name = f"engram_host_{os.getpid()}"
+    server = {
+        "dbname": "postgres",
+        "user": db["USER"],
+        "password": db["PASSWORD"],
+        "host": db["HOST"],
+        "port": db["PORT"],
+    }
+    server = {k: v for k, v in server.items() if v}
+    with psycopg.connect(**server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"\nDATABASES = {{'default': {{**{dict(db, NAME=name)!r}, 'CONN_MAX_AGE': 0}}}}\n"
+    finally:
+        with psycopg.connect(**server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, host_database):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
@@ -170,15 +203,17 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path):
     settings_py.write_text(startproject_settings + '\nINSTALLED_APPS = ["memory", "workflows", *INSTALLED_APPS]\n')
     missing = fails("manage.py", "check")
     assert all(code in missing for code in ("memory.E001", "memory.E002", "memory.E003")), missing
-    settings_py.write_text(startproject_settings + textwrap.dedent(HOST_SETTINGS))
+    settings_py.write_text(startproject_settings + textwrap.dedent(HOST_SETTINGS) + host_database)
     with open(urls_py, "a") as urls:
         urls.write(textwrap.dedent(HOST_URLS))
     assert "no issues" in run("manage.py", "check").stdout
     run("manage.py", "migrate", "--no-input")
     assert "host ok" in run("-c", HOST_SCRIPT).stdout
-    # A workflow with conversation memory: its checkpoints go to data/ under the host's BASE_DIR.
+    # A workflow with conversation memory: its checkpoints go to data/ under the host's BASE_DIR on
+    # SQLite, into the host's database on PostgreSQL; nothing is written inside the installed package.
     run("manage.py", "setup_demo")
     run("manage.py", "run_workflow", "demo", "--user", "telegram:42", "--name", "Ada", "--message", "my name is Ada")
     reply = run("manage.py", "run_workflow", "demo", "--user", "telegram:42", "--message", "what is my name?").stdout
     assert "Your name is Ada" in reply, reply
-    assert (host / "data" / "checkpoints.db").is_file()
+    assert (host / "data" / "checkpoints.db").is_file() == (host_database == HOST_SQLITE)
+    assert not [p for p in (site / "memory").rglob("*") if p.suffix in (".db", ".sqlite3")]
