@@ -146,3 +146,24 @@ def test_a_sqlite_database_without_immediate_transactions_is_refused(settings):
     settings.DATABASES = {**settings.DATABASES, "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.db"}}
     errors = [e for e in run_checks() if e.id == "memory.E001"]
     assert len(errors) == 1 and "DATABASES['other']" in errors[0].msg
+
+
+def test_sqlite_checkpoints_go_under_base_dir_unless_a_path_is_set_and_the_check_says_when_neither_is(
+    settings, tmp_path
+):
+    """A host project need not set WORKFLOWS['CHECKPOINT_PATH']: its BASE_DIR gives data/checkpoints.db;
+    settings with neither fail `manage.py check` naming the setting, not the first conversation."""
+    from django.core.checks import run_checks
+
+    from workflows.checkpointer import checkpoint_path
+
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "CHECKPOINTER": "sqlite", "CHECKPOINT_PATH": None}
+    settings.BASE_DIR = tmp_path
+    assert checkpoint_path() == tmp_path / "data" / "checkpoints.db"
+    assert not [e for e in run_checks() if e.id == "workflows.E002"]
+    del settings.BASE_DIR
+    [error] = [e for e in run_checks() if e.id == "workflows.E002"]
+    assert "WORKFLOWS['CHECKPOINT_PATH']" in error.msg
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "CHECKPOINT_PATH": tmp_path / "elsewhere.db"}
+    assert checkpoint_path() == tmp_path / "elsewhere.db"
+    assert not [e for e in run_checks() if e.id == "workflows.E002"]

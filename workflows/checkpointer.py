@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from .conf import on_workflow_settings_changed, workflow_settings
@@ -23,10 +24,18 @@ _closer = None
 
 
 def checkpoint_path():
+    """The SQLite checkpoint file: WORKFLOWS["CHECKPOINT_PATH"], else data/checkpoints.db under the
+    project's BASE_DIR (the folder of manage.py in a `django-admin startproject` site)."""
     path = workflow_settings.CHECKPOINT_PATH
     if path:
         return Path(path)
-    return Path(getattr(settings, "DATA_DIR", Path(settings.BASE_DIR) / "data")) / "checkpoints.db"
+    base = getattr(settings, "BASE_DIR", None)
+    if base is None:
+        raise ImproperlyConfigured(
+            "Set WORKFLOWS['CHECKPOINT_PATH'] (the SQLite checkpoint file): the settings define no BASE_DIR "
+            "to put data/checkpoints.db under."
+        )
+    return Path(base) / "data" / "checkpoints.db"
 
 
 def checkpointer_kind():

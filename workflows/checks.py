@@ -1,7 +1,9 @@
 """System checks of the workflows app (`manage.py check`, and every server start)."""
 
 from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 
+from .checkpointer import checkpoint_path, checkpointer_kind
 from .conf import workflow_settings
 
 
@@ -17,4 +19,15 @@ def telegram_needs_a_bot_token(app_configs, **kwargs):
                 id="workflows.E001",
             )
         ]
+    return []
+
+
+@register(Tags.compatibility)
+def sqlite_checkpoints_have_a_place(app_configs, **kwargs):
+    """SQLite checkpoints need a file: WORKFLOWS['CHECKPOINT_PATH'], or data/ under the project's BASE_DIR."""
+    try:
+        if checkpointer_kind() == "sqlite":
+            checkpoint_path()
+    except (ImproperlyConfigured, ValueError) as exc:
+        return [Error(str(exc), id="workflows.E002")]
     return []
