@@ -222,21 +222,27 @@ class StoreItemsMixin:
         now = timezone.now()
         filter = filter or {}
         pushed = {name: wanted for name, wanted in filter.items() if pushable(name, wanted)}
-        exact = len(pushed) == len(filter)  # the database decides every filter: it can page too
+        # Re-checked in Python unless the database's equality is exactly == for that value (SQLite's
+        # json_extract also takes a nested object's JSON text for a string); a pushed filter is a plain
+        # field and a scalar, for which `matches` is ==.
+        recheck = {k: v for k, v in pushed.items() if not self.backend.store_equality_is_exact(v)}
+        rest = {name: wanted for name, wanted in filter.items() if name not in pushed}
+        exact = not (recheck or rest)  # the database decides every filter exactly: it can page too
         paged = exact and not query and limit >= 0 and offset >= 0
         rows = self.backend.store_rows_under(
             joined(prefix), now, pushed, offset + limit if paged else None, scored=bool(query)
         )
         items = _items(rows, SEARCH_NAMES if query else STORE_NAMES)
-        # Checked again exactly (SQL's equality also takes, say, a nested object's JSON text for a string);
-        # a pushed filter is a plain field and a scalar, for which `matches` is ==.
-        rest = {name: wanted for name, wanted in filter.items() if name not in pushed}
-        candidates = [
-            i
-            for i in items
-            if all(i.value.get(k) == v for k, v in pushed.items())
-            and all(matches(value_at(i.value, k), v) for k, v in rest.items())
-        ]
+        candidates = (
+            items
+            if exact
+            else [
+                i
+                for i in items
+                if all(i.value.get(k) == v for k, v in recheck.items())
+                and all(matches(value_at(i.value, k), v) for k, v in rest.items())
+            ]
+        )
         if not query:
             found = candidates[offset : offset + limit]
             if refresh_ttl:

@@ -89,3 +89,6 @@ class StorageBackend(Protocol):
 
     def store_field_equals(self, name, wanted):
         """(SQL condition, parameter): an item's top-level field equals a string or number."""
+
+    def store_equality_is_exact(self, wanted):
+        """Whether store_field_equals(name, wanted) keeps exactly the items whose field == wanted."""

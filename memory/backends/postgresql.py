@@ -6,12 +6,13 @@ from django.db import connection
 
 from .base import FACT_TABLE, USER_TABLE, MemoryBackend
 from .recall import DOC_TABLE
-from .store import postgresql_field_equals
+from .store import postgresql_equality_is_exact, postgresql_field_equals
 
 
 class PostgreSQLBackend(MemoryBackend):
     vendor = "postgresql"
     store_field_equals = postgresql_field_equals
+    store_equality_is_exact = postgresql_equality_is_exact
 
     def hold_user(self, user_id):
         """Share-lock the survivor row, so a merge (FOR UPDATE on both users) waits for this write.

@@ -25,7 +25,7 @@ from .base import (
     owners_sql,
 )
 from .recall import DOC_TABLE
-from .store import SQLiteStoreReads, sqlite_field_equals
+from .store import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
 
 _TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
@@ -196,6 +196,7 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
     # The planner would also take the unique (scope_key, key) index and sort the owner's facts.
     owner_walk_hint = " INDEXED BY fact_owner_confidence"
     store_field_equals = sqlite_field_equals
+    store_equality_is_exact = sqlite_equality_is_exact
 
     def __init__(self):
         self.stats = TermStatistics()

@@ -88,6 +88,17 @@ def sqlite_field_equals(backend, name, wanted):
     return f"json_extract(s.value, '$.\"{name}\"') = %s", wanted
 
 
+def sqlite_equality_is_exact(backend, wanted):
+    """json_extract(...) = wanted matches exactly what == does, except that a nested object or array is
+    compared as its JSON text: only a string that starts like one could match one wrongly."""
+    return not (isinstance(wanted, str) and wanted[:1] in ("{", "["))
+
+
+def postgresql_equality_is_exact(backend, wanted):
+    """jsonb containment differs from == at the edges (an array contains its elements): always re-check."""
+    return False
+
+
 def postgresql_field_equals(backend, name, wanted):
     return "s.value @> %s::jsonb", json.dumps({name: wanted})
 
