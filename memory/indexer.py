@@ -134,9 +134,14 @@ class Indexer:
 
     def _enqueue(self, kind, ids):
         with self._cond:
+            was_empty = not self._queue
             self._queue.setdefault(kind, set()).update(ids)
             self._start()
-            self._cond.notify_all()
+            # Wake the worker only when it has something new to decide: work after none (it waits for
+            # work), or a full batch (it waits for one, or for EMBED_WAIT_MS). Waking it on every
+            # write made each write hand the GIL over and back.
+            if was_empty or self._queued() >= int(memory_settings.EMBED_BATCH):
+                self._cond.notify_all()
 
     def start(self):
         """Start the worker (it sweeps what is pending) if recall is hybrid; cheap when it runs already."""

@@ -7,6 +7,7 @@ LangGraph's stores: a value matches `{"field": value}` when equal (nested object
 compared whole), and `{"field": {"$gt": 3}}` with $eq, $ne, $gt, $gte, $lt, $lte.
 """
 
+import functools
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -53,7 +54,9 @@ def joined(namespace):
     return SEPARATOR.join(namespace)
 
 
+@functools.lru_cache(maxsize=4096)
 def split(namespace):
+    """The labels of a joined namespace (cached: a search splits the same few namespaces for every item)."""
     return tuple(namespace.split(SEPARATOR))
 
 
@@ -137,7 +140,7 @@ class StoreItemsMixin:
         now = timezone.now()
         items = []
         for chunk in chunks(sorted({(joined(namespace), key) for namespace, key in keys}), 400):
-            items += [StoredItem(*row) for row in self.backend.store_rows_by_key(chunk, now)]
+            items += _items(self.backend.store_rows_by_key(chunk, now))
         if refresh_ttl:
             _refresh(items, now)
         return {(i.namespace, i.key): i for i in items}
@@ -148,7 +151,7 @@ class StoreItemsMixin:
         rows = self.backend.store_rows_by_key([(joined(namespace), key)], now)
         if not rows:
             return None
-        item = StoredItem(*rows[0])
+        item = _items(rows)[0]
         if refresh_ttl and item.ttl_minutes is not None:
             _refresh([item], now)
         return item
@@ -326,7 +329,7 @@ transfer.register_kind(
 def _items(rows, names=STORE_NAMES):
     """The rows as the service hands them out: StoredItem, or ScoredItem (with text and vector) for SEARCH_NAMES."""
     shape = ScoredItem if names is SEARCH_NAMES else StoredItem
-    return [shape(*row) for row in rows]
+    return rows if rows and type(rows[0]) is shape else [shape(*row) for row in rows]
 
 
 def _alive(now):

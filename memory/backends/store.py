@@ -153,7 +153,7 @@ def _sqlite_rows(sql, params):
         raw = conn.connection
     rows = raw.execute(sql, params).fetchall()
     return [
-        [pk, ns, key, orjson.loads(value), _aware(created), _aware(updated), ttl, _aware(expires)]
+        StoredItem(pk, ns, key, orjson.loads(value), _aware(created), _aware(updated), ttl, _aware(expires))
         for pk, ns, key, value, created, updated, ttl, expires in rows
     ]
 
