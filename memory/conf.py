@@ -79,6 +79,10 @@ DEFAULTS = {
     # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
     "EMBED_WAIT_MS": 50,
+    # Longer recall texts (long episodes) are embedded in pieces of at most this many words, each a
+    # vector of its document: ~1.3 word pieces per English word keeps a piece within the 128 word
+    # pieces the local model was trained on (memory.embeddings.split_pieces).
+    "EMBED_PIECE_WORDS": 96,
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,

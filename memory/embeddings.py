@@ -144,6 +144,27 @@ class Embedder:
     def documents(self, texts):
         return _unit_rows(self.embeddings.embed_documents(list(texts)), self.dimension)
 
+    def pieces(self, texts):
+        """Each text's vectors, one unit row per piece (split_pieces), as a (pieces x dimension) matrix.
+
+        Pieces already embedded in this process (a conversation's earlier messages, when a new one is
+        appended) come from a bounded cache; the others are embedded together in one model call.
+        """
+        words = int(memory_settings.EMBED_PIECE_WORDS)
+        split = [split_pieces(text, words) for text in texts]
+        found = {}
+        for piece in {piece for pieces in split for piece in pieces}:
+            vector = _piece_cache.get((self.model, piece))
+            if vector is not None:
+                found[piece] = vector
+        missing = sorted({piece for pieces in split for piece in pieces} - found.keys())
+        if missing:
+            for piece, vector in zip(missing, self.documents(missing)):
+                vector.setflags(write=False)
+                found[piece] = vector
+                _piece_cache.put((self.model, piece), vector)
+        return [np.stack([found[piece] for piece in pieces]) for pieces in split]
+
     def query(self, text):
         """The query's unit vector, from a bounded per-process cache of recent query texts.
 
@@ -159,10 +180,43 @@ class Embedder:
         return vector
 
 
-class _LRU:
-    """A small thread-safe least-recently-used map (MEMORY["QUERY_EMBEDDING_CACHE"] entries)."""
+def split_pieces(text, words):
+    """The text as pieces of at most `words` words each, so that all of it reaches the model.
 
-    def __init__(self):
+    The model reads only its first 256 word pieces (all-MiniLM-L6-v2 was trained on 128), so a long
+    episode's later messages never reached its one vector. A text within `words` is one piece, as it
+    is. A longer one is cut at its lines (an episode's text is its summary, then one line per
+    message: a piece is a window of whole messages), a line longer than a piece at word boundaries.
+    Pieces are packed from the start, so appending to a text changes only its last piece.
+    """
+    if len(text.split()) <= words:
+        return [text]
+    pieces, window, count = [], [], 0
+    for line in text.split("\n"):
+        tokens = line.split()
+        while len(tokens) > words:
+            if window:
+                pieces.append("\n".join(window))
+                window, count = [], 0
+            pieces.append(" ".join(tokens[:words]))
+            tokens = tokens[words:]
+        if not tokens:
+            continue
+        if window and count + len(tokens) > words:
+            pieces.append("\n".join(window))
+            window, count = [], 0
+        window.append(" ".join(tokens))
+        count += len(tokens)
+    if window:
+        pieces.append("\n".join(window))
+    return pieces
+
+
+class _LRU:
+    """A small thread-safe least-recently-used map of at most `size()` entries."""
+
+    def __init__(self, size):
+        self._size = size
         self._lock = threading.Lock()
         self._items = OrderedDict()
 
@@ -174,7 +228,7 @@ class _LRU:
             return value
 
     def put(self, key, value):
-        size = int(memory_settings.QUERY_EMBEDDING_CACHE)
+        size = self._size()
         with self._lock:
             self._items[key] = value
             self._items.move_to_end(key)
@@ -186,7 +240,10 @@ class _LRU:
             self._items.clear()
 
 
-_query_cache = _LRU()
+_query_cache = _LRU(lambda: int(memory_settings.QUERY_EMBEDDING_CACHE))
+# Piece vectors recently embedded: appending a message to an episode re-embeds only its last piece.
+# 4,096 pieces of 384 float32 are 6 MB.
+_piece_cache = _LRU(lambda: 4096)
 
 
 def _unit_rows(vectors, dimension):
@@ -197,7 +254,7 @@ def _unit_rows(vectors, dimension):
 
 
 def to_blob(vector):
-    """A vector as stored: float32, little-endian."""
+    """A vector (or a matrix of piece vectors, row after row) as stored: float32, little-endian."""
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
@@ -258,6 +315,7 @@ def reset_embedder():
     with _lock:
         _loaded.clear()
     _query_cache.clear()
+    _piece_cache.clear()
 
 
 def log_mode():

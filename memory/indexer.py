@@ -32,7 +32,7 @@ from django.db.models import Q
 
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
-from .models import RecallDocument, StoreItem
+from .models import PENDING_VECTOR, RecallDocument, StoreItem
 
 logger = logging.getLogger("engram.memory")
 
@@ -52,7 +52,9 @@ def embed_documents(docs, model=RecallDocument):
     if embedder is None or not docs:
         return 0
     model_guard.check(embedder)
-    vectors = embedder.documents([text for _, text in docs])
+    texts = [text for _, text in docs]
+    # A recall document stores one vector per piece of its text (long episodes); a store item one.
+    vectors = embedder.pieces(texts) if model is RecallDocument else embedder.documents(texts)
     stored = 0
     with transaction.atomic():
         for (doc_id, text), vector in zip(docs, vectors):
@@ -69,7 +71,7 @@ def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit)
     Looked up by the (kind, item_id) index or the primary key, and not ordered in SQL: "ORDER BY id"
     made SQLite walk the whole table in id order, reading every stored vector on its way.
     """
-    docs = model.objects.filter(embedding__isnull=True).exclude(text="")
+    docs = model.objects.filter(PENDING_VECTOR).order_by()
     chunks = (
         [Q(pk__in=ids[i : i + 500]) for i in range(0, len(ids), 500)]
         if ids is not None
@@ -89,12 +91,12 @@ def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit)
 
 def pending_ids(model=RecallDocument):
     """Ids of every row of `model` without a vector (one scan of the table: for a worker's start)."""
-    return list(model.objects.filter(embedding__isnull=True).exclude(text="").values_list("id", flat=True))
+    return list(model.objects.filter(PENDING_VECTOR).order_by().values_list("id", flat=True))
 
 
 def pending_count():
     """Recall documents and store items waiting for a vector."""
-    return sum(model.objects.filter(embedding__isnull=True).exclude(text="").count() for model in MODELS)
+    return sum(model.objects.filter(PENDING_VECTOR).count() for model in MODELS)
 
 
 class Indexer:

@@ -273,6 +273,10 @@ class RecallKind(models.TextChoices):
     PROCEDURE = "procedure", "Procedure"
 
 
+# A text waiting for its vector (the embedding worker's queue, as the database answers it).
+PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
+
+
 class RecallDocument(models.Model):
     """One fact, episode or procedure as recall sees it: owner, text, embedding, importance.
 
@@ -310,6 +314,8 @@ class RecallDocument(models.Model):
         indexes = [
             models.Index(fields=["owner", "vector_seq"], name="recall_doc_owner_seq"),
             models.Index(fields=["shadow_key", "kind", "owner"], name="recall_doc_shadow"),
+            # The embedding worker's backlog (memory/indexer.py), counted by every /healthz: small.
+            models.Index(fields=["kind", "item_id"], condition=PENDING_VECTOR, name="recall_doc_pending"),
         ]
 
     def __str__(self):
@@ -439,6 +445,7 @@ class StoreItem(models.Model):
                 name="store_item_owner_matches_scope",
             ),
         ]
+        indexes = [models.Index(fields=["id"], condition=PENDING_VECTOR, name="store_item_pending")]
 
     def __str__(self):
         return f"{self.namespace} / {self.key}"

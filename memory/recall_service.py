@@ -193,7 +193,7 @@ class RecallMixin:
             batch = ids[start : start + batch_size]
             # The model runs outside any transaction; a text changed meanwhile keeps its own turn.
             rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
-            vectors = embedder.documents([text for _, text in rows])
+            vectors = embedder.pieces([text for _, text in rows])
             with transaction.atomic():
                 for (doc_id, text), vector in zip(rows, vectors):
                     RecallDocument.objects.filter(pk=doc_id, text=text).update(embedding=to_blob(vector))

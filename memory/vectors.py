@@ -58,7 +58,7 @@ class OwnerMatrix:
         # Sign bits, one row of uint64 words per 64 dimensions (word-major: each word's column is contiguous).
         self.signs = np.zeros((self.words, 0), dtype=np.uint64)
         self.size = 0
-        self.row_of = {}
+        self.row_of = {}  # doc id -> its row, or a tuple of rows (one per piece)
         self.generation = 0
         self.removed = 0
         self.stale = 0
@@ -76,48 +76,82 @@ class OwnerMatrix:
         signs[:, : self.size] = self.signs[:, : self.size]
         self.ids, self.vectors, self.signs = ids, vectors, signs
 
+    def rows(self, doc_id):
+        """The rows of a document: one per piece of its text (memory.embeddings.split_pieces)."""
+        rows = self.row_of.get(doc_id, ())
+        return (rows,) if isinstance(rows, int) else rows
+
+    def _retire(self, rows):
+        for row in rows:
+            self.ids[row] = -1
+            self.vectors[row] = 0.0
+        self.stale += len(rows)
+
     def apply(self, doc_ids, blobs):
-        """Put these documents' current vectors in (a None blob takes the document out)."""
-        keep = [(i, b) for i, b in zip(doc_ids, blobs) if b is not None]
+        """Put these documents' current vectors in (a None blob takes the document out).
+
+        A blob holds one vector per piece of the document's text; a document keeps its rows where it
+        has as many pieces as before (an episode with a new message reuses its rows and adds one).
+        """
+        row_bytes = 4 * self.dimension
+        self._grow(sum(len(b) // row_bytes for b in blobs if b is not None))
+        rows, kept = [], []
         for doc_id, blob in zip(doc_ids, blobs):
-            if blob is None and doc_id in self.row_of:
-                row = self.row_of.pop(doc_id)
-                self.ids[row] = -1
-                self.vectors[row] = 0.0
-                self.stale += 1
-        if not keep:
-            return
-        matrix = from_blobs([b for _, b in keep], self.dimension)
-        self._grow(len(keep))
-        rows = []
-        for doc_id, _ in keep:
-            row = self.row_of.get(doc_id)
-            if row is None:
-                row = self.size
+            if blob is not None and len(blob) == row_bytes and doc_id not in self.row_of:
+                # The common case, a new document of one piece (a million of them on a first load).
+                rows.append(self.size)
+                self.row_of[doc_id] = self.size
+                self.ids[self.size] = doc_id
                 self.size += 1
-                self.row_of[doc_id] = row
-                self.ids[row] = doc_id
-            rows.append(row)
+                kept.append(blob)
+                continue
+            old = self.rows(doc_id)
+            if blob is None:
+                self.row_of.pop(doc_id, None)
+                self._retire(old)
+                continue
+            n = len(blob) // row_bytes
+            self._retire(old[n:])
+            mine = list(old[:n])
+            while len(mine) < n:
+                mine.append(self.size)
+                self.ids[self.size] = doc_id
+                self.size += 1
+            self.row_of[doc_id] = mine[0] if n == 1 else tuple(mine)
+            rows += mine
+            kept.append(blob)
+        if not kept:
+            return
+        matrix = from_blobs(kept, self.dimension)
         rows = np.asarray(rows, dtype=np.int64)
         self.vectors[rows] = matrix
         self.signs[:, rows] = sign_words(matrix, self.words).T
 
     def top(self, query, n):
-        """(doc ids, cosines) of the n best rows, best first."""
+        """(doc ids, cosines) of the n best documents, best first; a document scores its best piece."""
         if self.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        n = min(n, self.size)
         if self.size <= EXACT_ROWS:
             rows = np.arange(self.size)
+            scores = self.vectors[: self.size] @ query
         else:
             rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
-        scores = self.vectors[rows] @ query if len(rows) < self.size else self.vectors[: self.size] @ query
-        n = min(n, len(rows))
-        best = np.argpartition(-scores, n - 1)[:n] if n < len(rows) else np.arange(len(rows))
-        best = best[np.argsort(-scores[best], kind="stable")]
-        ids = self.ids[rows[best]]
-        keep = ids >= 0
-        return ids[keep], scores[best][keep]
+            scores = self.vectors[rows] @ query
+        ids = self.ids[rows]
+        # The best k rows hold the best n documents once they name n distinct ones (a document's
+        # other pieces can crowd the first n rows): widen k until they do.
+        k = n
+        while True:
+            k = min(k, len(rows))
+            best = np.argpartition(-scores, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
+            best = best[np.argsort(-scores[best], kind="stable")]
+            best = best[ids[best] >= 0]
+            _, first = np.unique(ids[best], return_index=True)
+            best = best[np.sort(first)]
+            if len(best) >= n or k == len(rows):
+                best = best[:n]
+                return ids[best], scores[best]
+            k *= 4
 
     def _shortlist(self, query, m):
         """The (about) m rows whose sign bits are nearest the query's, by Hamming distance.
@@ -143,12 +177,15 @@ class OwnerMatrix:
         return np.flatnonzero(distance <= threshold)
 
     def cosines(self, doc_ids, query):
-        """{doc id: cosine} for the given ids this owner holds."""
-        rows = [(d, self.row_of[d]) for d in doc_ids if d in self.row_of]
+        """{doc id: cosine of its best piece} for the given ids this owner holds."""
+        rows = [(d, r) for d in doc_ids for r in self.rows(d)]
         if not rows:
             return {}
         scores = self.vectors[[r for _, r in rows]] @ query
-        return {d: float(s) for (d, _), s in zip(rows, scores)}
+        result = {}
+        for (d, _), score in zip(rows, scores.tolist()):
+            result[d] = max(score, result.get(d, -2.0))
+        return result
 
 
 class VectorIndex:
@@ -175,7 +212,7 @@ class VectorIndex:
                     # The counters went back (the database was restored or rebuilt): start over.
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 gone = removed - matrix.removed
-                if gone and matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
+                if matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 if generation != matrix.generation:
                     loaded += self._load(matrix, owner, since=matrix.generation)

@@ -55,3 +55,14 @@ class QueryCountingEmbedding(TransactionCheckingEmbedding):
     def embed_query(self, text):
         query_calls.append(text)
         return super().embed_query(text)
+
+
+document_texts = []
+
+
+class DocumentCountingEmbedding(TransactionCheckingEmbedding):
+    """Notes every text given to the model as a document."""
+
+    def embed_documents(self, texts):
+        document_texts.extend(texts)
+        return super().embed_documents(texts)

@@ -15,6 +15,7 @@ import pytest
 from conftest import database_url
 from django.utils import timezone
 
+from memory.embeddings import split_pieces
 from memory.indexer import Indexer, indexer
 from memory.models import RecallDocument, StoreItem
 from memory.vectors import reset_vector_index
@@ -182,3 +183,32 @@ def test_a_repeated_query_is_embedded_once(settings, service):
     for question in ("tea?", "coffee?", "what do I drink"):  # two newer questions push it out
         service.recall(question, mode="vector")
     assert emb.query_calls == ["what do I drink", "tea?", "coffee?", "what do I drink"]
+
+
+def test_pieces_cover_the_whole_text_and_appending_changes_only_the_last():
+    assert split_pieces("user: I like green tea", 8) == ["user: I like green tea"]  # short: as it is
+    lines = [f"user: message {i} says word{i} and more" for i in range(40)]
+    text = "\n".join(lines)
+    pieces = split_pieces(text, 20)
+    assert all(len(piece.split()) <= 20 for piece in pieces)
+    assert " ".join(pieces).split() == text.split()  # every word reaches the model, in order
+    longer = split_pieces(text + "\nassistant: noted", 20)
+    assert longer[: len(pieces) - 1] == pieces[:-1]
+    assert split_pieces("one " * 50, 20) == ["one " * 19 + "one"] * 2 + ["one " * 9 + "one"]  # a long line is cut
+
+
+@pytest.mark.django_db
+def test_appending_a_message_embeds_only_the_piece_it_changes(settings, service):
+    from memory.embeddings import reset_embedder
+
+    configure(settings, "DocumentCountingEmbedding")
+    settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline", "EMBED_PIECE_WORDS": 20}
+    reset_embedder()
+    episode = service.start_episode(agent_id="bot")
+    for i in range(30):
+        service.add_message(episode.pk, "user", f"message {i} mentions item{i} today")
+    document = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
+    assert len(bytes(document.embedding)) == 4 * emb.SIZE * len(split_pieces(document.text, 20)) > 4 * emb.SIZE
+    emb.document_texts.clear()
+    service.add_message(episode.pk, "user", "message 30 mentions item30 today")
+    assert emb.document_texts == [split_pieces(document.text + "\nuser: message 30 mentions item30 today", 20)[-1]]

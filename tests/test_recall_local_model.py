@@ -89,3 +89,16 @@ def test_episodes_are_found_by_meaning(service, thousand_memories):
     service.add_message(episode.pk, "user", "The deployment failed because the server ran out of memory")
     hits = service.recall("crash caused by insufficient RAM", agent_id="bot", types=["episodes", "facts"])
     assert (hits[0].kind, hits[0].id) == ("episode", episode.pk)
+
+
+def test_a_detail_said_only_in_message_40_of_an_episode_is_found_by_meaning(service, local_model):
+    """The model reads only a text's first 256 word pieces: a long episode is embedded in pieces."""
+    long_talk = service.start_episode(agent_id="bot")
+    for i, text in enumerate(unrelated(39, seed=11)):
+        service.add_message(long_talk.pk, "user" if i % 2 == 0 else "assistant", text)
+    service.add_message(long_talk.pk, "user", "By the way, my passport expires next March, so I must renew it")
+    for text in ("We booked flights to Lisbon for the summer", "The hotel near the station had a nice view"):
+        other = service.start_episode(agent_id="bot")
+        service.add_message(other.pk, "user", text)
+    hits = service.recall("when does my passport expire?", agent_id="bot", types=["episodes"], mode="vector")
+    assert (hits[0].kind, hits[0].id) == ("episode", long_talk.pk)

@@ -54,3 +54,25 @@ def test_updates_replace_and_removals_drop_a_vector():
     matrix.apply([7], [None])
     assert 7 not in matrix.top(new, 50)[0].tolist()
     assert matrix.cosines([7, 8], new).keys() == {8}
+
+
+def test_a_document_of_many_pieces_is_one_hit_scored_by_its_best_piece():
+    rng = np.random.default_rng(4)
+    matrix, vectors = filled(rng, 50, 16)
+    pieces = unit_rows(rng, 5, 16)
+    matrix.apply([99], [to_blob(pieces)])  # a long episode: one vector per piece, one document
+    ids, scores = matrix.top(pieces[3], 10)
+    assert ids[0] == 99 and abs(scores[0] - 1.0) < 1e-5
+    assert len(set(ids.tolist())) == 10  # its other pieces do not take the places of other documents
+    assert matrix.cosines([99], pieces[1])[99] > 0.999
+
+    # The episode grows by one piece: its rows are reused and one is added, nothing left stale.
+    grown = np.vstack([pieces, unit_rows(rng, 1, 16)])
+    matrix.apply([99], [to_blob(grown)])
+    assert (matrix.size, matrix.stale) == (56, 0)
+    assert matrix.top(grown[5], 1)[0].tolist() == [99]
+    # Rewritten shorter (a new summary): its extra rows are retired and match nothing.
+    matrix.apply([99], [to_blob(grown[:1])])
+    assert matrix.stale == 5
+    assert 99 not in matrix.top(grown[4], 5)[0].tolist()
+    assert matrix.top(grown[0], 1)[0].tolist() == [99]

@@ -11,6 +11,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
 
+from memory.embeddings import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Scope, StoreItem
 from workflows.store import EngramStore
@@ -100,11 +101,12 @@ def test_list_namespaces_prefix_suffix_wildcards_depth_and_pages(store):
 
 
 def test_items_expire_after_their_ttl_and_reads_refresh_it(db):
-    store = EngramStore(ttl={"default_ttl": 0.002, "refresh_on_read": True})  # 0.12 s
+    get_embedder()  # with hybrid recall, load the model first: loading it takes longer than the TTL
+    store = EngramStore(ttl={"default_ttl": 0.01, "refresh_on_read": True})  # 0.6 s
     store.put(("t",), "short", {"v": 1})
     store.put(("t",), "forever", {"v": 2}, ttl=None)
     assert store.get(("t",), "short") is not None
-    time.sleep(0.2)
+    time.sleep(0.8)
     assert store.get(("t",), "short") is None and store.get(("t",), "forever") is not None
     assert [i.key for i in store.search(("t",))] == ["forever"]
     assert store.sweep_ttl() == 1 and StoreItem.objects.count() == 1
