@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Set up a virtualenv in .venv, migrate the database (SQLite in platform/data/ unless DATABASE_URL
 # is set), create the demo workflow and serve the site at http://127.0.0.1:8000/ (admin at /memories/)
-# with gunicorn (WSGI), or uvicorn (ASGI) when ENGRAM_SERVER=asgi.
+# with gunicorn (WSGI), or uvicorn (ASGI) when ENGRAM_SERVER=asgi. Recall is hybrid (the local
+# embedding model is installed) unless ENGRAM_RECALL=keyword.
 set -euo pipefail
 ENGRAM_BIND="${ENGRAM_BIND:-127.0.0.1:8000}"
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+# Hybrid recall (keyword + the bundled local embedding model) unless ENGRAM_RECALL=keyword; torch
+# first, as the CPU build this kind of machine keeps on disk (plain `torch` would fetch a CUDA build).
+if [ "${ENGRAM_RECALL:-hybrid}" = "keyword" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+  export ENGRAM_EMBEDDINGS=none  # keyword-only even where the model was installed before
+else
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==${ENGRAM_TORCH_VERSION:-2.13.0}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[embeddings]"
+fi
 .venv/bin/python manage.py migrate --no-input
 .venv/bin/python manage.py setup_demo
 if [ -n "${ENGRAM_ADMIN_PASSWORD:-}" ]; then

