@@ -16,7 +16,7 @@ from .embeddings import (
 )
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .indexer import indexer, pending_count
-from .models import EmbeddingModelRecord, RecallDocument, RecallKind
+from .models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
 from .recall_events import recall_log
 from .text import keyword_terms
@@ -131,6 +131,38 @@ class RecallMixin:
         if delete[kind]([item_id], actor=actor).deleted != 1:  # deleted meanwhile by someone else
             raise refused
         return True
+
+    def list_visible(self, kind, *, agent_id="", user_id=None, session_id="", category=None, limit=20):
+        """The newest memories of one kind that this viewer may see, as recall would show them.
+
+        For agents' `list_memories` tools. `category`: a fact's type, an episode's trigger type, a
+        procedure's name prefix ("<category>/", as agents' `learn_procedure` names them). Facts are
+        listed by key with shadowed ones left out (list_facts); episodes newest first; procedures
+        active only, newest first.
+        """
+        kind = check_choice("kind", kind, RecallKind)
+        limit = min(check_limit(limit, 20), MAX_RECALL_LIMIT)
+        if category is not None:
+            category = clean_text("category", category, max_length=50)
+        if kind == RecallKind.FACT:
+            if category is not None and category not in FactType.values:
+                raise InvalidMemoryArgument(
+                    "category", f"a fact's category is its type: one of {', '.join(FactType.values)}"
+                )
+            return self.list_facts(
+                agent_id=agent_id, user_id=user_id, session_id=session_id, fact_type=category, limit=limit
+            )
+        owners = viewer_owners(self.backend, make_viewer(agent_id, user_id, session_id))
+        visible = RecallDocument.objects.filter(kind=kind, owner__in=owners, active=True).values("item_id")
+        if kind == RecallKind.EPISODE:
+            items = Episode.objects.filter(pk__in=visible).order_by("-started_at", "-pk")
+            if category is not None:
+                items = items.filter(trigger_type=category)
+        else:
+            items = Procedure.objects.filter(pk__in=visible, is_active=True).order_by("-updated_at", "-pk")
+            if category is not None:
+                items = items.filter(name__startswith=f"{category}/")
+        return list(items[:limit])
 
     def recall_mode(self):
         """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""

@@ -41,7 +41,7 @@ from .checkpointer import get_checkpointer
 from .conf import workflow_settings
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
 from .state import AgentContext, last_human_text
-from .tools import make_recall_tool, make_remember_tool
+from .tools import TOOLS
 
 logger = logging.getLogger("engram.workflows")
 
@@ -111,13 +111,9 @@ class EngramAgentMiddleware(AgentMiddleware):
 
 def build_agent_graph(config, model, checkpointer=None):
     """The compiled agent (LangChain's create_agent) for one agent node (model None: the offline responder)."""
-    tools = []
     # The offline responder never calls tools: leave them (and the tool node) out.
     tool_config = (config.get("tools") or {}) if model is not None else {}
-    if "recall" in tool_config:
-        tools.append(make_recall_tool(tool_config["recall"] or {}))
-    if "remember" in tool_config:
-        tools.append(make_remember_tool(tool_config["remember"] or {}))
+    tools = [make(tool_config[name] or {}) for name, make in TOOLS.items() if name in tool_config]
     limit = config.get("history_limit", workflow_settings.HISTORY_LIMIT)
     return create_agent(
         model if model is not None else OfflineResponder(),

@@ -34,7 +34,7 @@ from .checkpointer import get_checkpointer
 from .nodes import build_identify_user, build_recall, build_remember
 from .registry import BuildContext
 from .state import AgentContext
-from .tools import make_recall_tool, make_remember_tool
+from .tools import TOOLS
 
 __all__ = ["conversation", "get_checkpointer", "identify_user", "memory_tools", "recall", "remember"]
 
@@ -93,17 +93,23 @@ def remember(
     return _adapted(node, _REMEMBER_READS, _REMEMBER_WRITES, keys)
 
 
-def memory_tools(*, agent_id, user_id=None, session_id="", recall_config=None, remember_config=None):
-    """[recall, remember]: the agent tools, acting for `agent_id` and the memory user `user_id`."""
+def memory_tools(
+    *, agent_id, user_id=None, session_id="", recall_config=None, remember_config=None, names=None, configs=None
+):
+    """The agent tools, acting for `agent_id` and the memory user `user_id`: [recall, remember], or
+    those `names` of workflows.tools.TOOLS (recall, remember, forget, list_memories, learn_procedure,
+    record_episode), each with its config from `configs` (recall_config and remember_config as before)."""
     bound = AgentContext(
         agent_id=clean_text("agent_id", agent_id, max_length=128),
         user=None if user_id is None else {"id": check_user_id("user_id", user_id, required=True)},
         session_id=clean_text("session_id", session_id, required=False, max_length=128),
     )
-    return [
-        make_recall_tool(recall_config or {"memory_type": "all"}, bound=bound),
-        make_remember_tool(remember_config or {}, bound=bound),
-    ]
+    names = ("recall", "remember") if names is None else tuple(names)
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        raise InvalidMemoryArgument("names", f"unknown tool(s) {unknown}; choose from {', '.join(TOOLS)}")
+    configs = {"recall": recall_config or {"memory_type": "all"}, "remember": remember_config or {}, **(configs or {})}
+    return [TOOLS[name](configs.get(name) or {}, bound=bound) for name in names]
 
 
 @contextlib.contextmanager

@@ -164,24 +164,24 @@ def render_memory_prompt(recalled: Recalled, user_context=None) -> str:
     if user_context:
         name = user_context.get("display_name") or "unknown name"
         lines.append(
-            f"About the person: {_clean(name)} ({_clean(user_context.get('canonical_id', ''))}), "
+            f"About the person: {clean_line(name)} ({clean_line(user_context.get('canonical_id', ''))}), "
             f"{user_context.get('total_conversations', 0)} conversation(s) so far."
         )
     if recalled.facts:
         lines.append("Facts:")
         lines += [
-            f"- {_clean(f['key'])}: {_clean(_text(f['value']))} ({f['scope']}, {f['fact_type']}, confidence {f['confidence']:.2f})"
+            f"- {clean_line(f['key'])}: {clean_line(_text(f['value']))} ({f['scope']}, {f['fact_type']}, confidence {f['confidence']:.2f})"
             for f in recalled.facts
         ]
     if recalled.episodes:
         lines.append("Earlier conversations:")
-        lines += [f"- {e['started_at'][:10]}: {_clean(e['summary'] or '(no summary)')}" for e in recalled.episodes]
+        lines += [f"- {e['started_at'][:10]}: {clean_line(e['summary'] or '(no summary)')}" for e in recalled.episodes]
     if not (user_context or recalled.facts or recalled.episodes):
         lines.append("(nothing recalled)")
     lines.append(CLOSE_TAG)
     if recalled.procedures:
         lines += ["", "## Learned Procedures and Policies", ""]
-        lines += [f"- [{_clean(p['name'])}] {_clean(_procedure_text(p))}" for p in recalled.procedures]
+        lines += [f"- [{clean_line(p['name'])}] {clean_line(_procedure_text(p))}" for p in recalled.procedures]
     return "\n".join(lines)
 
 
@@ -198,7 +198,7 @@ def _procedure_text(procedure):
     return procedure.get("description") or _text(content)
 
 
-def _clean(text):
+def clean_line(text):
     """One line, and no way to close the hints block from inside it."""
     text = " ".join(str(text).split())
     return re.sub(r"</?\s*recalled-memory\s*>", "[recalled-memory tag removed]", text, flags=re.IGNORECASE)

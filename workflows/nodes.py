@@ -376,6 +376,27 @@ AGENT_SCHEMA = {
                     },
                     "additionalProperties": False,
                 },
+                "forget": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
+                "list_memories": {
+                    "type": ["object", "null"],
+                    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 20}},
+                    "additionalProperties": False,
+                },
+                "learn_procedure": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "activate": {
+                            "type": "boolean",
+                            "default": False,
+                            "description": (
+                                "Use what the agent learns at once. Off: it is stored inactive until an operator "
+                                "activates it, since an active procedure steers every later run, with every user."
+                            ),
+                        }
+                    },
+                    "additionalProperties": False,
+                },
+                "record_episode": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
             },
             "additionalProperties": False,
         },
@@ -396,7 +417,8 @@ register(
         category="agents",
         description=(
             "A ReAct agent with the chat model from settings (the offline responder if none), optional "
-            "recall/remember tools, and conversation memory per (user, conversation, workflow)."
+            "memory tools (recall, remember, forget, list_memories, learn_procedure, record_episode), and "
+            "conversation memory per (user, conversation, workflow)."
         ),
         config_schema=AGENT_SCHEMA,
         inputs=("messages", "user", "conversation_id", "memory_prompt", "memories"),

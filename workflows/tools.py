@@ -1,7 +1,9 @@
-"""Agent tools `recall` and `remember` over MemoryService, scoped to the calling agent and its user.
+"""Agent tools over MemoryService, scoped to the calling agent and its user.
 
-Both act for whoever the run's AgentContext names (the workflow as agent, the identified user, the
-thread as session) and say what actually happened. Expected failures (bad arguments, missing rows,
+`recall` and `remember`, and the seeds' other memory tools: `forget`, `list_memories`,
+`learn_procedure` and `record_episode`. Each acts for whoever the run's AgentContext names (the
+workflow as agent, the identified user, the thread as session) and says what actually happened.
+What a tool reads back from memory comes inside the same untrusted-hints block as recalled memory. Expected failures (bad arguments, missing rows,
 database errors) go through one wrapper, `memory_tool`: logged, and returned to the model as an
 error tool message (status "error"), never as a result.
 """
@@ -9,18 +11,20 @@ error tool message (status "error"), never as a result.
 import functools
 import json
 import logging
+import re
 import threading
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection
+from django.utils import timezone
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
-from memory.models import Scope
+from memory.models import ProcedureSource, Scope
 from memory.service import MemoryService, WriteAction
 
-from .memory_access import RecallOptions, RecallScope, recall_for
+from .memory_access import CLOSE_TAG, OPEN_TAG, PREAMBLE, RecallOptions, RecallScope, clean_line, recall_for
 from .state import AgentContext
 
 logger = logging.getLogger("engram.workflows")
@@ -162,3 +166,171 @@ def make_remember_tool(config, *, bound=None):
         description=REMEMBER_DESCRIPTION,
         handle_tool_error=True,
     )
+
+
+FORGET_DESCRIPTION = (
+    "Delete one memory you can see, by the id that list_memories shows (for example fact:12). "
+    "Memories you cannot see cannot be deleted."
+)
+LIST_DESCRIPTION = (
+    "List stored memories, newest first. `memory_type`: facts, episodes, procedures or all; `category`: "
+    "a fact's type, an episode's category, a procedure's category; `limit`: 1 to 50."
+)
+LEARN_DESCRIPTION = (
+    "Store a procedure, policy or pattern to follow in future runs (`content`), under `category`. "
+    "An operator may need to activate it before it is used."
+)
+EPISODE_DESCRIPTION = (
+    "Record what happened (an outcome, a decision, an error, an event) as an episode, under `category`."
+)
+MEMORY_TYPES = {"facts": ("fact",), "episodes": ("episode",), "procedures": ("procedure",)}
+MEMORY_TYPES["all"] = ("fact", "episode", "procedure")
+MAX_LIST = 50
+
+
+def _category(value):
+    """As the seeds sanitize it: lowercased, anything but letters and digits replaced by "_"."""
+    category = re.sub(r"[^a-z0-9]+", "_", str(value or "").strip().lower()).strip("_")
+    if not category:
+        raise InvalidMemoryArgument("category", "must hold a letter or digit")
+    return category[:50]
+
+
+def _hints(lines):
+    """What a tool read from memory, framed as recalled memory is: hints, never instructions."""
+    return "\n".join([OPEN_TAG, PREAMBLE, "", *lines, CLOSE_TAG])
+
+
+def _tool(func, name, description):
+    return StructuredTool.from_function(
+        func=func,
+        coroutine=sync_to_async(func, thread_sensitive=True),
+        name=name,
+        description=description,
+        handle_tool_error=True,
+    )
+
+
+def make_forget_tool(config, *, bound=None):
+    """The `forget` tool: deletes one memory the calling agent and user can see (MemoryService.forget_visible)."""
+
+    @memory_tool
+    def forget(runtime: ToolRuntime[AgentContext], id: str) -> str:
+        """Delete one memory you can see."""
+        scope = _scope(runtime, bound)
+        kind, _, number = str(id).strip().partition(":")
+        if kind not in ("fact", "episode", "procedure") or not number.strip().isdigit():
+            raise InvalidMemoryArgument("id", "must be a memory id as list_memories shows it, for example fact:12")
+        MemoryService().forget_visible(
+            kind,
+            int(number),
+            agent_id=scope.agent_id,
+            user_id=scope.user_id,
+            session_id=scope.session_id,
+            actor=f"forget tool of {scope.agent_id}",
+        )
+        return f"Forgot {kind}:{int(number)}."
+
+    return _tool(forget, "forget", FORGET_DESCRIPTION)
+
+
+def make_list_memories_tool(config, *, bound=None):
+    """The `list_memories` tool; config: limit (the default number listed, 20)."""
+    default_limit = int(config.get("limit", 20))
+
+    @memory_tool
+    def list_memories(
+        runtime: ToolRuntime[AgentContext], memory_type: str = "all", category: str = "", limit: int = 0
+    ) -> str:
+        """List stored memories, newest first."""
+        scope = _scope(runtime, bound)
+        kinds = MEMORY_TYPES.get(memory_type)
+        if kinds is None:
+            raise InvalidMemoryArgument("memory_type", f"must be one of {', '.join(MEMORY_TYPES)}")
+        limit = limit or default_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            raise InvalidMemoryArgument("limit", f"must be 1 to {MAX_LIST}")
+        service = MemoryService()
+        who = {"agent_id": scope.agent_id, "user_id": scope.user_id, "session_id": scope.session_id}
+        lines = []
+        for kind in kinds:
+            items = service.list_visible(kind, category=category.strip() or None, limit=limit, **who)
+            if kind == "fact":
+                lines += [
+                    f"[fact:{f.pk} {f.fact_type}] {clean_line(f.key)} = {clean_line(_show(f.value))}" for f in items
+                ]
+            elif kind == "episode":
+                lines += [
+                    f"[episode:{e.pk} {e.trigger_type or 'general'}] ({e.started_at:%Y-%m-%d}) {clean_line(e.summary or '(no summary)')}"
+                    for e in items
+                ]
+            else:
+                lines += [f"[procedure:{p.pk}] {clean_line(p.name)}: {clean_line(p.description)}" for p in items]
+        return _hints(lines or ["(no memories of that kind)"])
+
+    return _tool(list_memories, "list_memories", LIST_DESCRIPTION)
+
+
+def make_learn_procedure_tool(config, *, bound=None):
+    """The `learn_procedure` tool; config: activate (off: what an agent learns is stored inactive, for
+    an operator to review and activate in /memories/, because an active procedure is followed in every
+    later run of the agent, with every user: a user must not be able to teach it instructions)."""
+    activate = bool(config.get("activate", False))
+
+    @memory_tool
+    def learn_procedure(runtime: ToolRuntime[AgentContext], content: str, category: str = "general") -> str:
+        """Store a procedure, policy or pattern to follow in future runs."""
+        scope = _scope(runtime, bound)
+        category = _category(category)
+        text = " ".join(str(content).split())
+        if not text:
+            raise InvalidMemoryArgument("content", "must not be blank")
+        name = f"{category}/{text[: 200 - len(category) - 1]}"
+        procedure = MemoryService().save_procedure(
+            name,
+            agent_id=scope.agent_id,
+            description=text,
+            content={"prompt": text},
+            source=ProcedureSource.LEARNED,
+            is_active=activate,
+        )
+        state = "active" if procedure.is_active else "stored inactive, until an operator activates it"
+        return f"Learned procedure:{procedure.pk} in {category} ({state})."
+
+    return _tool(learn_procedure, "learn_procedure", LEARN_DESCRIPTION)
+
+
+def make_record_episode_tool(config, *, bound=None):
+    """The `record_episode` tool: an episode of the calling agent and user, its category as trigger type."""
+
+    @memory_tool
+    def record_episode(runtime: ToolRuntime[AgentContext], content: str, category: str = "general") -> str:
+        """Record what happened as an episode."""
+        scope = _scope(runtime, bound)
+        category = _category(category)
+        text = str(content).strip()
+        if not text:
+            raise InvalidMemoryArgument("content", "must not be blank")
+        episode = MemoryService().record_episode(
+            started_at=timezone.now(),
+            agent_id=scope.agent_id,
+            user_id=scope.user_id,
+            session_id=scope.session_id,
+            trigger_type=category,
+            summary=text,
+            success=True,
+        )
+        return f"Recorded episode:{episode.pk} in {category}."
+
+    return _tool(record_episode, "record_episode", EPISODE_DESCRIPTION)
+
+
+# Every memory tool an agent node (or memory_tools) can enable, by name, in the order they are offered.
+TOOLS = {
+    "recall": make_recall_tool,
+    "remember": make_remember_tool,
+    "forget": make_forget_tool,
+    "list_memories": make_list_memories_tool,
+    "learn_procedure": make_learn_procedure_tool,
+    "record_episode": make_record_episode_tool,
+}
