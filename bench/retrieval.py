@@ -137,6 +137,13 @@ def run(conversations, modes, progress):
             turn_of[episode.pk] = turn.id
             progress.advance(task)
     store_s = time.perf_counter() - started
+    # The embedding worker embeds committed turns in the background: wait for it, as a caller that
+    # wants vector recall to see what it just wrote does (the direct path), showing the backlog.
+    backlog = service.pending_vectors()
+    task = progress.add_task("embedding turns (worker)", total=backlog)
+    while not service.wait_for_vectors(timeout=0.5):
+        progress.update(task, completed=backlog - service.pending_vectors())
+    progress.update(task, completed=backlog)
     service.optimize_recall_index()
 
     scores = {m: defaultdict(list) for m in modes}  # mode -> (category, k) -> [recall]
