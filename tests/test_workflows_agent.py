@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 
 from memory.models import Episode, Fact
 from workflows import threads
-from workflows.agent import trim_history
+from workflows.agent import NUDGE, trim_history
 from workflows.checkpointer import get_checkpointer
 from workflows.models import Thread, Workflow
 from workflows.offline import FALLBACK_MESSAGE_ID
@@ -196,6 +196,43 @@ def test_history_is_trimmed_and_never_starts_with_an_ai_message(db, fake_model):
     stored = get_checkpointer().get_tuple({"configurable": {"thread_id": result.thread_id}}).checkpoint
     messages = stored["channel_values"]["messages"]
     assert len(messages) <= 4 and isinstance(messages[0], HumanMessage)
+
+
+def system_text(messages):
+    return next(m.content for m in messages if isinstance(m, SystemMessage))
+
+
+@TOOLS_RUN_IN_WORKER_THREADS
+def test_the_memory_nudge_comes_after_turns_without_a_write_and_is_never_stored(transactional_db, fake_model):
+    fake_model(
+        [
+            AIMessage(content="reply 0"),
+            AIMessage(content="reply 1"),
+            call("remember", {"key": "drink", "value": "tea", "fact_type": "user_preference"}, "c1"),
+            AIMessage(content="Noted."),
+            AIMessage(content="reply 3"),
+        ]
+    )
+    workflow = make_workflow(nudge_after_turns=2)
+    for text in ["hi", "I like tea", "remember that", "bye"]:
+        result = chat(workflow, text)
+    nudged = [NUDGE in system_text(messages) for messages in MODEL_CALLS]
+    # Turns 0 and 1 write nothing; turn 2 is nudged until its remember call succeeds; the write resets the count.
+    assert nudged == [False, False, True, False, False]
+    assert Fact.objects.get(key="drink").value == "tea"
+    stored = get_checkpointer().get_tuple({"configurable": {"thread_id": result.thread_id}}).checkpoint
+    assert stored["channel_values"]["turns_without_memory_write"] == 1
+    assert not any(NUDGE in str(m.content) for m in stored["channel_values"]["messages"])
+    episode = Episode.objects.get(pk=result.episode_id)
+    assert NUDGE not in json.dumps(episode.conversation)
+
+
+def test_an_agent_that_cannot_write_to_memory_is_never_nudged(db, fake_model):
+    fake_model([AIMessage(content=f"reply {i}") for i in range(4)])
+    workflow = make_workflow(nudge_after_turns=1, tools={"recall": {}})
+    for i in range(4):
+        chat(workflow, f"turn {i}")
+    assert len(MODEL_CALLS) == 4 and not any(NUDGE in system_text(messages) for messages in MODEL_CALLS)
 
 
 def test_trim_history_keeps_tool_calls_with_their_results():

@@ -13,6 +13,11 @@ the system prompt also travels as a HumanMessage with a stable id at the head of
 providers that ignore the system role; the stable id makes each turn replace it rather than add another. History is trimmed to `history_limit` messages before every model call (the
 stored history too) and never starts with an AI or tool message.
 
+The memory nudge (seed 001): the conversation's state counts the turns since the agent last wrote
+to memory successfully (remember, forget, learn_procedure, record_episode); from `nudge_after_turns`
+on, each model call's system message ends with a short reminder to store what is worth keeping,
+until a write. The reminder is part of the model's input only, never of the checkpoint or episode.
+
 Without a user, with conversation memory off, or when the checkpointer fails (reported in
 `memory_errors`), the turn runs on the same agent without a checkpointer. The node holds no database
 transaction while the model runs: LangGraph runs tools in worker threads with their own connections.
@@ -21,10 +26,11 @@ transaction while the model runs: LangGraph runs tools in worker threads with th
 import logging
 import sqlite3
 import uuid
+from typing import NotRequired
 
 import psycopg
 from django.db import DatabaseError
-from langchain.agents import create_agent
+from langchain.agents import AgentState, create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import (
     AIMessage,
@@ -41,7 +47,7 @@ from .checkpointer import get_checkpointer
 from .conf import workflow_settings
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
 from .state import AgentContext, last_human_text
-from .tools import TOOLS
+from .tools import MEMORY_WRITE_TOOLS, TOOLS
 
 logger = logging.getLogger("engram.workflows")
 
@@ -74,6 +80,27 @@ def trim_history(messages, limit):
 
 MEMORY_MESSAGE_NAME = "memory"
 
+NUDGE = (
+    "Memory check: several turns of this conversation have passed without storing anything. If the person "
+    "said something worth keeping (a fact about them, a preference, a decision), store it with your memory tools."
+)
+
+
+class AgentMemoryState(AgentState):
+    # Turns of this conversation since the agent last wrote to memory (checkpointed with it).
+    turns_without_memory_write: NotRequired[int]
+
+
+def since_last_human(messages):
+    """The messages after the latest human message: the current turn's model and tool messages."""
+    last = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    return messages[last + 1 :]
+
+
+def wrote_memory(messages):
+    """Whether `messages` hold a successful result of a memory-writing tool."""
+    return any(isinstance(m, ToolMessage) and m.name in MEMORY_WRITE_TOOLS and m.status == "success" for m in messages)
+
 
 def with_memory(messages, memory_prompt):
     """`messages` with the recalled-memory block as a message of its own before the latest human message."""
@@ -86,13 +113,24 @@ def with_memory(messages, memory_prompt):
 
 class EngramAgentMiddleware(AgentMiddleware):
     """The agent's memory around each model call: the history trimmed to `history_limit` (the stored
-    one too), the node's system prompt, the recalled-memory block as a message of its own, and, with
-    no chat model configured, the offline responder answering from this turn's memory."""
+    one too), the node's system prompt (with the memory nudge when it is due), the recalled-memory
+    block as a message of its own, and, with no chat model configured, the offline responder
+    answering from this turn's memory."""
 
-    def __init__(self, history_limit, offline):
+    state_schema = AgentMemoryState
+
+    def __init__(self, history_limit, offline, nudge_after=None):
         super().__init__()
         self.history_limit = history_limit
         self.offline = offline
+        self.nudge_after = nudge_after  # None: no nudge
+
+    def after_agent(self, state, runtime):
+        if not self.nudge_after:
+            return None
+        if wrote_memory(since_last_human(state["messages"])):
+            return {"turns_without_memory_write": 0}
+        return {"turns_without_memory_write": state.get("turns_without_memory_write", 0) + 1}
 
     def before_model(self, state, runtime):
         kept = trim_history(state["messages"], self.history_limit)
@@ -100,8 +138,15 @@ class EngramAgentMiddleware(AgentMiddleware):
 
     def wrap_model_call(self, request, handler):
         context = request.runtime.context
+        system_prompt = context.system_prompt
+        if (
+            self.nudge_after
+            and request.state.get("turns_without_memory_write", 0) >= self.nudge_after
+            and not wrote_memory(since_last_human(request.messages))
+        ):
+            system_prompt = f"{system_prompt}\n\n{NUDGE}"
         changes = {
-            "system_message": SystemMessage(content=context.system_prompt),
+            "system_message": SystemMessage(content=system_prompt),
             "messages": with_memory(request.messages, context.memory_prompt),
         }
         if self.offline:
@@ -115,10 +160,14 @@ def build_agent_graph(config, model, checkpointer=None):
     tool_config = (config.get("tools") or {}) if model is not None else {}
     tools = [make(tool_config[name] or {}) for name, make in TOOLS.items() if name in tool_config]
     limit = config.get("history_limit", workflow_settings.HISTORY_LIMIT)
+    # The nudge asks the agent to use a tool it has: only agents that can write to memory get it.
+    nudge_after = config.get("nudge_after_turns") or workflow_settings.NUDGE_AFTER_TURNS
+    if not MEMORY_WRITE_TOOLS & set(tool_config):
+        nudge_after = None
     return create_agent(
         model if model is not None else OfflineResponder(),
         tools,
-        middleware=[EngramAgentMiddleware(limit, offline=model is None)],
+        middleware=[EngramAgentMiddleware(limit, offline=model is None, nudge_after=nudge_after)],
         context_schema=AgentContext,
         checkpointer=checkpointer,
         name="agent",

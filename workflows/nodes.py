@@ -342,6 +342,15 @@ AGENT_SCHEMA = {
         "system_prompt": {"type": "string", "maxLength": 20000},
         "conversation_memory": {"type": "boolean", "default": True},
         "history_limit": {"type": "integer", "minimum": 2, "maximum": 1000, "default": 20},
+        "nudge_after_turns": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": 1000,
+            "description": (
+                "After this many turns of the conversation without a memory write, the next turn's system "
+                "prompt reminds the agent to store what is worth keeping (null: WORKFLOWS['NUDGE_AFTER_TURNS'])."
+            ),
+        },
         "system_prompt_fallback": {
             "type": "boolean",
             "default": False,

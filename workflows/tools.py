@@ -326,6 +326,9 @@ def make_record_episode_tool(config, *, bound=None):
 
 
 # Every memory tool an agent node (or memory_tools) can enable, by name, in the order they are offered.
+# The tools that write to memory: a turn that used one of them successfully resets the nudge count.
+MEMORY_WRITE_TOOLS = frozenset({"remember", "forget", "learn_procedure", "record_episode"})
+
 TOOLS = {
     "recall": make_recall_tool,
     "remember": make_remember_tool,
