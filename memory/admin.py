@@ -21,7 +21,7 @@ from .admin_site import (
     truncate,
 )
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure, StoreItem
+from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure, Promotion, StoreItem
 from .service import MemoryService
 
 __all__ = ["MemoriesTab", "memories_site"]
@@ -406,6 +406,36 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
                 format_html("<h3>{}</h3><p>{}</p>", "Threads", "No conversation threads are tracked on this site.")
             )
         return format_html_join("", "{}", ((p,) for p in parts))
+
+
+@admin.register(Promotion, site=memories_site)
+class PromotionAdmin(MemoriesTab, admin.ModelAdmin):
+    """The promotion ledger (memory/promotion.py): what recall made durable, once each. Read only;
+    a person's rows go with the person."""
+
+    tab_label, tab_position = "Promotions", 85
+    list_display = ["promoted_at", "rule", "source", "user", "agent_id", "recalls", "sessions", "fact_ids"]
+    list_filter = ["rule", "source_kind"]
+    search_fields = ["agent_id"]
+    fields = ["promoted_at", "rule", "source_kind", "source_id", "user", "agent_id", "recalls", "sessions", "fact_ids"]
+    readonly_fields = fields
+    actions = []
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a ledger entry is what keeps the source from being promoted twice
+
+    def delete_memories(self, ids, actor=""):
+        raise PermissionError("promotion ledger entries are not deleted by hand")
+
+    def delete_summary(self, ids):
+        return []
+
+    @admin.display(description="source")
+    def source(self, obj):
+        return f"{obj.source_kind} {obj.source_id}"
 
 
 @admin.register(DeletionRecord, site=memories_site)

@@ -45,6 +45,17 @@ DEFAULTS = {
         # Read by workflows: consolidate the run's episode when a run ends.
         "AFTER_EACH_RUN": False,
     },
+    # Promotion (memory/promotion.py): memories recalled often become durable ones, each once.
+    "PROMOTION": {
+        # Recall hits a memory needs before it is promoted.
+        "MIN_RECALLS": 3,
+        # An episode is a recurring pattern when it was recalled in at least this many sessions.
+        "MIN_SESSIONS": 2,
+        # Sweep after each consolidation run (MemoryService.consolidate, `memory consolidate`).
+        "AFTER_CONSOLIDATION": True,
+        # Recall events older than this are deleted by each sweep and by `memory prune`; None keeps all.
+        "RECALL_EVENT_RETENTION_DAYS": 90,
+    },
     "LIMITS": {
         # Facts per owner (each agent, user, session, and global); None: no limit. Facts are upserted
         # per key, so they grow with distinct keys only; a limit costs one COUNT per created fact.

@@ -65,6 +65,7 @@ class ConsolidationReport:
     actions: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     run_id: int | None = None
+    promotion: Any = None  # the promotion sweep that followed (memory.promotion.PromotionReport), if any
 
     @property
     def ok(self):
@@ -85,6 +86,7 @@ class ConsolidationReport:
             "failed": {str(k): v for k, v in self.failed.items()},
             "facts": {a: self.actions.get(a, 0) for a in ("created", "confirmed", "updated", "skipped")},
             "errors": list(self.errors),
+            "promotion": self.promotion.as_dict() if self.promotion is not None else None,
         }
 
 

@@ -4,10 +4,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import clearing, health, pruning, transfer
+from .conf import memory_settings
 from .consolidation import consolidate_after_run, run_consolidation
 from .exceptions import InvalidMemoryArgument
 from .facts import FactWrite, WriteAction
 from .models import ConsolidationRun, Episode, Scope
+from .promotion import run_promotion
 from .validation import check_choice, check_limit, check_user_id, clean_text
 
 
@@ -15,9 +17,21 @@ class LifecycleMixin:
     """Consolidation, pruning, export/import, clearing and health; part of MemoryService."""
 
     def consolidate(self, **kwargs):
-        """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation."""
+        """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation.
 
-        return run_consolidation(self, **kwargs)
+        Then, with PROMOTION["AFTER_CONSOLIDATION"], a promotion sweep with the same extractor (its
+        report is the consolidation report's `promotion`).
+        """
+        report = run_consolidation(self, **kwargs)
+        if memory_settings.PROMOTION["AFTER_CONSOLIDATION"]:
+            report.promotion = self.promote(extractor=kwargs.get("extractor"))
+        return report
+
+    def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
+        """Promote memories recall keeps returning into durable facts, each once; see memory.promotion."""
+        return run_promotion(
+            self, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
+        )
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].

@@ -449,3 +449,33 @@ class StoreItem(models.Model):
 
     def __str__(self):
         return f"{self.namespace} / {self.key}"
+
+
+class Promotion(models.Model):
+    """The promotion ledger (seed 003's memory_promotions): one row per memory made durable, so a
+    sweep never promotes the same source twice (unique per source, kept after the facts it wrote)."""
+
+    class Rule(models.TextChoices):
+        SESSION_FACT = "session_fact", "Session fact to user fact"
+        EPISODE = "episode", "Recurring episode to facts"
+
+    source_kind = models.CharField(max_length=16, choices=RecallKind.choices)
+    source_id = models.BigIntegerField()
+    rule = models.CharField(max_length=16, choices=Rule.choices)
+    # Whose memory it became: deleted with the person.
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="promotions")
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    recalls = models.PositiveIntegerField()
+    sessions = models.PositiveIntegerField()
+    fact_ids = models.JSONField(default=list, blank=True)  # the facts written (created or confirmed)
+    promoted_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "memory_promotion"
+        ordering = ["-promoted_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["source_kind", "source_id"], name="one_promotion_per_source"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_rule_display()}: {self.source_kind} {self.source_id}"

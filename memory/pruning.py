@@ -20,18 +20,21 @@ What goes first (the row just written is never evicted by its own write):
 
 After a prune that deleted rows, SQLite gives free pages back with `PRAGMA incremental_vacuum`
 (the file's auto_vacuum mode is INCREMENTAL; see migration 0004). Other apps join a prune through
-the `prune_requested` signal (conversation threads and checkpoints, recall events).
+the `prune_requested` signal (conversation threads and checkpoints). A full prune also deletes recall
+events older than PROMOTION["RECALL_EVENT_RETENTION_DAYS"].
 """
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import Count, F, FloatField
 from django.db.models.functions import Cast, Coalesce, Floor
+from django.utils import timezone
 
 from .access import access_counter
 from .conf import memory_settings
-from .models import Episode, Fact, Procedure, Scope
+from .models import Episode, Fact, Procedure, RecallEvent, Scope
 from .owners import fact_owner_key, owner_key
 from .signals import prune_requested
 
@@ -184,12 +187,27 @@ def prune_all(*, agent_id=None, dry_run=False):
         report.deleted[kind] = sum(
             prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
         )
+    if agent_id is None:  # recall events are everyone's: only a full prune ages them out
+        expired = expired_recall_events()
+        report.deleted["recall_events"] = expired.count() if dry_run else expired.delete()[0]
     for _receiver, result in prune_requested.send(sender=PruneReport, agent_id=agent_id, dry_run=dry_run):
         for name, count in (result or {}).items():
             report.deleted[name] = report.deleted.get(name, 0) + count
     if report.total and not dry_run and memory_settings.LIMITS["VACUUM_AFTER_PRUNE"]:
         report.reclaimed_pages = reclaim_space()
     return report
+
+
+def recall_event_cutoff(now=None):
+    """When recall events expire: PROMOTION["RECALL_EVENT_RETENTION_DAYS"] ago (None: never)."""
+    days = memory_settings.PROMOTION["RECALL_EVENT_RETENTION_DAYS"]
+    return None if days is None else (now or timezone.now()) - timedelta(days=days)
+
+
+def expired_recall_events(cutoff=None):
+    """Recall events older than the retention (none when it is None)."""
+    cutoff = cutoff or recall_event_cutoff()
+    return RecallEvent.objects.none() if cutoff is None else RecallEvent.objects.filter(created_at__lt=cutoff)
 
 
 def reclaim_space():

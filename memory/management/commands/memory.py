@@ -333,6 +333,40 @@ class ConsolidateSubcommand(Subcommand):
             raise CommandError("consolidation finished with failures", returncode=1)
 
 
+class PromoteSubcommand(Subcommand):
+    name = "promote"
+    help = "Promote memories recall keeps returning into durable facts, each once (exit status 1 on failures)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--min-recalls", type=int, help="default PROMOTION['MIN_RECALLS']")
+        parser.add_argument("--min-sessions", type=int, help="episodes only; default PROMOTION['MIN_SESSIONS']")
+        parser.add_argument("--dry-run", action="store_true", help="show what would be promoted, write nothing")
+        _json_flag(parser)
+
+    def handle(self, command, options):
+        report = command.service.promote(
+            min_recalls=options["min_recalls"], min_sessions=options["min_sessions"], dry_run=options["dry_run"]
+        )
+        if options["json"]:
+            command.print_json(report.as_dict())
+        else:
+            table = Table(title="Promotion" + (" (dry run: nothing written)" if report.dry_run else ""))
+            for column in ("source", "rule", "user", "recalls", "sessions", "facts"):
+                table.add_column(column)
+            for entry in report.promoted:
+                facts = ", ".join(f"{f['key']} ({f['scope']})" for f in entry["facts"]) or "none extracted"
+                user = str(entry["user_id"] or "–")
+                table.add_row(
+                    entry["source"], entry["rule"], user, str(entry["recalls"]), str(entry["sessions"]), facts
+                )
+            command.console.print(table)
+            command.console.print(f"{report.events_deleted:,} recall events past their retention deleted")
+            for source, error in report.failed.items():
+                command.console.print(f"[red]{source}[/red]: {error}")
+        if not report.ok:
+            raise CommandError("promotion finished with failures", returncode=1)
+
+
 class PruneSubcommand(Subcommand):
     name = "prune"
     help = "Bring memory within MEMORY['LIMITS'] and let other apps prune; reclaim SQLite space."
@@ -552,6 +586,7 @@ SUBCOMMANDS = [
     ImportSubcommand(),
     ClearSubcommand(),
     ConsolidateSubcommand(),
+    PromoteSubcommand(),
     PruneSubcommand(),
     HealthSubcommand(),
     ReindexSubcommand(),
@@ -563,7 +598,7 @@ SUBCOMMANDS = [
 
 class Command(BaseCommand):
     help = (
-        "Operate the memory: list, stats, export, import, clear, consolidate, prune, health, reindex, "
+        "Operate the memory: list, stats, export, import, clear, consolidate, promote, prune, health, reindex, "
         "verify-erasure, export-person, mcp."
     )
 
