@@ -8,6 +8,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 
 from . import actions
 from .actions import owner_label
@@ -25,6 +26,31 @@ from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, 
 from .service import MemoryService
 
 __all__ = ["MemoriesTab", "memories_site"]
+
+
+def relations_html(site, kind, obj):
+    """A memory's edges of the memory graph as links, strongest first: "supports → episode 7 (1.00)"
+    for an edge from this memory, "similar ← fact 12 (0.91)" for one to it."""
+    if obj is None or obj.pk is None:
+        return "–"
+    edges = MemoryService().memory_relations(kind, obj.pk)
+    if not edges:
+        return "none"
+    return format_html_join(
+        mark_safe("<br>"),
+        '{} {} <a href="{}">{} {}</a> ({})',
+        (
+            (
+                relation,
+                "→" if direction == "to" else "←",
+                reverse(f"{site.name}:memory_{other_kind}_change", args=[other_id]),
+                other_kind,
+                other_id,
+                f"{weight:.2f}",
+            )
+            for direction, relation, weight, other_kind, other_id in edges
+        ),
+    )
 
 
 @admin.register(Fact, site=memories_site)
@@ -60,6 +86,7 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "last_accessed",
         "created_at",
         "updated_at",
+        "relations",
     ]
     readonly_fields = [
         "key",
@@ -72,6 +99,7 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "last_accessed",
         "created_at",
         "updated_at",
+        "relations",
     ]
 
     def get_queryset(self, request):
@@ -98,6 +126,10 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
     def delete_memories(self, ids, actor=""):
         return MemoryService().delete_facts(ids, actor=actor)
 
+    @admin.display(description="related memories")
+    def relations(self, obj):
+        return relations_html(self.admin_site, "fact", obj)
+
     @admin.display(description="value")
     def short_value(self, obj):
         return truncate(obj.value)
@@ -122,8 +154,12 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
     list_select_related = ["user"]
     list_filter = ["success", "trigger_type", "processed_for_facts"]
     search_fields = ["agent_id", "summary", "workflow", "session_id"]
-    readonly_fields = ["started_at", "ended_at", "duration_ms"]
+    readonly_fields = ["started_at", "ended_at", "duration_ms", "relations"]
     raw_id_fields = ["user"]
+
+    @admin.display(description="related memories")
+    def relations(self, obj):
+        return relations_html(self.admin_site, "episode", obj)
 
     def get_queryset(self, request):
         episodes = MemoryService().episode_list()

@@ -45,6 +45,10 @@ DEFAULTS = {
         # Read by workflows: consolidate the run's episode when a run ends.
         "AFTER_EACH_RUN": False,
     },
+    # The memory graph (memory/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
+    # closest memories of the same owner with a cosine of at least SIMILAR_MIN_COSINE (for the local
+    # model, 0.8 is a paraphrase or the same topic in other words, not just a shared subject).
+    "RELATIONS": {"SIMILAR": True, "SIMILAR_TOP": 3, "SIMILAR_MIN_COSINE": 0.8},
     # Promotion (memory/promotion.py): memories recalled often become durable ones, each once.
     "PROMOTION": {
         # Recall hits a memory needs before it is promoted.
@@ -97,6 +101,8 @@ DEFAULTS = {
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,
+    # Hops recall walks along the memory graph from its hits (memory/relations.py); 0: none.
+    "RECALL_WALK_DEPTH": 0,
     # The MCP server over HTTP (`memory mcp --http`): {bearer token: {"agent": id, "user": memory user id or None}}.
     "MCP_TOKENS": {},
     # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.

@@ -11,7 +11,7 @@ recall keeps embeddings, these are their memory-only readings):
 | coverage     | 25%    | what share of finished episodes has been consolidated into facts?        |
 | coherence    | 20%    | how consistent are the facts? mean of 1 - contradicted / (confirmed + contradicted + 1) |
 | efficiency   | 15%    | what share of facts old enough to have been recalled has been recalled?  |
-| reachability | 15%    | what share of facts can be traced to where they came from (a source episode or a provenance)? |
+| reachability | 15%    | what share of facts the memory graph reaches: with an edge (memory/relations.py) or a source episode? |
 
 A metric with nothing to measure (no facts, no finished episodes) is None and left out; the score is
 the weighted mean of the others. Bands: red < 50, yellow 50-75, green >= 75; "unknown" when
@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from .conf import memory_settings
 from .embeddings import configured_mode
-from .models import Episode, Fact
+from .models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
 
 WEIGHTS = {"freshness": 25, "coverage": 25, "coherence": 20, "efficiency": 15, "reachability": 15}
 GREEN, YELLOW, RED, UNKNOWN = "green", "yellow", "red", "unknown"
@@ -73,6 +73,14 @@ def _share(part, whole):
     return None if not whole else 100.0 * part / whole
 
 
+def _facts_with_edges():
+    """Ids of facts with at least one edge of the memory graph, either way (seed 001's reachability)."""
+    linked = RecallDocument.objects.filter(kind=RecallKind.FACT).filter(
+        Q(pk__in=MemoryRelation.objects.values("source_id")) | Q(pk__in=MemoryRelation.objects.values("target_id"))
+    )
+    return linked.values("item_id")
+
+
 def compute(agent_id=None):
     """The five metrics, score and band; of one agent's memory (its own facts, facts from its episodes, its episodes) or all."""
     conf = memory_settings.HEALTH
@@ -90,7 +98,7 @@ def compute(agent_id=None):
         coherence=Avg(1.0 - contradicted / (confirmed + contradicted + 1.0)),
         old=Count("id", filter=Q(created_at__lte=old)),
         old_used=Count("id", filter=Q(created_at__lte=old, access_count__gt=0)),
-        traced=Count("id", filter=Q(source_episode__isnull=False) | ~Q(provenance="")),
+        traced=Count("id", filter=Q(source_episode__isnull=False) | Q(pk__in=_facts_with_edges())),
     )
     episode_stats = episodes.aggregate(n=Count("id"), done=Count("id", filter=Q(processed_for_facts=True)))
     freshness = None

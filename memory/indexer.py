@@ -33,6 +33,7 @@ from django.db.models import Q
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from .models import PENDING_VECTOR, RecallDocument, StoreItem
+from .relations import link_similar
 
 logger = logging.getLogger("engram.memory")
 
@@ -55,12 +56,15 @@ def embed_documents(docs, model=RecallDocument):
     texts = [text for _, text in docs]
     # A recall document stores one vector per piece of its text (long episodes); a store item one.
     vectors = embedder.pieces(texts) if model is RecallDocument else embedder.documents(texts)
-    stored = 0
-    with transaction.atomic():
-        for (doc_id, text), vector in zip(docs, vectors):
-            stored += model.objects.filter(pk=doc_id, embedding__isnull=True, text=text).update(
-                embedding=to_blob(vector)
-            )
+    # One statement for the batch (executemany): the shorter the worker holds the write lock (and,
+    # in this process, the interpreter), the less the writers it shares them with wait.
+    table = connection.ops.quote_name(model._meta.db_table)
+    rows = [(to_blob(vector), doc_id, text) for (doc_id, text), vector in zip(docs, vectors)]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s", rows)
+        stored = max(cursor.rowcount, 0)
+    if model is RecallDocument:
+        link_similar([(doc_id, vector) for (doc_id, _), vector in zip(docs, vectors)])
     return stored
 
 

@@ -10,6 +10,7 @@ from .exceptions import InvalidMemoryArgument
 from .facts import FactWrite, WriteAction
 from .models import ConsolidationRun, Episode, Scope
 from .promotion import run_promotion
+from .relations import link_supports
 from .validation import check_choice, check_limit, check_user_id, clean_text
 
 
@@ -74,6 +75,9 @@ class LifecycleMixin:
             if not marked:
                 transaction.set_rollback(True)
                 return None
+            # The graph's `supports` edges: each fact distilled here, to its evidence.
+            distilled = (WriteAction.CREATED, WriteAction.CONFIRMED, WriteAction.UPDATED)
+            link_supports([(w.fact.pk, episode_id) for w in writes if w.action in distilled])
         return writes
 
     def _said_since(self, fact, episode, provenance):

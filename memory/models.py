@@ -479,3 +479,34 @@ class Promotion(models.Model):
 
     def __str__(self):
         return f"{self.get_rule_display()}: {self.source_kind} {self.source_id}"
+
+
+class Relation(models.TextChoices):
+    SIMILAR = "similar", "Similar"  # a newly embedded memory and its closest ones of the same owner
+    SUPPORTS = "supports", "Supports"  # a consolidated fact and the episode it came from
+    CONTRADICTS = "contradicts", "Contradicts"  # reserved (seed 001)
+
+
+class MemoryRelation(models.Model):
+    """An edge of the memory graph (seed 001's memory_relations) between two recall documents.
+
+    Deleting a memory deletes its document (a trigger), and a trigger on the documents deletes
+    their edges with it (migration 0014), whoever deletes: the service, the admin, a cascade.
+    """
+
+    source = models.ForeignKey(RecallDocument, on_delete=models.CASCADE, related_name="relations_out")
+    target = models.ForeignKey(RecallDocument, on_delete=models.CASCADE, related_name="relations_in")
+    relation = models.CharField(max_length=16, choices=Relation.choices)
+    weight = models.FloatField(default=1.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "memory_relation"
+        ordering = ["-weight", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "target", "relation"], name="one_relation_per_pair"),
+            models.CheckConstraint(condition=~Q(source=F("target")), name="relation_not_to_itself"),
+        ]
+
+    def __str__(self):
+        return f"{self.source_id} {self.relation} {self.target_id}"

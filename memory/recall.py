@@ -19,6 +19,10 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS) (seed 001's formula).
 5. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
    shadowing) before it can rank, so a stale vector can never return a hidden or deleted item.
+6. Walk (RECALL_WALK_DEPTH hops, 0 by default): documents joined to the hits by the memory graph
+   (memory/relations.py) join them, once checked like every candidate, each scored WALK_SHARE (1/2)
+   x the edge's weight x the score of the hit it was reached from: a hop is weaker evidence than a
+   match, and a neighbour never outranks the hit that led to it. Such hits carry `via`.
 
 Modes: "hybrid" (both legs), "keyword", "vector"; "auto" is hybrid with an embedder, else keyword.
 """
@@ -44,11 +48,13 @@ from .models import (
     RecallEvent,
     RecallKind,
 )
+from .relations import neighbours
 from .vectors import get_vector_index
 
 logger = logging.getLogger("engram.memory")
 
 MODES = ("auto", "hybrid", "keyword", "vector")
+WALK_SHARE = 0.5
 ITEM_MODELS = {RecallKind.FACT: Fact, RecallKind.EPISODE: Episode, RecallKind.PROCEDURE: Procedure}
 
 
@@ -63,6 +69,8 @@ class RecallHit:
     item: Any = field(repr=False, compare=False)
     keyword_score: float = 0.0
     vector_score: float | None = None
+    # Reached along the memory graph (RECALL_WALK_DEPTH): {"relation", "from": {"kind", "id"}}.
+    via: dict | None = None
 
     def as_dict(self):
         """JSON-serialisable: kind, id, text, score, the leg scores, and the item's main fields."""
@@ -73,6 +81,7 @@ class RecallHit:
             "score": round(self.score, 6),
             "keyword_score": round(self.keyword_score, 6),
             "vector_score": None if self.vector_score is None else round(self.vector_score, 6),
+            "via": self.via,
             "item": item_fields(self.kind, self.item),
         }
 
@@ -303,6 +312,9 @@ class Recaller:
             scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = scored[: self.limit]
+        via = {}
+        if int(memory_settings.RECALL_WALK_DEPTH) > 0 and top:
+            top, via = self._walk(top, scored, rows, owners, int(memory_settings.RECALL_WALK_DEPTH))
         self._lap("rank")
         items = self._items([rows[d][:2] for _, d in top])
         self._lap("items")
@@ -321,11 +333,44 @@ class Recaller:
                     item=item,
                     keyword_score=keyword.get(doc_id, 0.0) / best_keyword,
                     vector_score=vector.get(doc_id) if query_vector is not None else None,
+                    via=_via(via.get(doc_id), rows),
                 )
             )
             doc_ids.append(doc_id)
         self.doc_ids = doc_ids
         return mode, hits
+
+    def _walk(self, top, scored, rows, owners, depth):
+        """`top` joined by the documents up to `depth` hops away along the memory graph that the
+        viewer may see (checked as every candidate is), each scored WALK_SHARE x the edge's weight x
+        the score of the hit it was reached from; the best `limit` kept. Candidates ranked directly
+        keep their own score. Returns (top, {document: (relation, the document it was reached from)})."""
+        scores = {doc_id: score for score, doc_id in top}
+        direct = {doc_id for _, doc_id in scored}
+        via, frontier = {}, list(scores)
+        for _ in range(depth):
+            reached = {}
+            for doc_id, edges in neighbours(frontier).items():
+                for other, relation, weight in edges:
+                    score = scores[doc_id] * weight * WALK_SHARE
+                    if other not in direct and other not in scores and score > reached.get(other, (0.0,))[0]:
+                        reached[other] = (score, relation, doc_id)
+            if not reached:
+                break
+            visible = self.backend.recall_documents(
+                sorted(reached),
+                [(o, r) for o, r, _, _ in owners],
+                self.kinds,
+                self.min_confidence,
+                for_person=self.viewer.user_id is not None,
+            )
+            rows.update(visible)
+            for doc_id in visible:
+                scores[doc_id], relation, parent = reached[doc_id]
+                via[doc_id] = (relation, parent)
+            frontier = list(visible)
+        ranked = sorted(((score, doc_id) for doc_id, score in scores.items()), key=lambda s: (-s[0], s[1]))
+        return ranked[: self.limit], via
 
     def _items(self, keys):
         by_kind = {}
@@ -360,6 +405,14 @@ def _relations(neighbours):
                 derived.setdefault(target, (session, [None] * 4))[1][slot] = value
     around.update(derived)
     return around
+
+
+def _via(reached, rows):
+    if reached is None:
+        return None
+    relation, parent = reached
+    kind, item_id = rows[parent][:2]
+    return {"relation": relation, "from": {"kind": kind, "id": item_id}}
 
 
 def viewer_owners(backend, viewer):

@@ -19,6 +19,7 @@ from .indexer import indexer, pending_count
 from .models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
 from .recall_events import recall_log
+from .relations import relations_of, relink_similar
 from .text import keyword_terms
 from .validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from .vectors import reset_vector_index
@@ -164,6 +165,12 @@ class RecallMixin:
                 items = items.filter(name__startswith=f"{category}/")
         return list(items[:limit])
 
+    def memory_relations(self, kind, item_id):
+        """The memory graph's edges of one fact, episode or procedure (memory/relations.py):
+        [(direction "to"/"from", relation, weight, other kind, other id)], strongest first."""
+        kind = check_choice("kind", kind, RecallKind)
+        return relations_of(kind, check_int("item_id", item_id, minimum=1))
+
     def recall_mode(self):
         """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""
         return configured_mode()
@@ -237,4 +244,8 @@ class RecallMixin:
             EmbeddingModelRecord.objects.create(model=embedder.model, dimension=embedder.dimension)
         model_guard.reset()
         reset_vector_index()
+        # The graph's `similar` edges, from the new vectors (a full reindex: every document's anew).
+        relink_similar(
+            ids if missing_only else list(RecallDocument.objects.values_list("id", flat=True)), embedder.dimension
+        )
         return total

@@ -1,0 +1,143 @@
+"""The memory graph (seed 001's memory_relations): edges between recall documents, off the write path.
+
+- `similar`: when the embedding worker has stored vectors (after the writes committed, in its own
+  short transaction), it links each document to its RELATIONS["SIMILAR_TOP"] closest documents of
+  the same owner whose cosine is at least RELATIONS["SIMILAR_MIN_COSINE"]; the weight is the cosine.
+  Same owner only, so an edge never joins two people's memories.
+- `supports`: consolidation links each fact it wrote to the episode it was distilled from (weight 1),
+  in the consolidation's own transaction.
+- `contradicts`: reserved (seed 001).
+
+Recall may walk MEMORY["RECALL_WALK_DEPTH"] hops (0, the default: none) from its hits along edges in
+either direction; a document reached that way is shown only if the viewer may see it (the same check
+as every candidate) and is marked with the hit it came from. Deleting a memory deletes its edges
+(a trigger on the documents, migration 0014). The health metric "reachability" is the share of facts
+with at least one edge (memory/health.py).
+"""
+
+import logging
+
+import numpy as np
+from django.db import DatabaseError, transaction
+from django.db.models import Q
+
+from .conf import memory_settings
+from .embeddings import from_blobs
+from .models import MemoryRelation, RecallDocument, RecallScope, Relation
+
+logger = logging.getLogger("engram.memory")
+
+
+def link_similar(docs):
+    """Link each (document id, piece vectors) to its closest documents of the same owner; returns edges written.
+
+    Call outside any transaction, after the vectors are stored (the search reads them back through the
+    process's vector index). Never raises: the edges are a hint, the memories are already stored.
+    """
+    conf = memory_settings.RELATIONS
+    if not conf["SIMILAR"] or not docs:
+        return 0
+    from .vectors import get_vector_index
+
+    try:
+        owners = dict(RecallDocument.objects.filter(pk__in=[d for d, _ in docs]).values_list("id", "owner"))
+        states = {
+            owner: (generation, removed)
+            for owner, generation, removed in RecallScope.objects.filter(owner__in=set(owners.values())).values_list(
+                "owner", "generation", "removed"
+            )
+        }
+        dimension = docs[0][1].shape[-1]
+        index = get_vector_index(dimension)
+        index.sync(states)
+        edges = []
+        for doc_id, pieces in docs:
+            owner = owners.get(doc_id)
+            if owner is None:  # deleted meanwhile
+                continue
+            query = pieces.mean(axis=0)
+            query /= np.linalg.norm(query) or 1.0
+            top = int(conf["SIMILAR_TOP"])
+            found = index.search([owner], query.astype(np.float32), top + 1)  # + 1: itself
+            close = [(other, cos) for other, cos in found if other != doc_id and cos >= conf["SIMILAR_MIN_COSINE"]]
+            edges += [
+                MemoryRelation(source_id=doc_id, target_id=other, relation=Relation.SIMILAR, weight=cosine)
+                for other, cosine in close[:top]
+            ]
+        if edges:
+            with transaction.atomic():
+                # Only between documents that still exist (one may have gone since the search).
+                alive = set(
+                    RecallDocument.objects.filter(pk__in={e.source_id for e in edges} | {e.target_id for e in edges})
+                    .values_list("id", flat=True)
+                    .order_by()
+                )
+                edges = [e for e in edges if e.source_id in alive and e.target_id in alive]
+                MemoryRelation.objects.bulk_create(edges, ignore_conflicts=True)
+        return len(edges)
+    except DatabaseError as exc:
+        logger.warning("could not link %d documents to similar ones: %s", len(docs), exc)
+        return 0
+
+
+def relink_similar(doc_ids, dimension, *, batch_size=256, progress=None):
+    """Rebuild the `similar` edges of these documents from their stored vectors (after a reindex);
+    returns the edges written. `progress(done, total)` after each batch."""
+    MemoryRelation.objects.filter(relation=Relation.SIMILAR, source_id__in=doc_ids).delete()
+    written = 0
+    for start in range(0, len(doc_ids), batch_size):
+        rows = RecallDocument.objects.filter(pk__in=doc_ids[start : start + batch_size], embedding__isnull=False)
+        docs = [(pk, from_blobs([blob], dimension)) for pk, blob in rows.values_list("id", "embedding")]
+        written += link_similar(docs)
+        if progress:
+            progress(min(start + batch_size, len(doc_ids)), len(doc_ids))
+    return written
+
+
+def link_supports(fact_episode_pairs):
+    """`supports` edges from each fact's document to its episode's (inside the caller's transaction)."""
+    pairs = [(f, e) for f, e in fact_episode_pairs if f is not None and e is not None]
+    if not pairs:
+        return 0
+    wanted = Q()
+    for fact_id, episode_id in pairs:
+        wanted |= Q(kind="fact", item_id=fact_id) | Q(kind="episode", item_id=episode_id)
+    docs = {(k, i): pk for pk, k, i in RecallDocument.objects.filter(wanted).values_list("id", "kind", "item_id")}
+    edges = [
+        MemoryRelation(source_id=docs[("fact", f)], target_id=docs[("episode", e)], relation=Relation.SUPPORTS)
+        for f, e in pairs
+        if ("fact", f) in docs and ("episode", e) in docs
+    ]
+    MemoryRelation.objects.bulk_create(edges, ignore_conflicts=True)
+    return len(edges)
+
+
+def neighbours(doc_ids):
+    """{document id: [(neighbour id, relation, weight)]} over edges in either direction."""
+    found = {}
+    if not doc_ids:
+        return found
+    rows = MemoryRelation.objects.filter(Q(source_id__in=doc_ids) | Q(target_id__in=doc_ids)).values_list(
+        "source_id", "target_id", "relation", "weight"
+    )
+    wanted = set(doc_ids)
+    for source, target, relation, weight in rows:
+        if source in wanted:
+            found.setdefault(source, []).append((target, relation, weight))
+        if target in wanted:
+            found.setdefault(target, []).append((source, relation, weight))
+    return found
+
+
+def relations_of(kind, item_id):
+    """[(direction, relation, weight, other kind, other item id)] of one memory, strongest first."""
+    doc = RecallDocument.objects.filter(kind=kind, item_id=item_id).values_list("id", flat=True).first()
+    if doc is None:
+        return []
+    edges = MemoryRelation.objects.filter(Q(source_id=doc) | Q(target_id=doc)).select_related("source", "target")
+    result = []
+    for edge in edges:
+        outgoing = edge.source_id == doc
+        other = edge.target if outgoing else edge.source
+        result.append(("to" if outgoing else "from", edge.relation, edge.weight, other.kind, other.item_id))
+    return result
