@@ -103,7 +103,15 @@ def test_export_clear_import_round_trip(store, tmp_path):
     assert run_json("clear", "--force")["deleted"]["facts"] == 3
     assert Fact.objects.count() == 0
     data = run_json("import", str(path))
-    assert data["added"] == {"user": 1, "identity": 1, "episode": 1, "procedure": 1, "fact": 3, "store_item": 0}
+    assert data["added"] == {
+        "user": 1,
+        "identity": 1,
+        "episode": 1,
+        "procedure": 1,
+        "fact": 3,
+        "fact_version": 3,
+        "store_item": 0,
+    }
     again = run_json("import", str(path))
     assert sum(again["added"].values()) == 0 and again["present"]["fact"] == 3
 
@@ -111,7 +119,7 @@ def test_export_clear_import_round_trip(store, tmp_path):
 def test_export_to_standard_output(store):
     out, _ = run("export")
     lines = out.splitlines()
-    assert json.loads(lines[0])["counts"]["fact"] == 3 and len(lines) == 8
+    assert json.loads(lines[0])["counts"]["fact"] == 3 and len(lines) == 11  # 3 facts, 3 versions
 
 
 def test_import_of_a_malformed_file_names_line_and_field(store, tmp_path):
