@@ -172,3 +172,29 @@ def test_prune(store, settings):
     assert data["deleted"]["facts"] == 3 and Fact.objects.count() == 0
     out, _ = run("prune")
     assert "Prune" in out
+
+
+def test_history_of_a_fact_by_id_and_by_key(store):
+    from memory.service import MemoryService
+
+    service, ada = MemoryService(), store["ada"]
+    fact = Fact.objects.get(key="favourite_colour")
+    service.set_fact("favourite_colour", "blue", scope="user", user_id=ada.pk, provenance="said so")
+    service.delete_fact(fact.pk)
+    out, _ = run("history", str(fact.pk))
+    assert "History of fact" in out and "3 versions" in out
+    assert "created" in out and "updated" in out and "deleted" in out and "said so" in out
+    data = run_json("history", "--key", "favourite_colour", "--user", str(ada.pk))
+    assert [(v["action"], v["value"]) for v in data["versions"]] == [
+        ("created", "green"),
+        ("updated", "blue"),
+        ("deleted", "blue"),
+    ]
+    assert data["versions"][0]["owner"] == f"user:{ada.pk}"
+    assert run_json("history", "--key", "timezone", "--agent", "planner")["count"] == 1
+    assert run_json("history", "--key", "office_city")["versions"][0]["value"] == "Porto"
+    assert run_json("history", str(fact.pk), "--limit", "1")["versions"][0]["action"] == "deleted"
+    with pytest.raises(CommandError, match="fact_id"):
+        run("history")
+    with pytest.raises(CommandError, match="limit"):
+        run("history", str(fact.pk), "--limit", "0")

@@ -68,7 +68,15 @@ def test_export_is_a_header_then_one_object_per_row(service, store):
     lines = export_text(service).splitlines()
     header = json.loads(lines[0])
     assert header["format"] == "engram-memory" and header["version"] == 1
-    assert header["counts"] == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "fact_version": 6, "store_item": 0}
+    assert header["counts"] == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     rows = [json.loads(line) for line in lines[1:]]
     assert len(rows) == 22
     fact = next(r for r in rows if r["kind"] == "fact" and r["key"] == "timezone")
@@ -83,7 +91,15 @@ def test_export_clear_import_reproduces_every_row(service, store):
     assert deleted == {"facts": 5, "episodes": 2, "procedures": 2, "identities": 4, "users": 3}
     assert all(model.objects.count() == 0 for model in MODELS)
     report = service.import_memories(io.StringIO(text))
-    assert report.added == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "fact_version": 6, "store_item": 0}
+    assert report.added == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     assert snapshot() == before
     # the search index follows the imported rows, and the lookups still resolve merged users
     ada = store["ada"]
@@ -113,7 +129,15 @@ def test_importing_the_same_file_twice_adds_nothing(service, store):
     before = snapshot()
     report = service.import_memories(io.StringIO(text))
     assert sum(report.added.values()) == 0
-    assert report.present == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "fact_version": 6, "store_item": 0}
+    assert report.present == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     assert snapshot() == before
 
 
