@@ -1,10 +1,13 @@
 """Fact benchmark: fill N facts in a scratch database, then time gets, sets and searches through MemoryService.
 
-    python -m bench.facts [--n 100000] [--seed 1] [--mode keyword|hybrid] [--database-url postgres://...] [--json]
+    python -m bench.facts [--n 100000] [--seed 1] [--mode keyword|hybrid] [--fact-history on|off]
+                          [--database-url postgres://...] [--json]
 
 Workload (see bench/README.md): 40% agent facts over 100 agents, 40% user facts over 1,000 users,
 10% session facts over 1,000 sessions, 10% global; keys from a pool of 2,000. Each owner holds a
 key once, so global scope (more facts than pool keys) adds derived keys "key_<k>_<j>".
+`--fact-history off` times the same workload with MEMORY["FACT_HISTORY"] = False (no version rows):
+what fact history costs the sets.
 """
 
 import argparse
@@ -221,17 +224,25 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=100_000, help="facts to fill (default 100,000)")
     add_scratch_arguments(parser)
     add_mode_argument(parser)
+    parser.add_argument(
+        "--fact-history", choices=["on", "off"], default="on", help="keep fact versions (default on, as a user gets)"
+    )
     args = parser.parse_args(argv)
     if args.n < 10_000:
         parser.error("--n must be at least 10,000 (the workload needs owners with facts)")
     err = Console(stderr=True)
     started = time.perf_counter()
     with scratch_django(args.database_url, mode=args.mode), Progress(console=err, transient=True) as progress:
-        results = run(args.n, args.seed, progress, args.mode)
+        from django.conf import settings
+        from django.test import override_settings
+
+        with override_settings(MEMORY={**settings.MEMORY, "FACT_HISTORY": args.fact_history == "on"}):
+            results = run(args.n, args.seed, progress, args.mode)
     total = time.perf_counter() - started
     results["mode"] = args.mode
+    results["fact_history"] = args.fact_history
     if args.json:
-        keys = ["n", "mode", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
+        keys = ["n", "mode", "fact_history", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(

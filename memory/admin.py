@@ -87,10 +87,12 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "created_at",
         "updated_at",
         "relations",
+        "history",
     ]
     readonly_fields = [
         "key",
         "owner",
+        "history",
         "times_confirmed",
         "times_contradicted",
         "source_episode",
@@ -118,6 +120,37 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
     @admin.display(description="owner")
     def owner(self, obj):
         return owner_label(obj)
+
+    HISTORY_SHOWN = 50
+
+    @admin.display(description="history")
+    def history(self, obj):
+        """The fact's latest versions, oldest first (`manage.py memory history <id>` shows them all)."""
+        if obj is None or obj.pk is None:
+            return ""
+        versions = MemoryService().fact_history(obj.pk, limit=self.HISTORY_SHOWN)
+        if not versions:
+            return "no versions kept"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    v.valid_from.strftime("%Y-%m-%d %H:%M:%S"),
+                    v.action,
+                    truncate(v.value),
+                    percent(v.confidence),
+                    v.provenance,
+                    v.source_episode_id or "",
+                )
+                for v in versions
+            ),
+        )
+        return format_html(
+            '<table class="fact-history"><thead><tr><th>valid from</th><th>action</th><th>value</th>'
+            "<th>confidence</th><th>provenance</th><th>episode</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
 
     def lookup_allowed(self, lookup, value, request=None):
         # The user page links to "this user's facts" (?user__id__exact=<id>).

@@ -4,13 +4,15 @@ Kinds: facts, episodes, procedures, users (a user goes with its channel identiti
 episodes, and with the users merged into it). Filters narrow each kind they apply to: `scope` facts
 only; `agent_id` an agent's own facts, its episodes and procedures; `user_id` a user's facts and
 episodes, and the user. Without kinds, every kind the filters apply to. Facts distilled from a
-deleted episode stay, without their source episode.
+deleted episode stay, without their source episode. Clearing facts clears their history too (the
+versions of the owners the filters select, deleted facts' included): clearing starts over, where a
+delete of chosen facts keeps a `deleted` version of each.
 """
 
 from django.db import transaction
 
 from .exceptions import InvalidMemoryArgument
-from .models import Episode, Fact, MemoryUser, Procedure, Scope
+from .models import Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 
 FACTS, EPISODES, PROCEDURES, USERS = "facts", "episodes", "procedures", "users"
 KINDS = (FACTS, EPISODES, PROCEDURES, USERS)
@@ -69,13 +71,15 @@ def clear(service, kinds, *, scope=None, agent_id=None, user_id=None, actor="com
     deleted = {}
     with transaction.atomic():
         if FACTS in chosen:
-            facts = Fact.objects.all()
+            facts, versions = Fact.objects.all(), FactVersion.objects.all()
             if scope:
-                facts = facts.filter(scope=scope)
+                facts, versions = facts.filter(scope=scope), versions.filter(scope=scope)
             if agent_id:
                 facts = facts.filter(scope=Scope.AGENT, agent_id=agent_id)
+                versions = versions.filter(scope=Scope.AGENT, agent_id=agent_id)
             if user_id is not None:
-                facts = facts.filter(user_id=user_id)
+                facts, versions = facts.filter(user_id=user_id), versions.filter(user_id=user_id)
+            _delete(versions)
             deleted[FACTS] = _delete(facts)
         if EPISODES in chosen:
             episodes = Episode.objects.all()

@@ -20,6 +20,9 @@ DEFAULTS = {
     # Access counts are buffered in memory and written in one statement when this many facts are
     # pending, at the end of each request, at exit, or on MemoryService.flush_access_counts().
     "ACCESS_FLUSH_PENDING": 5000,
+    # Keep a version of every change of a fact (memory/history.py): what `memory history` shows and
+    # point-in-time reads (`as_of=`) answer from. False: no versions are written; deletes forget at once.
+    "FACT_HISTORY": True,
     # Operators' REST API: most ids one batch-delete request may name, the largest request body
     # accepted (bytes), and the page size of list endpoints (a client may ask for up to MAX).
     "API_MAX_BATCH_IDS": 1000,
@@ -67,6 +70,8 @@ DEFAULTS = {
         # Episodes per agent ("" counts as one agent) and procedures per agent ("" = shared ones).
         "MAX_EPISODES": 10_000,
         "MAX_PROCEDURES": 1_000,
+        # Versions kept per fact (fact history), the oldest pruned first; None: every version.
+        "MAX_VERSIONS_PER_FACT": 100,
         # Per-agent overrides: {"support-bot": {"MAX_FACTS": 500, "MAX_EPISODES": 200}}.
         "PER_AGENT": {},
         # SQLite: after a prune deletes rows, give free pages back to the file system.

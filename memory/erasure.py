@@ -25,6 +25,7 @@ from .models import (
     ChannelIdentity,
     Episode,
     Fact,
+    FactVersion,
     MemoryUser,
     RecallEvent,
     RecallKind,
@@ -238,6 +239,8 @@ def export_person(user, out):
                 "updated_at": fact.updated_at,
             },
         )
+    for version in FactVersion.objects.filter(user_id__in=user_ids).order_by("pk"):
+        write("fact_version", {**model_to_dict(version), "valid_from": version.valid_from})
     for episode in Episode.objects.filter(user_id__in=user_ids).order_by("pk"):
         write("episode", {**model_to_dict(episode), "started_at": episode.started_at, "ended_at": episode.ended_at})
     for event in RecallEvent.objects.filter(user_id__in=user_ids).order_by("pk"):

@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import pruning
+from . import history, pruning
 from .access import access_counter
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import Fact, FactType, MemoryUser, RecallKind, Scope
-from .owners import user_scope_key
+from .models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
+from .owners import fact_owner_key, user_scope_key
 from .text import fact_search_text, search_tokens
 from .validation import (
+    check_as_of,
     check_choice,
     check_json,
     check_limit,
@@ -63,10 +64,17 @@ def same_json(a, b):
 class FactsMixin:
     """Reads and writes of facts; part of MemoryService."""
 
-    def get_fact(self, key, *, agent_id="", user_id=None, session_id=""):
-        """The most specific visible fact for `key` (session, user, agent, global), or None. One query."""
+    def get_fact(self, key, *, agent_id="", user_id=None, session_id="", as_of=None):
+        """The most specific visible fact for `key` (session, user, agent, global), or None. One query.
+
+        `as_of` (an aware datetime): what was true then instead, from the fact history: the
+        FactVersion in force at that time (same visibility and specificity rules), or None. A fact
+        deleted since still answers; one written since does not. Not counted as an access.
+        """
         key = clean_text("key", key, max_length=255)
         viewer = make_viewer(agent_id, user_id, session_id)
+        if as_of is not None:
+            return history.version_as_of(key, viewer, self._as_of(as_of))
         fact = self.backend.get_fact(key, viewer)
         if fact is not None:
             access_counter.record([fact.pk])
@@ -101,6 +109,8 @@ class FactsMixin:
                 if fact.user_id is not None:
                     self.backend.hold_user(fact.user_id)
                 write = self._upsert_fact(fact, overwrite)
+                history.record(write.action, write.fact, write.fact.updated_at, writer=fact)
+                pruning.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.CREATED:
@@ -234,6 +244,10 @@ class FactsMixin:
             fact.search_text = fact_search_text(fact.key, value)
             fact.provenance = "edited by an operator"
             fact.save(update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at"])
+            history.record(FactAction.UPDATED, fact, fact.updated_at)
+            limit = pruning.limit_for(pruning.VERSIONS, fact.agent_id)
+            if limit is not None:  # edits bump no counter, so enforce_versions could not tell
+                pruning.trim_versions(fact.pk, limit)
             self._embed_for_recall(RecallKind.FACT, [fact.pk])
         return fact
 
@@ -247,12 +261,15 @@ class FactsMixin:
         min_confidence=None,
         fact_type=None,
         limit=None,
+        as_of=None,
     ):
         """Visible facts whose key or value contains every word of `query`, most confident first.
 
         Spaces, underscores and hyphens are equivalent ("local time" finds "lesson_local_time_command");
         words match in any order; LIKE wildcards in the query are literal. A fact hidden by a more
         specific one with the same key is not returned, whatever the confidence of either.
+        `as_of` (an aware datetime): the same question about what was true then, answered with the
+        FactVersions in force at that time (see get_fact); not counted as accesses.
         """
         if not isinstance(query, str):
             raise InvalidMemoryArgument("query", "must be a string")
@@ -271,6 +288,15 @@ class FactsMixin:
         limit = check_limit(limit, memory_settings.SEARCH_LIMIT)
         if fact_type is not None:
             fact_type = check_choice("fact_type", fact_type, FactType)
+        if as_of is not None:
+            return history.versions_as_of(
+                viewer,
+                self._as_of(as_of),
+                tokens=tokens,
+                min_confidence=min_confidence,
+                fact_type=fact_type,
+                limit=limit,
+            )
         facts = self.backend.visible_facts(
             viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence", limit=limit
         )
@@ -299,9 +325,34 @@ class FactsMixin:
         return list(qs)
 
     def delete_fact(self, fact_id):
-        """Delete one fact; True if it existed."""
-        deleted, _ = Fact.objects.filter(pk=fact_id).delete()
+        """Delete one fact (its history keeps a `deleted` version); True if it existed."""
+        with transaction.atomic():
+            history.record_deleted([fact_id])
+            deleted, _ = Fact.objects.filter(pk=fact_id).delete()
         return bool(deleted)
+
+    def fact_history(self, fact_id=None, *, key=None, scope=None, agent_id="", user_id=None, session_id="", limit=None):
+        """The versions of one fact, oldest first: by `fact_id` (a deleted fact's too), or by `key` and
+        owner (`scope` with its agent_id / user_id / session_id; a user id follows merges), which
+        also finds earlier facts of that key that were deleted. `limit`: only the latest so many.
+        """
+        limit = check_limit(limit, None)
+        if (fact_id is None) == (key is None):
+            raise InvalidMemoryArgument("fact_id", "give a fact id, or a key and its owner, not both")
+        if fact_id is not None:
+            fact_id = check_user_id("fact_id", fact_id, required=True)
+            return history.versions_of(fact_id, limit=limit)
+        owner = self._new_fact(
+            key, None, Scope.GLOBAL if scope is None else scope, agent_id, user_id, session_id, None, None, None, ""
+        )
+        if owner.user_id is not None:
+            owner.user_id = self.resolve_user(owner.user_id).pk
+        return history.versions_of(scope_key=fact_owner_key(owner), key=owner.key, limit=limit)
+
+    def _as_of(self, when):
+        if not history.enabled():
+            raise InvalidMemoryArgument("as_of", "fact history is off (MEMORY['FACT_HISTORY']): nothing to read from")
+        return check_as_of("as_of", when)
 
     def optimize_search_index(self):
         """Compact the keyword indexes facts live in (substring search and recall); worth it after a bulk load.

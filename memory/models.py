@@ -193,6 +193,59 @@ class Fact(models.Model):
         super().save(*args, **kwargs)
 
 
+class FactAction(models.TextChoices):
+    """What one change of a fact was (a fact version's action)."""
+
+    CREATED = "created", "Created"
+    CONFIRMED = "confirmed", "Confirmed"
+    UPDATED = "updated", "Updated"
+    SKIPPED = "skipped", "Skipped"
+    DELETED = "deleted", "Deleted"
+
+
+class FactVersion(models.Model):
+    """One change of a fact: what it said from `valid_from` on, and who or what wrote it.
+
+    Written by the service in the change's own transaction (memory/history.py). `fact_id` is a plain
+    number, not a foreign key: a deleted fact keeps its history (its last version says `deleted`).
+    The owner columns are copied so point-in-time reads apply the same isolation as current reads,
+    and `user` is a foreign key so forgetting a person deletes their history with them.
+    """
+
+    fact_id = models.BigIntegerField()
+    action = models.CharField(max_length=16, choices=FactAction.choices)
+    key = models.CharField(max_length=255)
+    value = models.JSONField()
+    fact_type = models.CharField(max_length=32, choices=FactType.choices, default=FactType.WORLD_KNOWLEDGE)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    # The fact's owner at the time ("user:<id>", ...): stored, since the fact row may be gone.
+    scope_key = models.CharField(max_length=300)
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="fact_versions")
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    session_id = models.CharField(max_length=128, blank=True, default="")
+    confidence = models.FloatField()
+    # The episode the value came from (a number: the episode may be deleted later) and the writer's note.
+    source_episode_id = models.BigIntegerField(null=True, blank=True)
+    provenance = models.TextField(blank=True, default="")
+    valid_from = models.DateTimeField()
+
+    class Meta:
+        db_table = "memory_fact_version"
+        ordering = ["valid_from", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(action__in=FactAction.values), name="fact_version_action_known"),
+        ]
+        indexes = [
+            # A fact's history, and trimming it to MAX_VERSIONS_PER_FACT.
+            models.Index(fields=["fact_id", "valid_from"], name="fact_version_fact"),
+            # Point-in-time reads: the latest version of an owner's key at a time.
+            models.Index(fields=["scope_key", "key", "valid_from"], name="fact_version_owner_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.key} ({self.scope_key}) {self.action} at {self.valid_from:%Y-%m-%d %H:%M:%S}"
+
+
 class Procedure(models.Model):
     """Procedural memory: how to do something, when it applies, and how well it has worked."""
 

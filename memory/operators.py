@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from . import erasure
+from . import erasure, history
 from .exceptions import InvalidMemoryArgument, MemoryInUse
 from .models import (
     ChannelIdentity,
@@ -19,6 +19,7 @@ from .models import (
     Episode,
     Fact,
     FactType,
+    FactVersion,
     MemoryUser,
     Procedure,
     ProcedureType,
@@ -133,6 +134,8 @@ class OperatorsMixin:
             users_deleting.send(sender=MemoryUser, user_ids=everyone)
             erasure.erase_related(everyone, fact_ids, episode_ids)
             for chunk in chunks(everyone):
+                # Their history too, versions of facts deleted long ago included: forgotten means gone.
+                FactVersion.objects.filter(user__in=chunk).delete()
                 Fact.objects.filter(user__in=chunk).delete()
                 Episode.objects.filter(user__in=chunk).delete()  # derived facts of others keep, unlinked
                 ChannelIdentity.objects.filter(user__in=chunk).delete()
@@ -148,13 +151,22 @@ class OperatorsMixin:
     def user_footprint(self, ids):
         """How much these users (and users merged into them) hold, by kind, threads and checkpoints included.
 
-        Facts, episodes, identities, merged users, recall events; other apps add theirs through the
+        Facts, fact versions, episodes, identities, merged users, recall events; other apps add theirs through the
         `users_footprint` signal (workflows: threads and checkpoints).
         """
         ids = sorted(set(ids))
-        totals = {"facts": 0, "episodes": 0, "identities": 0, "merged_users": 0, "recall_events": 0, "store_items": 0}
+        totals = {
+            "facts": 0,
+            "fact_versions": 0,
+            "episodes": 0,
+            "identities": 0,
+            "merged_users": 0,
+            "recall_events": 0,
+            "store_items": 0,
+        }
         for chunk in chunks(ids):
             totals["facts"] += Fact.objects.filter(user__in=chunk).count()
+            totals["fact_versions"] += FactVersion.objects.filter(user__in=chunk).count()
             totals["episodes"] += Episode.objects.filter(user__in=chunk).count()
             totals["identities"] += ChannelIdentity.objects.filter(user__in=chunk).count()
             totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()
@@ -185,6 +197,7 @@ class OperatorsMixin:
             found = existing_ids(model, ids)
             if model is Fact:
                 erasure.erase_related((), sorted(found), ())
+                history.record_deleted(found, provenance=f"deleted by {actor}" if actor else None)
             elif model is Episode:
                 erasure.erase_related((), (), sorted(found))
             # One set-based DELETE per chunk: a model nothing points at (facts) is deleted without

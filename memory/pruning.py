@@ -7,7 +7,8 @@ Limits (MEMORY["LIMITS"], None = no limit), overridable per agent in LIMITS["PER
 - MAX_FACTS per owner: each agent's own facts (the agent's override applies), each user's, each
   session's, and the global ones;
 - MAX_EPISODES per agent (episodes without an agent count together);
-- MAX_PROCEDURES per agent (shared procedures, agent "", count together).
+- MAX_PROCEDURES per agent (shared procedures, agent "", count together);
+- MAX_VERSIONS_PER_FACT per fact (fact history; an agent's override applies to its own facts).
 
 What goes first (the row just written is never evicted by its own write):
 - facts: the lowest confidence tier first (tiers of 0.1: a confirmed, confident fact outlives every
@@ -16,7 +17,8 @@ What goes first (the row just written is never evicted by its own write):
 - episodes: already consolidated ones before unconsolidated ones (those still hold facts not yet
   distilled), each oldest first;
 - procedures: inactive before active, then the lowest smoothed success rate (successes + 1) /
-  (uses + 2), then the one unused longest, then the oldest.
+  (uses + 2), then the one unused longest, then the oldest;
+- fact versions: the oldest (by valid_from) first.
 
 After a prune that deleted rows, SQLite gives free pages back with `PRAGMA incremental_vacuum`
 (the file's auto_vacuum mode is INCREMENTAL; see migration 0004). Other apps join a prune through
@@ -34,12 +36,18 @@ from django.utils import timezone
 
 from .access import access_counter
 from .conf import memory_settings
-from .models import Episode, Fact, Procedure, RecallEvent, Scope
+from .history import record_deleted
+from .models import Episode, Fact, FactVersion, Procedure, RecallEvent, Scope
 from .owners import fact_owner_key, owner_key
 from .signals import prune_requested
 
-FACTS, EPISODES, PROCEDURES = "facts", "episodes", "procedures"
-_SETTING = {FACTS: "MAX_FACTS", EPISODES: "MAX_EPISODES", PROCEDURES: "MAX_PROCEDURES"}
+FACTS, EPISODES, PROCEDURES, VERSIONS = "facts", "episodes", "procedures", "fact_versions"
+_SETTING = {
+    FACTS: "MAX_FACTS",
+    EPISODES: "MAX_EPISODES",
+    PROCEDURES: "MAX_PROCEDURES",
+    VERSIONS: "MAX_VERSIONS_PER_FACT",
+}
 _CHUNK = 500
 
 
@@ -115,6 +123,8 @@ def prune_group(kind, key, limit, *, keep_id=None, dry_run=False, count=None):
     doomed = list(candidates.order_by(*order).values_list("pk", flat=True)[:excess])
     model = qs.model
     with transaction.atomic():
+        if kind == FACTS:
+            record_deleted(doomed)
         for start in range(0, len(doomed), _CHUNK):
             model.objects.filter(pk__in=doomed[start : start + _CHUNK]).delete()
     return len(doomed)
@@ -138,6 +148,49 @@ def enforce_after_create(kind, row):
     if count <= limit:
         return 0
     return prune_group(kind, key, limit, keep_id=row.pk, count=qs.count())
+
+
+def enforce_versions(fact):
+    """After a write added a version of `fact`: keep its latest MAX_VERSIONS_PER_FACT. Returns versions deleted.
+
+    A fact has at most 1 + times_confirmed + times_contradicted versions from the service's writes
+    (each write bumps one counter, the first creates it), so until the counters pass the limit this
+    costs no query; only then one DELETE. Versions the counters do not count (an operator's edits,
+    deleted facts) are trimmed by the `memory prune` sweep (prune_all) and by edit_fact itself.
+    """
+    limit = limit_for(VERSIONS, fact.agent_id)
+    if limit is None or 1 + fact.times_confirmed + fact.times_contradicted <= limit:
+        return 0
+    return trim_versions(fact.pk, limit)
+
+
+def trim_versions(fact_id, limit, *, dry_run=False):
+    """Delete the versions of one fact beyond its latest `limit`, in one statement; returns how many (would) go."""
+    versions = FactVersion.objects.filter(fact_id=fact_id)
+    if dry_run:
+        return max(0, versions.count() - limit)
+    keep = versions.order_by("-valid_from", "-id").values("pk")[:limit]
+    return versions.exclude(pk__in=keep).delete()[0]
+
+
+def _versions_over_limit(agent_id):
+    """(fact_id, limit) of every fact (deleted ones included) with more versions than its limit."""
+    limits = memory_settings.LIMITS
+    per_agent = [
+        o["MAX_VERSIONS_PER_FACT"] for o in (limits["PER_AGENT"] or {}).values() if "MAX_VERSIONS_PER_FACT" in o
+    ]
+    known = [v for v in [limits["MAX_VERSIONS_PER_FACT"], *per_agent] if v is not None]
+    if not known:
+        return []
+    qs = FactVersion.objects.order_by().values("fact_id", "agent_id").annotate(n=Count("id"))
+    if agent_id is not None:
+        qs = qs.filter(scope=Scope.AGENT, agent_id=agent_id)
+    over = []
+    for row in qs.filter(n__gt=min(known)):
+        limit = limit_for(VERSIONS, row["agent_id"])
+        if limit is not None and row["n"] > limit:
+            over.append((row["fact_id"], limit))
+    return over
 
 
 def _scope_key(fact):
@@ -186,6 +239,10 @@ def prune_all(*, agent_id=None, dry_run=False):
     for kind in (EPISODES, PROCEDURES):
         report.deleted[kind] = sum(
             prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
+        )
+    with transaction.atomic():
+        report.deleted[VERSIONS] = sum(
+            trim_versions(fact_id, limit, dry_run=dry_run) for fact_id, limit in _versions_over_limit(agent_id)
         )
     if agent_id is None:  # recall events are everyone's: only a full prune ages them out
         expired = expired_recall_events()

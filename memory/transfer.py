@@ -9,11 +9,12 @@ The format, one JSON object per line:
     {"kind": "user", "id": 1, "canonical_id": "telegram:42", "display_name": "Ada", ...}
     {"kind": "identity", "id": 1, "user_id": 1, "channel": "telegram", "external_id": "42", ...}
     {"kind": "fact", "id": 7, "key": "favourite_colour", "value": "green", "scope": "user", "user_id": 1, ...}
+    {"kind": "fact_version", "id": 31, "fact_id": 7, "action": "updated", "value": "green", "valid_from": ...}
 
 Rows carry every stored column by its attribute name (foreign keys as `<name>_id`), timestamps as
 ISO 8601, JSON columns as JSON. Columns the database derives are left out and rebuilt on import:
-a fact's owner (`scope_key`, a generated column) and its search text (`search_text`, which the
-search index triggers read). Derived index rows (search index entries, embeddings) are not exported
+a fact's owner (`scope_key`, a generated column; a fact version's copy of it too) and its search
+text (`search_text`, which the search index triggers read). Derived index rows (search index entries, embeddings) are not exported
 either: they follow from the source rows. The header's counts let an import notice a cut-off file.
 
 An export is one consistent snapshot (one transaction; on PostgreSQL REPEATABLE READ). An import
@@ -25,7 +26,10 @@ identity, a user's canonical id, an agent's procedure name) belongs to another r
 Imports do not apply LIMITS (run `memory prune` after, if wanted). Consolidation run records are
 operational logs, not memory: neither exported nor cleared.
 
-More kinds (another app's tables) join with `register_kind(TransferKind(...))`.
+Fact history (`fact_version` rows) came in the same format version: a file from before it has
+none, imports as before, and each imported fact without versions gets a `created` version valid
+from its `updated_at` (where its history starts). More kinds (another app's tables) join with
+`register_kind(TransferKind(...))`.
 """
 
 import hashlib
@@ -45,9 +49,9 @@ from django.db import (
 )
 from django.utils import timezone
 
-from . import validation
+from . import history, validation
 from .exceptions import ImportRejected, InvalidMemoryArgument
-from .models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, Scope
+from .models import ChannelIdentity, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 from .owners import owner_key
 from .text import fact_search_text
 
@@ -121,6 +125,17 @@ def _prepare_fact(row):
     row["search_text"] = fact_search_text(row["key"], row["value"])
 
 
+def _check_version(row):
+    problem = _check_fact(row)
+    if problem is None and row["fact_id"] <= 0:
+        return "fact_id", "must be a positive fact id"
+    return problem
+
+
+def _prepare_version(row):
+    row["scope_key"] = _fact_owner(row)
+
+
 def _check_identity(row):
     if not row["channel"] or not row["external_id"]:
         return ("channel" if not row["channel"] else "external_id"), "must not be blank"
@@ -171,6 +186,8 @@ KINDS = [
         prepare=_prepare_fact,
         natural_keys=(NaturalKey("scope, owner, key", ("scope_key", "key"), lambda r: (_fact_owner(r), r["key"])),),
     ),
+    # A version names its fact by number only (a deleted fact's versions have no fact row to point at).
+    TransferKind("fact_version", FactVersion, derived=("scope_key",), check=_check_version, prepare=_prepare_version),
 ]
 
 
@@ -522,6 +539,9 @@ def import_(stream, *, dry_run=False, on_progress=None):
         if again.digest() != fingerprint.digest():
             raise ImportRejected([(0, "(file)", "the file changed while it was imported; nothing was written")])
         _reset_sequences([kinds[name].model for name, n in added.items() if n])
+        if added.get("fact"):
+            # Facts from a file without history (an export from before it) start theirs here.
+            history.backfill()
     if added.get("fact"):
         backend.optimize()
     return report

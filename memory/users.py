@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
@@ -9,11 +10,12 @@ from django.db.models import Count, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from . import history
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from .facts import same_json
-from .models import ChannelIdentity, Episode, Fact, FactType, MemoryUser
-from .owners import survivor_id
+from .models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
+from .owners import owner_key, survivor_id
 from .signals import users_merged
 from .validation import check_channel, check_external_id, check_user_id, clean_text
 
@@ -202,7 +204,7 @@ class UsersMixin:
             if source.merged_into_id is not None or target.merged_into_id is not None:
                 return None  # merged meanwhile: nothing written yet; resolve again
             now = timezone.now()
-            self._merge_user_facts(source, target)
+            self._merge_user_facts(source, target, now)
             ChannelIdentity.objects.filter(user=source).update(user=target)
             Episode.objects.filter(user=source).update(user=target)
             MemoryUser.objects.filter(merged_into=source).update(merged_into=target)
@@ -216,7 +218,13 @@ class UsersMixin:
         target.refresh_from_db()
         return target
 
-    def _merge_user_facts(self, source, target):
+    def _merge_user_facts(self, source, target, now):
+        # History moves with the facts: the source's versions (deleted facts' included) become the
+        # target's, so a read as of before the merge by either id answers what that person held.
+        FactVersion.objects.filter(user=source).update(user=target, scope_key=owner_key(Scope.USER, user_id=target.pk))
+        # A key both held: the fact kept gets a version of the merge (the one dropped gets none: its
+        # key lives on under the target, and a `deleted` version would say it did not).
+        merge = SimpleNamespace(provenance=f"merge of memory user {source.pk}", source_episode_id=None)
         target_facts = {f.key: f for f in Fact.objects.select_for_update().filter(user=target)}
         for fact in Fact.objects.select_for_update().filter(user=source, key__in=list(target_facts)):
             kept = target_facts[fact.key]
@@ -228,12 +236,17 @@ class UsersMixin:
                     access_count=F("access_count") + fact.access_count,
                 )
                 fact.delete()
+                kept.confidence = max(kept.confidence, fact.confidence)
+                history.record(FactAction.CONFIRMED, kept, now, writer=merge)
             elif fact.updated_at > kept.updated_at:
                 kept.delete()
                 Fact.objects.filter(pk=fact.pk).update(user=target, times_contradicted=F("times_contradicted") + 1)
+                fact.user_id = target.pk
+                history.record(FactAction.UPDATED, fact, now, writer=merge)
             else:
                 fact.delete()
                 Fact.objects.filter(pk=kept.pk).update(times_contradicted=F("times_contradicted") + 1)
+                history.record(FactAction.SKIPPED, kept, now, writer=merge)
         Fact.objects.filter(user=source).update(user=target)
 
     def count_conversation(self, user_id):

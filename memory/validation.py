@@ -20,7 +20,9 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from .exceptions import InvalidMemoryArgument
 from .models import MemoryUser
@@ -242,6 +244,15 @@ def check_user_id(field_name, value, *, required):
         return value.pk
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidMemoryArgument(field_name, f"must be a positive integer id, got {value!r}")
+    return value
+
+
+def check_as_of(field_name, value):
+    """A point in time: a datetime, timezone-aware when the project uses aware ones (USE_TZ)."""
+    if not isinstance(value, datetime):
+        raise InvalidMemoryArgument(field_name, f"must be a datetime, got {type(value).__name__} {value!r}")
+    if settings.USE_TZ and timezone.is_naive(value):
+        raise InvalidMemoryArgument(field_name, "must be timezone-aware (a datetime with tzinfo), got a naive datetime")
     return value
 
 

@@ -285,3 +285,18 @@ def test_a_fact_edited_in_the_admin_goes_through_the_service(staff_client, servi
     assert bad.status_code == 200 and "from 0 to 1" in bad.content.decode()
     fact.refresh_from_db()
     assert (fact.value, fact.confidence) == ("Lisbon", 0.9)  # nothing changed
+
+
+def test_a_fact_page_shows_its_history(staff_client, service, django_assert_max_num_queries):
+    fact = service.set_fact("city", "Porto", provenance="told by ada").fact
+    service.set_fact("city", "Lisbon", provenance="moved")
+    html = staff_client.get(f"{FACTS}{fact.pk}/change/").content.decode()
+    history = html[html.index('class="fact-history"') :]
+    history = history[: history.index("</table>")]
+    assert history.index("created") < history.index("updated")
+    assert "Porto" in history and "Lisbon" in history and "told by ada" in history and "moved" in history
+    # an edit through the page is a version too
+    form = {"value": '"Faro"', "confidence": "0.5", "fact_type": "world_knowledge"}
+    assert staff_client.post(f"{FACTS}{fact.pk}/change/", form).status_code == 302
+    html = staff_client.get(f"{FACTS}{fact.pk}/change/").content.decode()
+    assert "Faro" in html[html.index('class="fact-history"') :]

@@ -103,7 +103,15 @@ def test_export_clear_import_round_trip(store, tmp_path):
     assert run_json("clear", "--force")["deleted"]["facts"] == 3
     assert Fact.objects.count() == 0
     data = run_json("import", str(path))
-    assert data["added"] == {"user": 1, "identity": 1, "episode": 1, "procedure": 1, "fact": 3, "store_item": 0}
+    assert data["added"] == {
+        "user": 1,
+        "identity": 1,
+        "episode": 1,
+        "procedure": 1,
+        "fact": 3,
+        "fact_version": 3,
+        "store_item": 0,
+    }
     again = run_json("import", str(path))
     assert sum(again["added"].values()) == 0 and again["present"]["fact"] == 3
 
@@ -111,7 +119,7 @@ def test_export_clear_import_round_trip(store, tmp_path):
 def test_export_to_standard_output(store):
     out, _ = run("export")
     lines = out.splitlines()
-    assert json.loads(lines[0])["counts"]["fact"] == 3 and len(lines) == 8
+    assert json.loads(lines[0])["counts"]["fact"] == 3 and len(lines) == 11  # 3 facts, 3 versions
 
 
 def test_import_of_a_malformed_file_names_line_and_field(store, tmp_path):
@@ -164,3 +172,29 @@ def test_prune(store, settings):
     assert data["deleted"]["facts"] == 3 and Fact.objects.count() == 0
     out, _ = run("prune")
     assert "Prune" in out
+
+
+def test_history_of_a_fact_by_id_and_by_key(store):
+    from memory.service import MemoryService
+
+    service, ada = MemoryService(), store["ada"]
+    fact = Fact.objects.get(key="favourite_colour")
+    service.set_fact("favourite_colour", "blue", scope="user", user_id=ada.pk, provenance="said so")
+    service.delete_fact(fact.pk)
+    out, _ = run("history", str(fact.pk))
+    assert "History of fact" in out and "3 versions" in out
+    assert "created" in out and "updated" in out and "deleted" in out and "said so" in out
+    data = run_json("history", "--key", "favourite_colour", "--user", str(ada.pk))
+    assert [(v["action"], v["value"]) for v in data["versions"]] == [
+        ("created", "green"),
+        ("updated", "blue"),
+        ("deleted", "blue"),
+    ]
+    assert data["versions"][0]["owner"] == f"user:{ada.pk}"
+    assert run_json("history", "--key", "timezone", "--agent", "planner")["count"] == 1
+    assert run_json("history", "--key", "office_city")["versions"][0]["value"] == "Porto"
+    assert run_json("history", str(fact.pk), "--limit", "1")["versions"][0]["action"] == "deleted"
+    with pytest.raises(CommandError, match="fact_id"):
+        run("history")
+    with pytest.raises(CommandError, match="limit"):
+        run("history", str(fact.pk), "--limit", "0")

@@ -93,7 +93,7 @@ def test_a_limit_costs_one_count_per_created_fact(service, settings, capture_dat
     limits(settings, MAX_FACTS=100)
     with capture_data_queries() as q:
         service.set_fact("city", "Porto")
-    assert len(q.data) == 3, q.data
+    assert len(q.data) == 4, q.data  # lookup, insert, its history version, the count
     assert "COUNT" in q.data[-1].upper()
 
 
@@ -147,10 +147,10 @@ def test_prune_brings_every_group_within_lowered_limits(service, user_factory, s
         service.start_episode(agent_id=AGENT)
     limits(settings, MAX_FACTS=2, MAX_EPISODES=3)
     dry = service.prune(dry_run=True)
-    assert dry.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "recall_events": 0}
+    assert dry.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "fact_versions": 0, "recall_events": 0}
     assert Fact.objects.count() == 5 and Episode.objects.count() == 5
     report = service.prune()
-    assert report.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "recall_events": 0}
+    assert report.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "fact_versions": 0, "recall_events": 0}
     assert keys() == {"k3", "k4"}  # the most confident kept
     assert Episode.objects.count() == 3
     assert service.prune().total == 0

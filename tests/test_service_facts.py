@@ -578,24 +578,27 @@ def test_get_fact_is_one_query(service, user_factory, django_assert_num_queries,
 # ------------------------------------------------------------------ query counts of writes
 
 
-def test_set_fact_create_is_two_statements(service, user_factory, capture_data_queries, keyword_only):
-    """Lookup and insert; on PostgreSQL a user's write first holds the user against a concurrent merge."""
+def test_set_fact_create_is_three_statements(service, user_factory, capture_data_queries, keyword_only):
+    """Lookup, insert and its history version; on PostgreSQL a user's write first holds the user
+    against a concurrent merge."""
     u = user_factory()
     with capture_data_queries() as q:
         assert service.set_fact("city", "Porto", scope="user", user_id=u.pk).action == "created"
-    assert len(q.data) == (3 if connection.vendor == "postgresql" else 2), q.data
+    assert len(q.data) == (4 if connection.vendor == "postgresql" else 3), q.data
+    assert "memory_fact_version" in q.data[-1]
 
 
 @pytest.mark.parametrize(
     "second, action",
     [(("Porto", True), "confirmed"), (("Lisbon", True), "updated"), (("Lisbon", False), "skipped")],
 )
-def test_set_fact_second_write_is_two_statements(service, capture_data_queries, second, action, keyword_only):
+def test_set_fact_second_write_is_three_statements(service, capture_data_queries, second, action, keyword_only):
+    """Lookup, update and its history version."""
     service.set_fact("city", "Porto", scope="agent", agent_id=AGENT)
     value, overwrite = second
     with capture_data_queries() as q:
         assert service.set_fact("city", value, scope="agent", agent_id=AGENT, overwrite=overwrite).action == action
-    assert len(q.data) == 2, q.data
+    assert len(q.data) == 3, q.data
 
 
 # ------------------------------------------------------------------ bad arguments

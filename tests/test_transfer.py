@@ -6,11 +6,11 @@ import json
 import pytest
 
 from memory.exceptions import ImportRejected, InvalidMemoryArgument
-from memory.models import ChannelIdentity, ConsolidationRun, Episode, Fact, MemoryUser, Procedure
+from memory.models import ChannelIdentity, ConsolidationRun, Episode, Fact, FactVersion, MemoryUser, Procedure
 
 pytestmark = pytest.mark.django_db
 
-MODELS = [MemoryUser, ChannelIdentity, Episode, Procedure, Fact]
+MODELS = [MemoryUser, ChannelIdentity, Episode, Procedure, Fact, FactVersion]
 
 
 def snapshot():
@@ -68,9 +68,17 @@ def test_export_is_a_header_then_one_object_per_row(service, store):
     lines = export_text(service).splitlines()
     header = json.loads(lines[0])
     assert header["format"] == "engram-memory" and header["version"] == 1
-    assert header["counts"] == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "store_item": 0}
+    assert header["counts"] == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     rows = [json.loads(line) for line in lines[1:]]
-    assert len(rows) == 16
+    assert len(rows) == 22
     fact = next(r for r in rows if r["kind"] == "fact" and r["key"] == "timezone")
     assert fact["value"] == {"name": "Europe/Lisbon", "offset": 0}
     assert "scope_key" not in fact and "search_text" not in fact  # derived: rebuilt on import
@@ -83,7 +91,15 @@ def test_export_clear_import_reproduces_every_row(service, store):
     assert deleted == {"facts": 5, "episodes": 2, "procedures": 2, "identities": 4, "users": 3}
     assert all(model.objects.count() == 0 for model in MODELS)
     report = service.import_memories(io.StringIO(text))
-    assert report.added == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "store_item": 0}
+    assert report.added == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     assert snapshot() == before
     # the search index follows the imported rows, and the lookups still resolve merged users
     ada = store["ada"]
@@ -113,7 +129,15 @@ def test_importing_the_same_file_twice_adds_nothing(service, store):
     before = snapshot()
     report = service.import_memories(io.StringIO(text))
     assert sum(report.added.values()) == 0
-    assert report.present == {"user": 3, "identity": 4, "episode": 2, "procedure": 2, "fact": 5, "store_item": 0}
+    assert report.present == {
+        "user": 3,
+        "identity": 4,
+        "episode": 2,
+        "procedure": 2,
+        "fact": 5,
+        "fact_version": 6,
+        "store_item": 0,
+    }
     assert snapshot() == before
 
 
@@ -229,7 +253,7 @@ def test_a_missing_column_without_a_default_is_named(service, exported):
 
 def test_a_cut_off_file_is_refused(service, exported):
     error = rejected(service, "\n".join(exported.splitlines()[:-2]) + "\n")
-    assert "the header announces 5 rows, the file holds 3" in str(error)
+    assert "fact_version: the header announces 6 rows, the file holds 4" in str(error)
 
 
 def test_duplicates_in_the_file_are_refused(service, exported):

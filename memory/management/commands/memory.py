@@ -1,4 +1,4 @@
-"""`python manage.py memory <subcommand>`: list, stats, export, import, clear, consolidate, prune, health.
+"""`python manage.py memory <subcommand>`: list, stats, export, import, clear, consolidate, prune, history, health.
 
 Tables (rich) for people; `--json` prints exactly one JSON object for programs. Each subcommand
 is one class with `add_arguments(parser)` and `handle(command, options)`, listed in SUBCOMMANDS:
@@ -390,6 +390,74 @@ class PruneSubcommand(Subcommand):
             command.console.print(f"{report.reclaimed_pages:,} free pages given back to the file system")
 
 
+class HistorySubcommand(Subcommand):
+    name = "history"
+    help = "A fact's versions, oldest first: by fact id, or by --key and its owner (deleted facts' too)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("fact_id", nargs="?", type=int, help="the fact's id (a deleted fact's works too)")
+        parser.add_argument("--key", help="instead of an id: the key, with its owner below (default global)")
+        parser.add_argument("--scope", choices=["session", "user", "agent", "global"])
+        parser.add_argument("--agent", dest="agent_id", default="")
+        parser.add_argument("--user", dest="user_id", type=int, help="memory user id (merges followed)")
+        parser.add_argument("--session", dest="session_id", default="")
+        parser.add_argument("--limit", type=int, help="only the latest N versions")
+        _json_flag(parser)
+
+    COLUMNS = ["valid_from", "action", "fact_id", "owner", "value", "confidence", "fact_type", "provenance", "episode"]
+
+    def handle(self, command, options):
+        scope = options["scope"]
+        if scope is None and options["key"] is not None:  # the owner option given says which scope
+            given = [("user", options["user_id"]), ("agent", options["agent_id"]), ("session", options["session_id"])]
+            scope = next((name for name, value in given if value not in (None, "")), "global")
+        versions = command.service.fact_history(
+            options["fact_id"],
+            key=options["key"],
+            scope=scope,
+            agent_id=options["agent_id"],
+            user_id=options["user_id"],
+            session_id=options["session_id"],
+            limit=options["limit"],
+        )
+        rows = [
+            {
+                "id": v.pk,
+                "valid_from": v.valid_from.isoformat(),
+                "action": v.action,
+                "fact_id": v.fact_id,
+                "key": v.key,
+                "owner": v.scope_key,
+                "value": v.value,
+                "confidence": round(v.confidence, 3),
+                "fact_type": v.fact_type,
+                "provenance": v.provenance,
+                "episode": v.source_episode_id,
+            }
+            for v in versions
+        ]
+        if options["json"]:
+            return command.print_json({"count": len(rows), "versions": rows})
+        what = f"fact {options['fact_id']}" if options["fact_id"] is not None else f"{options['key']!r}"
+        table = Table(title=f"History of {what} ({len(rows)} versions, oldest first)")
+        for column in self.COLUMNS:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(
+                *(
+                    ""
+                    if row[c] is None
+                    else row[c][:19].replace("T", " ")
+                    if c == "valid_from"
+                    else str(row[c])
+                    if isinstance(row[c], (int, float))
+                    else _short(row[c])
+                    for c in self.COLUMNS
+                )
+            )
+        command.console.print(table)
+
+
 class HealthSubcommand(Subcommand):
     name = "health"
     help = "Seed 001's five health metrics, the weighted score and its colour band."
@@ -588,6 +656,7 @@ SUBCOMMANDS = [
     ConsolidateSubcommand(),
     PromoteSubcommand(),
     PruneSubcommand(),
+    HistorySubcommand(),
     HealthSubcommand(),
     ReindexSubcommand(),
     VerifyErasureSubcommand(),
@@ -598,7 +667,8 @@ SUBCOMMANDS = [
 
 class Command(BaseCommand):
     help = (
-        "Operate the memory: list, stats, export, import, clear, consolidate, promote, prune, health, reindex, "
+        "Operate the memory: list, stats, export, import, clear, consolidate, promote, prune, history, health, "
+        "reindex, "
         "verify-erasure, export-person, mcp."
     )
 
