@@ -36,21 +36,19 @@ def relations_html(site, kind, obj):
     edges = MemoryService().memory_relations(kind, obj.pk)
     if not edges:
         return "none"
-    return format_html_join(
-        mark_safe("<br>"),
-        '{} {} <a href="{}">{} {}</a> ({})',
-        (
-            (
-                relation,
-                "→" if direction == "to" else "←",
-                reverse(f"{site.name}:memory_{other_kind}_change", args=[other_id]),
-                other_kind,
-                other_id,
-                f"{weight:.2f}",
+    lines = []
+    for direction, relation, weight, other_kind, other_id in edges:
+        arrow = "→" if direction == "to" else "←"
+        if other_kind == "fact_version":  # the replaced value: shown in the fact's history below
+            lines.append(format_html("{} {} version {} of the history", relation, arrow, other_id))
+            continue
+        url = reverse(f"{site.name}:memory_{other_kind}_change", args=[other_id])
+        lines.append(
+            format_html(
+                '{} {} <a href="{}">{} {}</a> ({})', relation, arrow, url, other_kind, other_id, f"{weight:.2f}"
             )
-            for direction, relation, weight, other_kind, other_id in edges
-        ),
-    )
+        )
+    return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
 
 @admin.register(Fact, site=memories_site)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import history, pruning
+from . import history, pruning, relations
 from .access import access_counter
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
@@ -113,6 +113,10 @@ class FactsMixin:
                 pruning.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
+                if write.action == WriteAction.UPDATED and history.enabled():
+                    # The graph's `contradicts` edge, once this write has committed (memory/relations.py).
+                    fact_id, when = write.fact.pk, write.fact.updated_at
+                    transaction.on_commit(lambda: relations.link_contradiction(fact_id, when))
                 if write.action == WriteAction.CREATED:
                     pruning.enforce_after_create(pruning.FACTS, write.fact)
                 return write

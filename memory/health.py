@@ -76,7 +76,8 @@ def _share(part, whole):
 def _facts_with_edges():
     """Ids of facts with at least one edge of the memory graph, either way (seed 001's reachability)."""
     linked = RecallDocument.objects.filter(kind=RecallKind.FACT).filter(
-        Q(pk__in=MemoryRelation.objects.values("source_id")) | Q(pk__in=MemoryRelation.objects.values("target_id"))
+        Q(pk__in=MemoryRelation.objects.values("source_id"))
+        | Q(pk__in=MemoryRelation.objects.filter(target__isnull=False).values("target_id"))
     )
     return linked.values("item_id")
 

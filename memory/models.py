@@ -537,18 +537,25 @@ class Promotion(models.Model):
 class Relation(models.TextChoices):
     SIMILAR = "similar", "Similar"  # a newly embedded memory and its closest ones of the same owner
     SUPPORTS = "supports", "Supports"  # a consolidated fact and the episode it came from
-    CONTRADICTS = "contradicts", "Contradicts"  # reserved (seed 001)
+    CONTRADICTS = "contradicts", "Contradicts"  # a write that replaced a fact's value, to that value
 
 
 class MemoryRelation(models.Model):
-    """An edge of the memory graph (seed 001's memory_relations) between two recall documents.
+    """An edge of the memory graph (seed 001's memory_relations) from a recall document to another
+    one, or, for `contradicts`, to the fact version whose value a write replaced (fact history).
 
     Deleting a memory deletes its document (a trigger), and a trigger on the documents deletes
-    their edges with it (migration 0014), whoever deletes: the service, the admin, a cascade.
+    their edges with it (migration 0015), whoever deletes: the service, the admin, a cascade.
+    Versions are deleted through the ORM (limits, erasure), which cascades to their edges.
     """
 
     source = models.ForeignKey(RecallDocument, on_delete=models.CASCADE, related_name="relations_out")
-    target = models.ForeignKey(RecallDocument, on_delete=models.CASCADE, related_name="relations_in")
+    target = models.ForeignKey(
+        RecallDocument, null=True, blank=True, on_delete=models.CASCADE, related_name="relations_in"
+    )
+    target_version = models.ForeignKey(
+        FactVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="contradicted_by"
+    )
     relation = models.CharField(max_length=16, choices=Relation.choices)
     weight = models.FloatField(default=1.0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -558,7 +565,13 @@ class MemoryRelation(models.Model):
         ordering = ["-weight", "id"]
         constraints = [
             models.UniqueConstraint(fields=["source", "target", "relation"], name="one_relation_per_pair"),
+            models.UniqueConstraint(fields=["source", "target_version"], name="one_contradiction_per_version"),
             models.CheckConstraint(condition=~Q(source=F("target")), name="relation_not_to_itself"),
+            models.CheckConstraint(
+                condition=Q(relation=Relation.CONTRADICTS, target__isnull=True, target_version__isnull=False)
+                | (~Q(relation=Relation.CONTRADICTS) & Q(target__isnull=False, target_version__isnull=True)),
+                name="relation_has_one_target",
+            ),
         ]
 
     def __str__(self):

@@ -6,12 +6,14 @@
   Same owner only, so an edge never joins two people's memories.
 - `supports`: consolidation links each fact it wrote to the episode it was distilled from (weight 1),
   in the consolidation's own transaction.
-- `contradicts`: reserved (seed 001).
+- `contradicts`: a write that replaced a fact's value links the fact to the version of the value it
+  replaced (fact history, memory/history.py), in a short transaction of its own once the write has
+  committed (nothing is added to the write's transaction). Without history there is nothing to link.
 
 Recall may walk MEMORY["RECALL_WALK_DEPTH"] hops (0, the default: none) from its hits along edges in
 either direction; a document reached that way is shown only if the viewer may see it (the same check
 as every candidate) and is marked with the hit it came from. Deleting a memory deletes its edges
-(a trigger on the documents, migration 0014). The health metric "reachability" is the share of facts
+(a trigger on the documents, migration 0015). The health metric "reachability" is the share of facts
 with at least one edge (memory/health.py).
 """
 
@@ -112,13 +114,41 @@ def link_supports(fact_episode_pairs):
     return len(edges)
 
 
+def link_contradiction(fact_id, when):
+    """After a committed write replaced fact `fact_id`'s value at `when`: a `contradicts` edge from
+    the fact to the version that held the replaced value (the latest one before `when`)."""
+    from .models import FactVersion
+
+    try:
+        with transaction.atomic():
+            doc = RecallDocument.objects.filter(kind="fact", item_id=fact_id).values_list("id", flat=True).first()
+            replaced = (
+                FactVersion.objects.filter(fact_id=fact_id, valid_from__lt=when)
+                .order_by("-valid_from", "-id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            if doc is None or replaced is None:  # deleted meanwhile, or no history kept
+                return 0
+            MemoryRelation.objects.bulk_create(
+                [MemoryRelation(source_id=doc, target_version_id=replaced, relation=Relation.CONTRADICTS)],
+                ignore_conflicts=True,
+            )
+            return 1
+    except DatabaseError as exc:
+        logger.warning("could not record what fact %s contradicted: %s", fact_id, exc)
+        return 0
+
+
 def neighbours(doc_ids):
     """{document id: [(neighbour id, relation, weight)]} over edges in either direction."""
     found = {}
     if not doc_ids:
         return found
-    rows = MemoryRelation.objects.filter(Q(source_id__in=doc_ids) | Q(target_id__in=doc_ids)).values_list(
-        "source_id", "target_id", "relation", "weight"
+    rows = (
+        MemoryRelation.objects.filter(Q(source_id__in=doc_ids) | Q(target_id__in=doc_ids))
+        .filter(target__isnull=False)  # a replaced value is history, not something to recall
+        .values_list("source_id", "target_id", "relation", "weight")
     )
     wanted = set(doc_ids)
     for source, target, relation, weight in rows:
@@ -130,7 +160,8 @@ def neighbours(doc_ids):
 
 
 def relations_of(kind, item_id):
-    """[(direction, relation, weight, other kind, other item id)] of one memory, strongest first."""
+    """[(direction, relation, weight, other kind, other id)] of one memory, strongest first; the other
+    of a `contradicts` edge is ("fact_version", version id)."""
     doc = RecallDocument.objects.filter(kind=kind, item_id=item_id).values_list("id", flat=True).first()
     if doc is None:
         return []
@@ -138,6 +169,9 @@ def relations_of(kind, item_id):
     result = []
     for edge in edges:
         outgoing = edge.source_id == doc
+        if edge.target_version_id is not None:
+            result.append(("to", edge.relation, edge.weight, "fact_version", edge.target_version_id))
+            continue
         other = edge.target if outgoing else edge.source
         result.append(("to" if outgoing else "from", edge.relation, edge.weight, other.kind, other.item_id))
     return result

@@ -169,3 +169,30 @@ def test_reindex_rebuilds_the_similar_edges(service, words):
         ("fact", first.pk, "similar", "fact", second.pk),
         ("fact", second.pk, "similar", "fact", first.pk),
     }
+
+
+def test_a_write_that_replaces_a_value_contradicts_the_version_it_replaced_after_it_commits(
+    service, user_factory, keyword_only, django_capture_on_commit_callbacks, capture_data_queries, staff_client
+):
+    ann = user_factory("ann")
+    fact = service.set_fact("city", "Porto", scope="user", user_id=ann.pk).fact
+    with django_capture_on_commit_callbacks(execute=False) as callbacks, capture_data_queries() as q:
+        assert service.set_fact("city", "Lisbon", scope="user", user_id=ann.pk).action == "updated"
+    assert not any("memory_relation" in sql for sql in q.data) and not MemoryRelation.objects.exists()
+    for callback in callbacks:  # what runs once the write has committed
+        callback()
+    edge = MemoryRelation.objects.get()
+    assert (edge.relation, edge.source.item_id, edge.target_id) == ("contradicts", fact.pk, None)
+    assert (edge.target_version.value, edge.target_version.fact_id) == ("Porto", fact.pk)
+    assert service.memory_relations("fact", fact.pk) == [
+        ("to", "contradicts", 1.0, "fact_version", edge.target_version_id)
+    ]
+    page = staff_client.get(f"/memories/memory/fact/{fact.pk}/change/").content.decode()
+    assert f"contradicts → version {edge.target_version_id} of the history" in page
+    # Confirming or refusing (overwrite=False) replaces nothing; forgetting the person takes the edge.
+    with django_capture_on_commit_callbacks(execute=True):
+        service.set_fact("city", "Lisbon", scope="user", user_id=ann.pk)
+        service.set_fact("city", "Faro", scope="user", user_id=ann.pk, overwrite=False)
+    assert MemoryRelation.objects.count() == 1
+    service.delete_users([ann.pk], cascade=True)
+    assert not MemoryRelation.objects.exists()

@@ -17,7 +17,7 @@ BACKFILL = """
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory", "0014_memory_relation"),
+        ("memory", "0013_promotion"),
     ]
 
     operations = [
