@@ -3,6 +3,7 @@
 For tests, the webhook benchmark and offline demos (point WORKFLOWS["TELEGRAM_API_BASE"] at `url`).
 It is a real HTTP server (stdlib, one thread per request) that answers like the Bot API:
 {"ok": true, "result": ...}. Any token is accepted; `calls` records (token, method, payload).
+`fail_sends(n)` makes the next n sendMessage calls fail as Telegram does when it is unwell.
 """
 
 import json
@@ -13,9 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeBotAPI:
     def __init__(self):
         self.calls = []
+        self.sent = []  # the sendMessage payloads accepted
         self.updates = []
         self._lock = threading.Lock()
         self._message_id = 0
+        self._failures = []  # (status, description) answers for the next sendMessage calls
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -74,10 +77,15 @@ class FakeBotAPI:
         self.stop()
 
     def sent_messages(self, chat_id=None):
-        """The sendMessage payloads received so far (for one chat, if given)."""
+        """The sendMessage payloads accepted so far (for one chat, if given)."""
         with self._lock:
-            sent = [p for _, m, p in self.calls if m == "sendMessage"]
+            sent = list(self.sent)
         return [p for p in sent if chat_id is None or p.get("chat_id") == chat_id]
+
+    def fail_sends(self, count, status=502, description="Bad Gateway"):
+        """Answer the next `count` sendMessage calls with an error (not counted by sent_messages)."""
+        with self._lock:
+            self._failures.extend([(status, description)] * count)
 
     def queue_update(self, update):
         with self._lock:
@@ -87,9 +95,13 @@ class FakeBotAPI:
         with self._lock:
             self.calls.append((token, method, payload))
             if method == "sendMessage":
+                if self._failures:
+                    status, description = self._failures.pop(0)
+                    return status, {"ok": False, "error_code": status, "description": description}
                 if "chat_id" not in payload or not payload.get("text"):
                     return 400, {"ok": False, "description": "Bad Request: chat_id and text are required"}
                 self._message_id += 1
+                self.sent.append(payload)
                 return 200, {
                     "ok": True,
                     "result": {
