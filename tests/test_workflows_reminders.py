@@ -159,7 +159,8 @@ def test_delivery_goes_to_the_deliverable_channel_the_person_used_last(service, 
         )
     bob, _ = service.get_or_create_user("chat", "bob")  # nowhere to send to
     assert destinations([ada.pk, bob.pk]) == {ada.pk: ("telegram", "77")}
-    mine, his = due(ada, "for ada"), due(bob, "for bob")
+    due(ada, "for ada")
+    his = due(bob, "for bob")
     report = deliver_due()
     assert (report.delivered, report.retried) == (1, 1)
     assert [m["chat_id"] for m in fake_bot.sent_messages()] == [77]
@@ -291,3 +292,19 @@ def test_forgetting_a_person_deletes_their_reminders_and_merging_moves_them(ada,
     service.delete_users([ada.pk], cascade=True)
     assert list(Reminder.objects.values_list("message", flat=True)) == ["bob's"]
     assert not MemoryUser.objects.filter(pk=ada.pk).exists()
+
+
+def test_the_rest_api_lists_filters_cancels_and_deletes_reminders(ada, service, api):
+    bob, _ = service.get_or_create_user("telegram", "5151")
+    mine, done, his = due(ada, "mine"), due(ada, "done", status=ReminderStatus.DELIVERED), due(bob, "his")
+    body = api.get("/api/v1/reminders/", {"user": ada.pk, "status": "pending"}).json()
+    assert [r["id"] for r in body["results"]] == [mine.pk] and body["results"][0]["message"] == "mine"
+    assert api.get("/api/v1/reminders/", {"status": "soon"}).status_code == 400
+    response = api.post("/api/v1/reminders/cancel/", {"ids": [mine.pk, done.pk]}, format="json")
+    assert response.json() == {"cancelled": 1, "not_pending": 1}
+    assert api.post("/api/v1/reminders/cancel/", {"ids": ["x"]}, format="json").status_code == 400
+    response = api.post("/api/v1/reminders/batch-delete/", {"ids": [his.pk, 999999]}, format="json")
+    assert response.json() == {"deleted": 1, "not_found": [999999]}
+    assert api.delete(f"/api/v1/reminders/{done.pk}/").status_code == 204
+    assert api.get("/api/v1/reminders/abc/").status_code == 404
+    assert list(Reminder.objects.values_list("status", flat=True)) == ["cancelled"]
