@@ -51,6 +51,9 @@ DEFAULTS = {
     "REMINDER_MAX_ATTEMPTS": 5,
     "REMINDER_BACKOFF_SECONDS": 30,
     "REMINDER_BACKOFF_MAX_SECONDS": 3600,
+    # PostgreSQL: wait for the WAL flush when recording each outcome. Off (the default), a database
+    # crash can forget the last fraction of a second of deliveries, which are then sent again.
+    "REMINDER_SYNCHRONOUS_COMMIT": False,
     # Seconds the worker loop sleeps when nothing is due.
     "REMINDER_POLL_SECONDS": 5,
     # How far ahead a reminder may be set, and how many pending reminders one person may have.
