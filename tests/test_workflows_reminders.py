@@ -308,3 +308,14 @@ def test_the_rest_api_lists_filters_cancels_and_deletes_reminders(ada, service, 
     assert api.delete(f"/api/v1/reminders/{done.pk}/").status_code == 204
     assert api.get("/api/v1/reminders/abc/").status_code == 404
     assert list(Reminder.objects.values_list("status", flat=True)) == ["cancelled"]
+
+
+def test_memory_prune_deletes_finished_reminders_past_the_retention(ada, service, settings):
+    keep = [due(ada, "pending, long ago", ago=90 * 86400), due(ada, "recent", status=ReminderStatus.DELIVERED)]
+    old = [due(ada, f"old {s}", ago=40 * 86400, status=s) for s in ("delivered", "failed", "cancelled")]
+    assert "reminders" not in service.prune().deleted  # kept, unless a retention is set
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "REMINDER_RETENTION_DAYS": 30}
+    assert service.prune(dry_run=True).deleted["reminders"] == 3 and Reminder.objects.count() == 5
+    assert service.prune(agent_id="other").deleted["reminders"] == 0
+    assert service.prune().deleted["reminders"] == len(old)
+    assert set(Reminder.objects.values_list("pk", flat=True)) == {r.pk for r in keep}

@@ -59,6 +59,9 @@ DEFAULTS = {
     # How far ahead a reminder may be set, and how many pending reminders one person may have.
     "REMINDER_MAX_DAYS_AHEAD": 366,
     "REMINDER_MAX_PENDING_PER_USER": 100,
+    # `memory prune` deletes delivered, failed and cancelled reminders due more than this many days
+    # ago; None keeps them all.
+    "REMINDER_RETENTION_DAYS": None,
     # Languages the `remind` tool reads natural times in ("in 2 hours", "tomorrow at 9am"); dateparser codes.
     "REMINDER_LANGUAGES": ["en"],
 }

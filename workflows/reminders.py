@@ -4,7 +4,8 @@ A reminder belongs to a memory user; the `remind` tool (workflows.tools) schedul
 an agent talks to, and `manage.py memory reminders` (workflows.delivery) sends it when it is due.
 Reminders join memory's lifecycle through its signals, as threads do: `users_deleting` deletes a
 forgotten person's reminders (memory never imports workflows), `users_merged` moves them to the
-surviving user, `users_footprint` and `person_exporting` count and export them.
+surviving user, `users_footprint` and `person_exporting` count and export them, and `prune_requested`
+(`memory prune`) deletes finished ones older than REMINDER_RETENTION_DAYS.
 """
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from django.utils import dateparse, timezone
 
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import BatchDelete
-from memory.signals import person_exporting, users_deleting, users_footprint, users_merged
+from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
 from .conf import workflow_settings
 from .models import Reminder, ReminderStatus
@@ -147,3 +148,18 @@ def _person_exporting(sender, user_ids, **kwargs):
         {"kind": "reminder", **row}
         for row in Reminder.objects.filter(user_id__in=list(user_ids)).order_by("pk").values(*fields)
     ]
+
+
+FINISHED = (ReminderStatus.DELIVERED, ReminderStatus.FAILED, ReminderStatus.CANCELLED)
+
+
+@receiver(prune_requested, dispatch_uid="workflows_reminders_prune")
+def _prune_requested(sender, agent_id=None, dry_run=False, **kwargs):
+    """Finished reminders (delivered, failed, cancelled) due more than REMINDER_RETENTION_DAYS ago."""
+    days = workflow_settings.REMINDER_RETENTION_DAYS
+    if days is None:
+        return {}
+    old = Reminder.objects.filter(status__in=FINISHED, due_at__lt=timezone.now() - timedelta(days=days))
+    if agent_id is not None:
+        old = old.filter(agent_id=agent_id)
+    return {"reminders": old.count() if dry_run else old.delete()[0]}
