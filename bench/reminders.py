@@ -44,7 +44,9 @@ def seed(reminders, users):
     at = timezone.now() - timedelta(seconds=1)
     Reminder.objects.bulk_create(
         [
-            Reminder(user_id=people[n % users], agent_id="bench", message=f"reminder {n}", due_at=at, next_attempt_at=at)
+            Reminder(
+                user_id=people[n % users], agent_id="bench", message=f"reminder {n}", due_at=at, next_attempt_at=at
+            )
             for n in range(reminders)
         ],
         batch_size=1000,
@@ -72,7 +74,9 @@ def run(args, bot, progress):
                 if killed_after is None and sent >= args.kill_at * args.reminders:
                     workers[0].send_signal(signal.SIGKILL)
                     killed_after = sent
-                    progress.update(task, description=f"{args.reminders:,} reminders, worker 1 killed at {killed_after:,}")
+                    progress.update(
+                        task, description=f"{args.reminders:,} reminders, worker 1 killed at {killed_after:,}"
+                    )
                 if sent >= args.reminders and len({m["text"] for m in bot.sent_messages()}) >= args.reminders:
                     break
                 if time.perf_counter() - started > TIMEOUT:
@@ -156,7 +160,9 @@ def main(argv=None):
     console.print(table)
     if results["duplicated"]:
         console.print(f"received more than once: {', '.join(results['duplicated'])}")
-    console.print(f"lease {args.lease:g} s, {args.batch} per claim, {args.users:,} users; worker exit codes {results['exit_codes']}")
+    console.print(
+        f"lease {args.lease:g} s, {args.batch} per claim, {args.users:,} users; worker exit codes {results['exit_codes']}"
+    )
     if results["log"]:
         console.print(results["log"])
     console.print(machine_reference())
