@@ -103,6 +103,8 @@ def test_pending_reminders_per_person_are_limited(ada, settings):
     with pytest.raises(Exception, match="reminders: this person already has 2 pending"):
         schedule_reminder(user_id=ada.pk, when="in 1 hour", message="one more")
     assert Reminder.objects.count() == 2
+    with pytest.raises(Exception, match="user: no memory user 999999"):
+        schedule_reminder(user_id=999999, when="in 1 hour", message="nobody")
 
 
 def test_parse_when_reads_naive_iso_in_the_current_time_zone(settings):
@@ -225,6 +227,13 @@ def test_two_claimers_never_claim_the_same_reminder(ada, run_in_threads):
 
     claimed = [pk for got in run_in_threads(claimer, 4) for pk in got]
     assert len(claimed) == len(set(claimed)) == 120 and set(claimed) == ids
+
+
+def test_a_claim_skips_rows_another_claim_has_locked_on_postgresql(ada, capture_data_queries, requires_postgres):
+    due(ada)
+    with capture_data_queries() as q:
+        claim("w#1", batch=5, lease=300)
+    assert "FOR UPDATE SKIP LOCKED" in q.data[0]
 
 
 def test_the_worker_loop_stops_when_asked(ada, fake_bot):

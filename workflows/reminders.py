@@ -17,6 +17,7 @@ from django.dispatch import receiver
 from django.utils import dateparse, timezone
 
 from memory.exceptions import InvalidMemoryArgument
+from memory.models import MemoryUser
 from memory.service import BatchDelete
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
@@ -89,6 +90,9 @@ def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
     text = clean_message(message)
     limit = workflow_settings.REMINDER_MAX_PENDING_PER_USER
     with transaction.atomic():
+        # The person's row, locked (PostgreSQL): concurrent reminders of one person count one at a time.
+        if not MemoryUser.objects.select_for_update().filter(pk=user_id).exists():
+            raise InvalidMemoryArgument("user", f"no memory user {user_id}")
         pending = Reminder.objects.filter(user_id=user_id, status=ReminderStatus.PENDING).count()
         if limit is not None and pending >= limit:
             raise InvalidMemoryArgument("reminders", f"this person already has {pending} pending reminders (the limit)")
