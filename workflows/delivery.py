@@ -15,7 +15,9 @@ One round (`deliver_due`) is three steps, and only the first and last touch the 
 
 A worker that crashes leaves its claims behind; they are taken again once the lease passes. A worker
 never starts a send with less than TELEGRAM_TIMEOUT (+ 1 s) left on its lease, so a live worker's
-claim does not expire under a send and no two workers send one reminder while both hold it.
+claim does not expire under a send and no two workers send one reminder while both hold it. Leases
+are set and compared with each worker's own clock: keep the hosts' clocks in sync (NTP), since skew
+between workers eats into that margin.
 
 Delivery is at least once, not exactly once, and this is the window: the Bot API has no idempotency
 key and no way to ask whether a message went out, so a worker killed after Telegram accepted a
