@@ -110,7 +110,7 @@ def _due(now):
 
 
 def claim(token, *, batch, lease, now=None):
-    """Claim up to `batch` due reminders for `lease` seconds under `token`; returns them (with their users)."""
+    """Claim up to `batch` due reminders for `lease` seconds under `token`; returns them, soonest first."""
     now = now or timezone.now()
     until = now + timedelta(seconds=lease)
     with transaction.atomic():
