@@ -19,5 +19,5 @@ class WorkflowsConfig(AppConfig):
         )
         from .management import subcommands
 
-        lifecycle.connect()
-        subcommands.register()  # `memory prune` trims threads; /healthz checks the checkpointer
+        lifecycle.connect()  # `memory prune` trims threads; /healthz checks the checkpointer
+        subcommands.register()  # `memory reminders`
