@@ -91,7 +91,9 @@ def test_log_in_open_every_tab_and_delete_three_facts(
     log_in(browser, live_server)
     ARTIFACTS.mkdir(exist_ok=True)
     labels = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "a[role=tab]")]
-    assert labels == ["Facts", "Episodes", "Checkpoints", "Procedures", "Store", "Users", "Promotions", "Deletions"]
+    assert labels == [
+        "Facts", "Episodes", "Checkpoints", "Procedures", "Store", "Reminders", "Users", "Promotions", "Deletions"
+    ]  # fmt: skip
     expected_text = {
         "Facts": "note_0",
         "Episodes": "booked a table",

@@ -16,6 +16,7 @@ from django.db import connection
 
 from memory.models import DeletionRecord, Fact, MemoryUser
 from workflows.checkpointer import checkpoint_path
+from workflows.reminders import schedule_reminder
 from workflows.runtime import run_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,7 +32,7 @@ def talk(workflow, text):
 
 @pytest.fixture
 def person(demo_workflow, service):
-    """A person with facts, episodes, a thread with checkpoints, recall events and a merged alias."""
+    """A person with facts, episodes, a thread with checkpoints, recall events, a reminder and a merged alias."""
     for text in (f"my locker code is {SECRET}", "my sister is Dana Quartermaine", "what is my locker code?"):
         result = talk(demo_workflow, text)
     user_id = result.user["id"]
@@ -39,6 +40,7 @@ def person(demo_workflow, service):
     service.flush_recall_log()
     alias, _ = service.get_or_create_user("email", "zelda@example.org", display_name=NAME)
     service.set_fact("email_signature", f"{NAME}, {SECRET}", scope="user", user_id=alias.pk)
+    schedule_reminder(user_id=alias.pk, when="in 2 hours", message=f"tell {NAME} the code {SECRET}")
     service.merge_users(alias.pk, user_id)
     return {"id": user_id, "alias": alias.pk, "thread": result.thread_id}
 
@@ -118,7 +120,9 @@ def test_export_person_holds_everything_about_them(person):
     call_command("memory", "export-person", "chat:zq", stdout=out)
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     kinds = {row["kind"] for row in rows}
-    assert {"memory_user", "identity", "fact", "episode", "recall_event", "thread"} <= kinds
+    assert {"memory_user", "identity", "fact", "episode", "recall_event", "thread", "reminder"} <= kinds
+    [reminder] = [row for row in rows if row["kind"] == "reminder"]  # the alias's, moved with the merge
+    assert SECRET in reminder["message"] and reminder["status"] == "pending"
     assert sum(row["kind"] == "memory_user" for row in rows) == 2  # the person and the merged alias
     [thread] = [row for row in rows if row["kind"] == "thread"]
     assert any(SECRET in m["content"] for m in thread["messages"])

@@ -30,6 +30,7 @@ def test_the_tab_sits_between_episodes_and_procedures(staff_client):
         "checkpoints",
         "procedures",
         "store",
+        "reminders",
         "users",
         "deletions",
     ]

@@ -1,4 +1,4 @@
-"""Workflows and the Checkpoints tab on the /memories/ admin site (definitions are validated against the node registry on save)."""
+"""Workflows, and the Checkpoints and Reminders tabs on the /memories/ admin site (definitions are validated against the node registry on save)."""
 
 import re
 
@@ -20,7 +20,8 @@ from .checkpoints import (
     thread_checkpoints,
     tracked_threads,
 )
-from .models import Thread, Workflow
+from .models import Reminder, ReminderStatus, Thread, Workflow
+from .reminders import cancel_reminders, delete_reminders
 from .threads import list_threads
 
 
@@ -191,3 +192,98 @@ def _user_threads(user):
 
 
 memories_site.register_user_section("Threads", _user_threads)
+
+
+# ------------------------------------------------------------------ the Reminders tab of /memories/
+
+
+@admin.action(description="Cancel selected reminders")
+def cancel_selected(modeladmin, request, queryset):
+    """Cancel the selected reminders that are still pending (one being sent right now is left alone)."""
+    result = cancel_reminders(queryset.order_by().values_list("pk", flat=True))
+    text = f"Cancelled {result.cancelled} reminder{'' if result.cancelled == 1 else 's'}."
+    if result.not_pending:
+        text += f" {result.not_pending} were not pending (delivered, failed, cancelled, or being sent now)."
+    modeladmin.message_user(request, text, messages.SUCCESS if result.cancelled else messages.WARNING)
+
+
+@admin.register(Reminder, site=memories_site)
+class RemindersTab(MemoriesTab, admin.ModelAdmin):
+    """Reminders agents set with the `remind` tool: listed, filtered, cancelled and deleted by operators."""
+
+    tab_label, tab_position = "Reminders", 48
+    list_display = ["id", "message_preview", "user_link", "agent_id", "due_at", "status_badge", "attempts", "channel"]
+    list_display_links = ["id", "message_preview"]
+    list_filter = ["status", "channel", "agent_id", "due_at"]
+    search_fields = ["message", "agent_id", "user__canonical_id", "user__display_name"]
+    list_select_related = ["user"]
+    actions = [cancel_selected, *MemoriesTab.actions]
+    fields = [
+        "user",
+        "agent_id",
+        "message",
+        "due_at",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "channel",
+        "destination",
+        "delivered_at",
+        "claimed_by",
+        "claimed_until",
+        "created_at",
+    ]
+    readonly_fields = fields
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup == "user__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    def has_change_permission(self, request, obj=None):
+        return False  # set by agents; operators cancel or delete them
+
+    def delete_memories(self, ids, actor=""):
+        return delete_reminders(ids)
+
+    @admin.display(description="message")
+    def message_preview(self, obj):
+        return obj.message if len(obj.message) <= 80 else obj.message[:79] + "…"
+
+    @admin.display(description="user", ordering="user__display_name")
+    def user_link(self, obj):
+        url = reverse(f"{self.admin_site.name}:memory_memoryuser_change", args=[obj.user_id])
+        return format_html('<a href="{}">{}</a>', url, obj.user.display_name or obj.user.canonical_id)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj):
+        return format_html('<span class="badge badge-status-{}">{}</span>', obj.status, obj.get_status_display())
+
+
+def _user_reminders(user):
+    """The "Reminders" section of a memory user's page: their pending reminders, linked to the tab."""
+    site = memories_site.name
+    pending = Reminder.objects.filter(user=user, status=ReminderStatus.PENDING).order_by("due_at")[:50]
+    rows = format_html_join(
+        "",
+        '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
+        (
+            (
+                reverse(f"{site}:workflows_reminder_change", args=[r.pk]),
+                r.message[:80],
+                r.agent_id or "–",
+                date_format(localtime(r.due_at), "DATETIME_FORMAT"),
+            )
+            for r in pending
+        ),
+    )
+    all_url = reverse(f"{site}:workflows_reminder_changelist") + "?" + urlencode({"user__id__exact": user.pk})
+    return format_html(
+        '<p><a href="{}">All of this user\'s reminders in the Reminders tab</a></p>'
+        '<table class="memories-section" id="user-reminders"><thead><tr><th>pending reminder</th><th>agent</th>'
+        "<th>due</th></tr></thead><tbody>{}</tbody></table>",
+        all_url,
+        rows,
+    )
+
+
+memories_site.register_user_section("Reminders", _user_reminders)

@@ -1,4 +1,4 @@
-"""The `checkpoints` REST API under /api/v1/: conversation threads' checkpoints, listed and deleted per thread.
+"""The `checkpoints` and `reminders` REST APIs under /api/v1/: threads' checkpoints, and reminders.
 
 A checkpoints resource is one conversation thread's checkpoints, and its id is the thread id
 (`<memory user id>:<conversation id>:<workflow id>`): the list gives one row per tracked thread
@@ -23,6 +23,7 @@ from rest_framework.response import Response
 
 from memory.api.filters import IdFilter
 from memory.api.policy import StaffAPI
+from memory.api.serializers import BatchDeleteResultSerializer, BatchDeleteSerializer
 from memory.conf import memory_settings
 
 from .checkpoints import (
@@ -33,7 +34,8 @@ from .checkpoints import (
     thread_checkpoints,
     tracked_threads,
 )
-from .models import Thread
+from .models import Reminder, ReminderStatus, Thread
+from .reminders import cancel_reminders, delete_reminders
 
 # Any characters but NUL (which no database column holds).
 THREAD_ID_PATTERN = r"^[^\x00]+$"
@@ -254,3 +256,98 @@ class CheckpointViewSet(
             )
         body = {"deleted": result.deleted, "not_found": result.not_found}
         return Response(ThreadBatchDeleteResultSerializer(body).data, status=status.HTTP_200_OK)
+
+
+# ------------------------------------------------------------------ reminders
+
+
+class ReminderSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Reminder
+        fields = [
+            "id",
+            "user",
+            "agent_id",
+            "message",
+            "due_at",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "last_error",
+            "channel",
+            "destination",
+            "delivered_at",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class ReminderCancelResultSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField(help_text="How many pending reminders were cancelled.")
+    not_pending = serializers.IntegerField(
+        help_text="Ids that were not cancelled: delivered, failed, already cancelled, being sent, or unknown."
+    )
+
+
+class ReminderFilter(django_filters.FilterSet):
+    user = IdFilter(field_name="user_id", help_text="Memory user id: that person's reminders.")
+    status = django_filters.ChoiceFilter(choices=ReminderStatus.choices)
+    agent = django_filters.CharFilter(field_name="agent_id", max_length=128, help_text="The agent that set it.")
+    channel = django_filters.CharFilter(max_length=50, help_text="The channel it was delivered through.")
+
+    class Meta:
+        model = Reminder
+        fields = ["user", "status", "agent", "channel"]
+
+
+@extend_schema_view(
+    list=extend_schema(description="Reminders agents set with the remind tool, soonest first."),
+    cancel=extend_schema(
+        request=BatchDeleteSerializer,
+        responses={200: ReminderCancelResultSerializer},
+        description="Cancel reminders by id: those still pending and not being sent at this moment.",
+    ),
+    batch_delete=extend_schema(
+        request=BatchDeleteSerializer,
+        responses={200: BatchDeleteResultSerializer},
+        description="Delete reminders by id. Malformed ids or more than the limit: 400, nothing deleted.",
+    ),
+)
+class ReminderViewSet(
+    StaffAPI, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    """Reminders: listed, filtered, cancelled and deleted by operators (agents set them)."""
+
+    serializer_class = ReminderSerializer
+    filterset_class = ReminderFilter
+    ordering_fields = ["due_at", "created_at", "id"]
+    ordering = ["due_at", "id"]
+    # Any path segment reaches the view, so a malformed id is a JSON 404, not Django's HTML page.
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        return Reminder.objects.all()
+
+    def get_serializer_class(self):
+        if self.action in ("cancel", "batch_delete"):
+            return BatchDeleteSerializer
+        return self.serializer_class
+
+    def perform_destroy(self, instance):
+        delete_reminders([instance.pk])
+
+    @action(detail=False, methods=["post"])
+    def cancel(self, request):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = cancel_reminders(serializer.validated_data["ids"])
+        body = {"cancelled": result.cancelled, "not_pending": result.not_pending}
+        return Response(ReminderCancelResultSerializer(body).data)
+
+    @action(detail=False, methods=["post"], url_path="batch-delete")
+    def batch_delete(self, request):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        with transaction.atomic():
+            result = delete_reminders(serializer.validated_data["ids"])
+        return Response(BatchDeleteResultSerializer({"deleted": result.deleted, "not_found": result.not_found}).data)

@@ -14,7 +14,10 @@ class WorkflowsConfig(AppConfig):
             conf,  # noqa: F401  (reloads settings on override)
             lifecycle,
             nodes,  # noqa: F401  (registers the built-in node types)
+            reminders,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export)
             threads,  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
         )
+        from .management import subcommands
 
         lifecycle.connect()  # `memory prune` trims threads; /healthz checks the checkpointer
+        subcommands.register()  # `memory reminders`

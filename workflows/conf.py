@@ -44,6 +44,30 @@ DEFAULTS = {
     # Seen update_ids are kept this long (Telegram gives up redelivering after 24 hours); the
     # older ones are deleted every 1,000th update.
     "TELEGRAM_UPDATE_RETENTION_HOURS": 48,
+    # Reminders (the `remind` tool, delivered by `manage.py memory reminders`).
+    # Seconds a worker holds the reminders it claimed; a crashed worker's claims are taken again after
+    # it. Must be well above TELEGRAM_TIMEOUT: a worker sends nothing once less than that remains.
+    "REMINDER_LEASE_SECONDS": 120,
+    # Reminders one claim takes (each is sent and recorded on its own).
+    "REMINDER_BATCH_SIZE": 20,
+    # Attempts before a reminder is marked failed; the wait after the n-th failure is
+    # REMINDER_BACKOFF_SECONDS * 2 ** (n - 1), at most REMINDER_BACKOFF_MAX_SECONDS.
+    "REMINDER_MAX_ATTEMPTS": 5,
+    "REMINDER_BACKOFF_SECONDS": 30,
+    "REMINDER_BACKOFF_MAX_SECONDS": 3600,
+    # PostgreSQL: wait for the WAL flush when recording each outcome. Off (the default), a database
+    # crash can forget the last fraction of a second of deliveries, which are then sent again.
+    "REMINDER_SYNCHRONOUS_COMMIT": False,
+    # Seconds the worker loop sleeps when nothing is due.
+    "REMINDER_POLL_SECONDS": 5,
+    # How far ahead a reminder may be set, and how many pending reminders one person may have.
+    "REMINDER_MAX_DAYS_AHEAD": 366,
+    "REMINDER_MAX_PENDING_PER_USER": 100,
+    # `memory prune` deletes delivered, failed and cancelled reminders due more than this many days
+    # ago; None keeps them all.
+    "REMINDER_RETENTION_DAYS": None,
+    # Languages the `remind` tool reads natural times in ("in 2 hours", "tomorrow at 9am"); dateparser codes.
+    "REMINDER_LANGUAGES": ["en"],
 }
 
 

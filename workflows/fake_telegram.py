@@ -3,9 +3,11 @@
 For tests, the webhook benchmark and offline demos (point WORKFLOWS["TELEGRAM_API_BASE"] at `url`).
 It is a real HTTP server (stdlib, one thread per request) that answers like the Bot API:
 {"ok": true, "result": ...}. Any token is accepted; `calls` records (token, method, payload).
+`fail_sends(n)` makes the next n sendMessage calls fail as Telegram does when it is unwell.
 """
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -13,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeBotAPI:
     def __init__(self):
         self.calls = []
+        self.sent = []  # the sendMessage payloads accepted
         self.updates = []
         self._lock = threading.Lock()
         self._message_id = 0
+        self._failures = []  # (status, description) answers for the next sendMessage calls
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,7 +53,13 @@ class FakeBotAPI:
             def log_message(self, *args):  # quiet: tests and benchmarks print their own output
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                # A client that died mid-request (a killed worker) is part of what is tested: no traceback.
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-bot-api", daemon=True)
 
@@ -74,10 +84,19 @@ class FakeBotAPI:
         self.stop()
 
     def sent_messages(self, chat_id=None):
-        """The sendMessage payloads received so far (for one chat, if given)."""
+        """The sendMessage payloads accepted so far (for one chat, if given)."""
         with self._lock:
-            sent = [p for _, m, p in self.calls if m == "sendMessage"]
+            sent = list(self.sent)
         return [p for p in sent if chat_id is None or p.get("chat_id") == chat_id]
+
+    def sent_count(self):
+        with self._lock:
+            return len(self.sent)
+
+    def fail_sends(self, count, status=502, description="Bad Gateway"):
+        """Answer the next `count` sendMessage calls with an error (not counted by sent_messages)."""
+        with self._lock:
+            self._failures.extend([(status, description)] * count)
 
     def queue_update(self, update):
         with self._lock:
@@ -87,9 +106,13 @@ class FakeBotAPI:
         with self._lock:
             self.calls.append((token, method, payload))
             if method == "sendMessage":
+                if self._failures:
+                    status, description = self._failures.pop(0)
+                    return status, {"ok": False, "error_code": status, "description": description}
                 if "chat_id" not in payload or not payload.get("text"):
                     return 400, {"ok": False, "description": "Bad Request: chat_id and text are required"}
                 self._message_id += 1
+                self.sent.append(payload)
                 return 200, {
                     "ok": True,
                     "result": {

@@ -98,7 +98,7 @@ def memory_tools(
 ):
     """The agent tools, acting for `agent_id` and the memory user `user_id`: [recall, remember], or
     those `names` of workflows.tools.TOOLS (recall, remember, forget, list_memories, learn_procedure,
-    record_episode), each with its config from `configs` (recall_config and remember_config as before)."""
+    record_episode, remind), each with its config from `configs` (recall_config and remember_config as before)."""
     bound = AgentContext(
         agent_id=clean_text("agent_id", agent_id, max_length=128),
         user=None if user_id is None else {"id": check_user_id("user_id", user_id, required=True)},

@@ -100,3 +100,50 @@ class TelegramUpdate(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["workflow", "update_id"], name="one_run_per_telegram_update"),
         ]
+
+
+class ReminderStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    DELIVERED = "delivered", "delivered"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class Reminder(models.Model):
+    """A message an agent promised to send its user later (the `remind` tool), and how its delivery went.
+
+    Delivery (workflows.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
+    them through the channel the user last used, and records the outcome: `delivered`, or a retry at
+    `next_attempt_at` after a failure, or `failed` with `last_error` once the attempts are used up.
+    `channel` and `destination` are filled when it is sent (the channel the person used last, then).
+    """
+
+    user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="reminders")
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    message = models.TextField()
+    due_at = models.DateTimeField()
+    status = models.CharField(max_length=20, choices=ReminderStatus.choices, default=ReminderStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # When a worker may take it next: due_at at first, later after a failed attempt's backoff.
+    next_attempt_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=100, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    channel = models.CharField(max_length=50, blank=True, default="")
+    destination = models.CharField(max_length=255, blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["due_at", "id"]
+        indexes = [
+            # What a worker's claim reads: pending rows by when they may be taken.
+            models.Index(fields=["status", "next_attempt_at"], name="reminder_due"),
+            models.Index(fields=["user", "status"], name="reminder_user_status"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(message=""), name="reminder_message_not_blank"),
+        ]
+
+    def __str__(self):
+        return f"reminder #{self.pk}"

@@ -406,6 +406,7 @@ AGENT_SCHEMA = {
                     "additionalProperties": False,
                 },
                 "record_episode": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
+                "remind": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
             },
             "additionalProperties": False,
         },
@@ -426,7 +427,7 @@ register(
         category="agents",
         description=(
             "A ReAct agent with the chat model from settings (the offline responder if none), optional "
-            "memory tools (recall, remember, forget, list_memories, learn_procedure, record_episode), and "
+            "memory tools (recall, remember, forget, list_memories, learn_procedure, record_episode, remind), and "
             "conversation memory per (user, conversation, workflow)."
         ),
         config_schema=AGENT_SCHEMA,

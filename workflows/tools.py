@@ -1,7 +1,7 @@
 """Agent tools over MemoryService, scoped to the calling agent and its user.
 
 `recall` and `remember`, and the seeds' other memory tools: `forget`, `list_memories`,
-`learn_procedure` and `record_episode`. Each acts for whoever the run's AgentContext names (the
+`learn_procedure`, `record_episode` and `remind` (a reminder delivered later, workflows.reminders). Each acts for whoever the run's AgentContext names (the
 workflow as agent, the identified user, the thread as session) and says what actually happened.
 What a tool reads back from memory comes inside the same untrusted-hints block as recalled memory. Expected failures (bad arguments, missing rows,
 database errors) go through one wrapper, `memory_tool`: logged, and returned to the model as an
@@ -25,6 +25,7 @@ from memory.models import ProcedureSource, Scope
 from memory.service import MemoryService, WriteAction
 
 from .memory_access import CLOSE_TAG, OPEN_TAG, PREAMBLE, RecallOptions, RecallScope, clean_line, recall_for
+from .reminders import schedule_reminder
 from .state import AgentContext
 
 logger = logging.getLogger("engram.workflows")
@@ -325,6 +326,27 @@ def make_record_episode_tool(config, *, bound=None):
     return _tool(record_episode, "record_episode", EPISODE_DESCRIPTION)
 
 
+REMIND_DESCRIPTION = (
+    "Remind the user you are talking to of something later, through the channel they use. `when`: a "
+    "time in the future, natural ('in 2 hours', 'tomorrow at 9am') or ISO 8601 (2026-05-01T09:00:00+00:00); "
+    "`message`: what to remind them of, in the words they should read."
+)
+
+
+def make_remind_tool(config, *, bound=None):
+    """The `remind` tool: a reminder for the identified user (workflows.reminders), delivered by the worker."""
+
+    @memory_tool
+    def remind(runtime: ToolRuntime[AgentContext], when: str, message: str) -> str:
+        """Remind the user of something later."""
+        scope = _scope(runtime, bound)
+        reminder = schedule_reminder(user_id=scope.user_id, when=when, message=message, agent_id=scope.agent_id)
+        due = timezone.localtime(reminder.due_at).isoformat(timespec="minutes")
+        return f"Reminder:{reminder.pk} set for {due}."
+
+    return _tool(remind, "remind", REMIND_DESCRIPTION)
+
+
 # Every memory tool an agent node (or memory_tools) can enable, by name, in the order they are offered.
 # The tools that write to memory: a turn that used one of them successfully resets the nudge count.
 MEMORY_WRITE_TOOLS = frozenset({"remember", "forget", "learn_procedure", "record_episode"})
@@ -336,4 +358,5 @@ TOOLS = {
     "list_memories": make_list_memories_tool,
     "learn_procedure": make_learn_procedure_tool,
     "record_episode": make_record_episode_tool,
+    "remind": make_remind_tool,
 }

@@ -4,13 +4,14 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from . import views
-from .api import CheckpointViewSet
+from .api import CheckpointViewSet, ReminderViewSet
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
 router.register("node-types", views.NodeTypeViewSet, basename="node-type")
 router.register("workflows", views.WorkflowViewSet, basename="workflow")
 router.register("checkpoints", CheckpointViewSet, basename="checkpoint")
+router.register("reminders", ReminderViewSet, basename="reminder")
 
 app_name = "workflows"
 

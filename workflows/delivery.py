@@ -1,0 +1,302 @@
+"""Delivering reminders: claim due ones, send each through the person's channel, record what happened.
+
+One round (`deliver_due`) is three steps, and only the first and last touch the database:
+
+1. **Claim** a batch in one short transaction: the due, pending, unclaimed rows are selected
+   (PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`, so concurrent workers take different rows without
+   waiting; SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE) and marked
+   with this claim's token and a lease (`claimed_until`) by an UPDATE that repeats the conditions, so
+   a row is claimed by one worker even where the select locks nothing.
+2. **Send** each claimed reminder outside any transaction, through the channel the person used last
+   (see `destinations`): Telegram `sendMessage` at TELEGRAM_API_BASE today.
+3. **Record** each outcome at once, in its own statement, guarded by the claim token: delivered; or,
+   on failure, a retry at `now + REMINDER_BACKOFF_SECONDS * 2 ** (attempts - 1)` (capped), or `failed`
+   with `last_error` once REMINDER_MAX_ATTEMPTS are used.
+
+A worker that crashes leaves its claims behind; they are taken again once the lease passes. A worker
+never starts a send with less than TELEGRAM_TIMEOUT (+ 1 s) left on its lease, so a live worker's
+claim does not expire under a send and no two workers send one reminder while both hold it. Leases
+are set and compared with each worker's own clock: keep the hosts' clocks in sync (NTP), since skew
+between workers eats into that margin.
+
+Delivery is at least once, not exactly once, and this is the window: the Bot API has no idempotency
+key and no way to ask whether a message went out, so a worker killed after Telegram accepted a
+message and before its "delivered" UPDATE committed (one reminder per worker: the send's response,
+then one short statement) leaves that reminder pending, and it is sent again after the lease. The
+reverse order (mark, then send) would lose a message in the same window instead; a duplicate reminder
+is the lesser harm. A stall longer than the lease's margin (a suspended process) can also let another
+worker take a reminder that is still being sent; the late record then finds its token gone and logs it.
+"""
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from memory.models import ChannelIdentity
+
+from .conf import workflow_settings
+from .exceptions import TelegramError
+from .models import Reminder, ReminderStatus, Thread
+from .telegram import get_bot_api
+
+logger = logging.getLogger("engram.workflows")
+
+# The lease margin on top of the send timeout: a worker sends only while this much is left.
+LEASE_MARGIN = timedelta(seconds=1)
+
+
+def _send_telegram(destination, text):
+    get_bot_api().send_message(int(destination) if destination.lstrip("-").isdigit() else destination, text)
+
+
+# Channels reminders can be delivered through: channel name -> send(destination, text). A channel
+# without a push API (chat, webhook, email here) is skipped for the next one the person used.
+DELIVERY_CHANNELS = {"telegram": _send_telegram}
+
+
+class DeliveryError(Exception):
+    """A reminder could not be sent; the message says why (and never holds a token)."""
+
+
+def reminder_text(reminder):
+    return f"Reminder: {reminder.message}"
+
+
+@dataclass
+class RoundReport:
+    """What a worker did: reminders claimed, delivered, scheduled again, failed for good, lost to another worker."""
+
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    released: int = 0
+    errors: list = field(default_factory=list)
+
+    def add(self, other):
+        for name in ("claimed", "delivered", "retried", "failed", "lost", "released"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.errors = (self.errors + other.errors)[-10:]
+
+    def as_dict(self):
+        return {
+            "claimed": self.claimed,
+            "delivered": self.delivered,
+            "retried": self.retried,
+            "failed": self.failed,
+            "lost": self.lost,
+            "released": self.released,
+        }
+
+
+def worker_name():
+    """Who claims: host, process and a random part (a restarted process with the same pid is someone else)."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _due(now):
+    unclaimed = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+    return Q(status=ReminderStatus.PENDING, next_attempt_at__lte=now) & unclaimed
+
+
+def claim(token, *, batch, lease, now=None):
+    """Claim up to `batch` due reminders for `lease` seconds under `token`; returns them, soonest first."""
+    now = now or timezone.now()
+    until = now + timedelta(seconds=lease)
+    with transaction.atomic():
+        ids = list(
+            Reminder.objects.select_for_update(skip_locked=True)
+            .filter(_due(now))
+            .order_by("next_attempt_at", "pk")
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return []
+        Reminder.objects.filter(_due(now), pk__in=ids).update(claimed_by=token, claimed_until=until)
+    return list(
+        Reminder.objects.filter(claimed_by=token, status=ReminderStatus.PENDING).order_by("next_attempt_at", "pk")
+    )
+
+
+def destinations(user_ids):
+    """{user id: (channel, destination)} for reminders: the deliverable channel each person used last.
+
+    "Last" is the channel of their most recently active conversation thread; a person whose latest
+    channel has no push API (chat, webhook) gets the deliverable one they used before that, else the
+    deliverable identity they linked last. Two queries for any number of people.
+    """
+    user_ids = list(user_ids)
+    identities = {}
+    rows = ChannelIdentity.objects.filter(user_id__in=user_ids, channel__in=list(DELIVERY_CHANNELS)).order_by(
+        "-created_at", "-pk"
+    )
+    for user_id, channel, external_id in rows.values_list("user_id", "channel", "external_id"):
+        identities.setdefault(user_id, {}).setdefault(channel, external_id)
+    found = {}
+    recent = (
+        Thread.objects.filter(user_id__in=[u for u in user_ids if u in identities], channel__in=list(DELIVERY_CHANNELS))
+        .order_by("user_id", "-last_activity", "-pk")
+        .values_list("user_id", "channel")
+    )
+    for user_id, channel in recent:
+        if user_id not in found and channel in identities[user_id]:
+            found[user_id] = (channel, identities[user_id][channel])
+    for user_id, channels in identities.items():
+        if user_id not in found:
+            channel, external_id = next(iter(channels.items()))
+            found[user_id] = (channel, external_id)
+    return found
+
+
+def _record(reminder, token, **changes):
+    """Write one outcome if this claim still holds the row; False if another worker took it since."""
+    # The claim token guards the row, so the attempts read at the claim are still current.
+    changes.update(claimed_by="", claimed_until=None, attempts=reminder.attempts + 1)
+    return Reminder.objects.filter(pk=reminder.pk, claimed_by=token).update(**changes) == 1
+
+
+@contextlib.contextmanager
+def _outcomes_without_flush_wait():
+    """PostgreSQL: the outcomes recorded inside commit without waiting for the WAL flush.
+
+    A flush costs ~5 ms a commit on this machine, more than the send itself, and it sits in the
+    window between a send and its record. Without it a database crash can forget the last fraction
+    of a second of outcomes, so those reminders are sent again: never lost. SQLite in WAL mode with
+    synchronous=NORMAL (the site's setting) makes the same trade. Set for the session (one statement
+    per round, not per reminder) and reset afterwards, so the connection goes back as it was.
+    """
+    if connection.vendor != "postgresql" or workflow_settings.REMINDER_SYNCHRONOUS_COMMIT:
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO OFF")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
+
+
+def _backoff(attempts):
+    seconds = workflow_settings.REMINDER_BACKOFF_SECONDS * 2 ** max(0, attempts - 1)
+    return timedelta(seconds=min(seconds, workflow_settings.REMINDER_BACKOFF_MAX_SECONDS))
+
+
+def _release(token, ids):
+    """Give back claimed reminders this worker will not send (stopping, or its lease ran short)."""
+    if not ids:
+        return 0
+    return Reminder.objects.filter(pk__in=ids, claimed_by=token).update(claimed_by="", claimed_until=None)
+
+
+def deliver_due(*, worker=None, batch=None, lease=None, stop=None):
+    """One round: claim a batch of due reminders, send and record each. Returns a RoundReport."""
+    if connection.in_atomic_block:  # the sends below must not hold a transaction open
+        raise RuntimeError("deliver_due() must run outside a transaction")
+    batch = batch or workflow_settings.REMINDER_BATCH_SIZE
+    lease = lease or workflow_settings.REMINDER_LEASE_SECONDS
+    send_time = timedelta(seconds=float(workflow_settings.TELEGRAM_TIMEOUT)) + LEASE_MARGIN
+    if timedelta(seconds=lease) <= send_time:
+        raise ValueError(
+            f"lease: {lease:g} s is too short; it must exceed TELEGRAM_TIMEOUT + 1 s ({send_time.total_seconds():g} s)"
+        )
+    token = f"{worker or worker_name()}#{uuid.uuid4().hex[:8]}"
+    report = RoundReport()
+    claimed = claim(token, batch=batch, lease=lease)
+    report.claimed = len(claimed)
+    if not claimed:
+        return report
+    where = destinations({r.user_id for r in claimed})
+    with _outcomes_without_flush_wait():
+        _send_claimed(claimed, where, token, send_time, stop, report)
+    return report
+
+
+def _send_claimed(claimed, where, token, send_time, stop, report):
+    for index, reminder in enumerate(claimed):
+        if (stop is not None and stop.is_set()) or timezone.now() + send_time > reminder.claimed_until:
+            report.released += _release(token, [r.pk for r in claimed[index:]])
+            break
+        channel, destination = where.get(reminder.user_id, ("", ""))
+        try:
+            if not channel:
+                raise DeliveryError(
+                    "no channel to deliver to: the person has no identity on " + ", ".join(DELIVERY_CHANNELS)
+                )
+            DELIVERY_CHANNELS[channel](destination, reminder_text(reminder))
+        except (TelegramError, DeliveryError) as exc:
+            _failed(reminder, token, str(exc), report)
+            continue
+        now = timezone.now()
+        if _record(
+            reminder,
+            token,
+            status=ReminderStatus.DELIVERED,
+            delivered_at=now,
+            channel=channel,
+            destination=destination,
+            last_error="",
+        ):
+            report.delivered += 1
+        else:
+            report.lost += 1
+            logger.warning("reminder %s was sent, but another worker had taken it: it may arrive twice", reminder.pk)
+
+
+def _failed(reminder, token, error, report):
+    attempts = reminder.attempts + 1
+    now = timezone.now()
+    if attempts >= workflow_settings.REMINDER_MAX_ATTEMPTS:
+        done = _record(reminder, token, status=ReminderStatus.FAILED, last_error=error)
+        report.failed += done
+        logger.error("reminder %s failed after %s attempts: %s", reminder.pk, attempts, error)
+    else:
+        done = _record(reminder, token, next_attempt_at=now + _backoff(attempts), last_error=error)
+        report.retried += done
+        logger.warning("reminder %s: attempt %s failed, retried later: %s", reminder.pk, attempts, error)
+    report.lost += not done
+    report.errors = (report.errors + [f"reminder {reminder.pk}: {error}"])[-10:]
+
+
+def run_worker(*, once=False, batch=None, lease=None, poll=None, stop=None, on_round=None):
+    """Deliver reminders until `stop` is set (or, with `once`, until none is due). Returns the total RoundReport.
+
+    Database errors in the loop are logged and the loop goes on after a pause (a restarted database,
+    a locked SQLite file); with `once` they are raised.
+    """
+    stop = stop or threading.Event()
+    poll = workflow_settings.REMINDER_POLL_SECONDS if poll is None else poll
+    worker = worker_name()
+    total = RoundReport()
+    while not stop.is_set():
+        close_old_connections()  # a long-lived process: drop connections past their age or broken
+        try:
+            report = deliver_due(worker=worker, batch=batch, lease=lease, stop=stop)
+        except Exception as exc:
+            if once or not _transient(exc):
+                raise
+            logger.exception("reminders: a round failed; trying again in %s s", poll)
+            stop.wait(poll)
+            continue
+        total.add(report)
+        if on_round is not None:
+            on_round(report, total)
+        if report.claimed == 0:
+            if once:
+                break
+            stop.wait(poll)
+    return total
+
+
+def _transient(exc):
+    return isinstance(exc, (DatabaseError, InterfaceError))

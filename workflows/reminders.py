@@ -1,0 +1,169 @@
+"""Reminders: reading when, scheduling, cancelling, and keeping them with their person (merge, export, forget).
+
+A reminder belongs to a memory user; the `remind` tool (workflows.tools) schedules one for the user
+an agent talks to, and `manage.py memory reminders` (workflows.delivery) sends it when it is due.
+Reminders join memory's lifecycle through its signals, as threads do: `users_deleting` deletes a
+forgotten person's reminders (memory never imports workflows), `users_merged` moves them to the
+surviving user, `users_footprint` and `person_exporting` count and export them, and `prune_requested`
+(`memory prune`) deletes finished ones older than REMINDER_RETENTION_DAYS.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.dispatch import receiver
+from django.utils import dateparse, timezone
+
+from memory.exceptions import InvalidMemoryArgument
+from memory.models import MemoryUser
+from memory.service import BatchDelete
+from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
+
+from .conf import workflow_settings
+from .models import Reminder, ReminderStatus
+
+MAX_MESSAGE_LENGTH = 2000
+EXAMPLES = "for example 'in 2 hours', 'tomorrow at 9am' or 2026-05-01T09:00:00+00:00"
+
+
+def parse_when(when, *, now=None):
+    """An aware datetime from an ISO 8601 time or a natural one ("in 2 hours", "tomorrow at 9am").
+
+    Times without an offset, natural ones included, are read in Django's current time zone. Raises
+    InvalidMemoryArgument("when", ...) when nothing can be read, or the time is not in the future
+    (within REMINDER_MAX_DAYS_AHEAD).
+    """
+    now = now or timezone.now()
+    text = " ".join(str(when or "").split())
+    if not text:
+        raise InvalidMemoryArgument("when", f"must say when, {EXAMPLES}")
+    if len(text) > 200:
+        raise InvalidMemoryArgument("when", "must be at most 200 characters")
+    zone = timezone.get_current_timezone()
+    try:
+        moment = dateparse.parse_datetime(text)
+    except ValueError:  # well-formed but impossible, like 2026-02-30T09:00
+        moment = None
+    if moment is None:
+        import dateparser  # loads its language data on first use: only where reminders are set
+
+        moment = dateparser.parse(
+            text,
+            languages=list(workflow_settings.REMINDER_LANGUAGES) or None,
+            settings={
+                "RELATIVE_BASE": now.astimezone(zone).replace(tzinfo=None),
+                "TIMEZONE": str(zone),
+                "RETURN_AS_TIMEZONE_AWARE": True,
+                "PREFER_DATES_FROM": "future",
+            },
+        )
+    if moment is None:
+        raise InvalidMemoryArgument("when", f"could not read a time from {text!r}; say it {EXAMPLES}")
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, zone)
+    if moment <= now:
+        raise InvalidMemoryArgument(
+            "when", f"{text!r} is {moment.isoformat(timespec='minutes')}, which is not in the future"
+        )
+    days = workflow_settings.REMINDER_MAX_DAYS_AHEAD
+    if moment > now + timedelta(days=days):
+        raise InvalidMemoryArgument("when", f"{text!r} is more than {days} days ahead")
+    return moment
+
+
+def clean_message(message):
+    text = str(message or "").replace("\x00", "").strip()
+    if not text:
+        raise InvalidMemoryArgument("message", "must not be blank")
+    if len(text) > MAX_MESSAGE_LENGTH:
+        raise InvalidMemoryArgument("message", f"must be at most {MAX_MESSAGE_LENGTH} characters")
+    return text
+
+
+def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
+    """A pending reminder for the memory user `user_id`; bad input raises InvalidMemoryArgument and writes nothing."""
+    if user_id is None:
+        raise InvalidMemoryArgument("user", "nobody is identified in this conversation, so there is no one to remind")
+    due = when if isinstance(when, datetime) and timezone.is_aware(when) else parse_when(when, now=now)
+    text = clean_message(message)
+    limit = workflow_settings.REMINDER_MAX_PENDING_PER_USER
+    with transaction.atomic():
+        # The person's row, locked (PostgreSQL): concurrent reminders of one person count one at a time.
+        if not MemoryUser.objects.select_for_update().filter(pk=user_id).exists():
+            raise InvalidMemoryArgument("user", f"no memory user {user_id}")
+        pending = Reminder.objects.filter(user_id=user_id, status=ReminderStatus.PENDING).count()
+        if limit is not None and pending >= limit:
+            raise InvalidMemoryArgument("reminders", f"this person already has {pending} pending reminders (the limit)")
+        return Reminder.objects.create(
+            user_id=user_id, agent_id=agent_id, message=text, due_at=due, next_attempt_at=due
+        )
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    cancelled: int
+    not_pending: int  # delivered, failed, already cancelled, or being sent right now
+
+
+def cancel_reminders(ids, *, now=None):
+    """Cancel these reminders if still pending and not being sent at this moment (one UPDATE)."""
+    ids = list(dict.fromkeys(ids))
+    now = now or timezone.now()
+    # A reminder a worker holds may be on its way already: cancelling it could not stop the send.
+    free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+    cancelled = Reminder.objects.filter(free, pk__in=ids, status=ReminderStatus.PENDING).update(
+        status=ReminderStatus.CANCELLED, claimed_by="", claimed_until=None
+    )
+    return CancelResult(cancelled, len(ids) - cancelled)
+
+
+def delete_reminders(ids):
+    """Delete reminders by id (an operator's choice; a reminder being sent may still arrive)."""
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    found = set(Reminder.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    deleted, _ = Reminder.objects.filter(pk__in=ids).delete()
+    return BatchDelete(deleted, [i for i in ids if i not in found])
+
+
+# ------------------------------------------------------------------ memory's lifecycle
+
+
+@receiver(users_deleting, dispatch_uid="workflows_reminders_of_deleted_users")
+def _users_deleting(sender, user_ids, **kwargs):
+    Reminder.objects.filter(user_id__in=list(user_ids)).delete()
+
+
+@receiver(users_merged, dispatch_uid="workflows_reminders_follow_merge")
+def _users_merged(sender, source_id, target_id, **kwargs):
+    Reminder.objects.filter(user_id=source_id).update(user_id=target_id)
+
+
+@receiver(users_footprint, dispatch_uid="workflows_reminders_footprint")
+def _users_footprint(sender, user_ids, **kwargs):
+    return {"reminders": Reminder.objects.filter(user_id__in=list(user_ids)).aggregate(n=Count("id"))["n"]}
+
+
+@receiver(person_exporting, dispatch_uid="workflows_reminders_export")
+def _person_exporting(sender, user_ids, **kwargs):
+    fields = ("agent_id", "message", "due_at", "status", "attempts", "channel", "delivered_at", "created_at")
+    return [
+        {"kind": "reminder", **row}
+        for row in Reminder.objects.filter(user_id__in=list(user_ids)).order_by("pk").values(*fields)
+    ]
+
+
+FINISHED = (ReminderStatus.DELIVERED, ReminderStatus.FAILED, ReminderStatus.CANCELLED)
+
+
+@receiver(prune_requested, dispatch_uid="workflows_reminders_prune")
+def _prune_requested(sender, agent_id=None, dry_run=False, **kwargs):
+    """Finished reminders (delivered, failed, cancelled) due more than REMINDER_RETENTION_DAYS ago."""
+    days = workflow_settings.REMINDER_RETENTION_DAYS
+    if days is None:
+        return {}
+    old = Reminder.objects.filter(status__in=FINISHED, due_at__lt=timezone.now() - timedelta(days=days))
+    if agent_id is not None:
+        old = old.filter(agent_id=agent_id)
+    return {"reminders": old.count() if dry_run else old.delete()[0]}
