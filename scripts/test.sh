@@ -16,13 +16,14 @@ recall="${ENGRAM_RECALL:-both}"
 case "$recall" in both | keyword | hybrid) ;; *) echo "ENGRAM_RECALL must be both, keyword or hybrid, not '$recall'" >&2; exit 2 ;; esac
 # What the embedding model changes: recall and its API, consolidation, export and import, health,
 # the workflow runs that recall, the embedding worker, failing closed, erasure, the LangGraph store,
-# a user's own graph, async.
+# a user's own graph, async, the memory graph, promotion (it reads recall's events).
 HYBRID_TESTS=(
   tests/test_recall_local_model.py tests/test_recall.py tests/test_recall_vectors.py tests/test_recall_api.py
   tests/test_consolidation.py tests/test_transfer.py tests/test_health.py
   tests/test_workflows_nodes.py tests/test_workflows_telegram.py tests/test_workflows_agent.py
   tests/test_indexer.py tests/test_fail_closed.py tests/test_erasure.py
   tests/test_store.py tests/test_langgraph_api.py tests/test_async.py
+  tests/test_relations.py tests/test_promotion.py
 )
 
 setup() {  # setup VENV [EXTRA]: create the virtualenv and install Engram with the dev extra (and EXTRA)
