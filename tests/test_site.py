@@ -128,7 +128,10 @@ def test_an_unhandled_exception_is_logged_with_its_traceback_and_counted(admin_c
     with caplog.at_level(logging.ERROR, logger="django.request"):
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute("DROP TABLE memory_recall_doc")
+                # CASCADE on PostgreSQL: the memory graph's foreign keys point at the documents.
+                cursor.execute(
+                    "DROP TABLE memory_recall_doc" + (" CASCADE" if connection.vendor == "postgresql" else "")
+                )
             response = admin_client.get("/api/v1/recall/", {"q": "anything"})
             transaction.set_rollback(True)
     assert response.status_code == 500 and response.json()["detail"].startswith("Server error")
