@@ -5,6 +5,7 @@ import json
 
 import pytest
 from django.utils import timezone
+from test_relations import words  # noqa: F401  (the fixture: a bag-of-words embedder, no model)
 
 from memory.consolidation import BaseExtractor, ExtractedFact
 from memory.exceptions import ImportRejected
@@ -159,3 +160,16 @@ def test_a_promotion_of_a_source_already_promoted_is_refused(service, graph):
         service.import_memories(io.StringIO("\n".join(lines) + "\n"))
     assert info.value.errors[0][:2] == (n, "source_kind, source_id")
     assert Promotion.objects.count() == 1
+
+
+@pytest.mark.usefixtures("words")
+def test_similar_edges_keep_their_weights_through_a_round_trip(service, user_factory):
+    ann = user_factory("ann")
+    for key in ("drink", "morning_drink", "usual_drink"):
+        service.set_fact(key, "green tea every morning with honey", scope="user", user_id=ann.pk)
+    before = edges()
+    assert {e[3] for e in before} == {"similar"} and len(before) >= 2
+    text = export_text(service)
+    service.clear_memories()
+    service.import_memories(io.StringIO(text))
+    assert edges() == before
