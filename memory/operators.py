@@ -20,9 +20,11 @@ from .models import (
     Fact,
     FactType,
     FactVersion,
+    MemoryRelation,
     MemoryUser,
     Procedure,
     ProcedureType,
+    Promotion,
     RecallEvent,
     Scope,
     StoreItem,
@@ -77,6 +79,18 @@ class OperatorsMixin:
 
     def procedure_list(self):
         return Procedure.objects.all()
+
+    def fact_version_list(self):
+        """Every fact version (fact history, memory/history.py), of facts present and deleted."""
+        return FactVersion.objects.all()
+
+    def promotion_list(self):
+        """The promotion ledger (memory/promotion.py)."""
+        return Promotion.objects.all()
+
+    def relation_list(self):
+        """Every edge of the memory graph (memory/relations.py), with the documents it joins."""
+        return MemoryRelation.objects.select_related("source", "target")
 
     def memory_user_list(self):
         """Every memory user with `fact_count` and `episode_count`, identities prefetched."""

@@ -31,6 +31,8 @@ from .operators import BatchDelete, OperatorsMixin
 from .procedures import ProceduresMixin
 from .recall_service import RecallMixin
 from .store_items import StoreItemsMixin
+from .transfer import NaturalKey, TransferKind
+from .transfer import register_kind as register_transfer_kind
 from .users import Identified, UserContext, UsersMixin
 from .validation import MAX_ID, Viewer, check_id_list
 
@@ -42,10 +44,13 @@ __all__ = [
     "FactWrite",
     "Identified",
     "MemoryService",
+    "NaturalKey",
+    "TransferKind",
     "UserContext",
     "Viewer",
     "WriteAction",
     "check_id_list",
+    "register_transfer_kind",
 ]
 
 

@@ -1,4 +1,5 @@
-"""Export and import of the memory as JSON Lines: users, identities, episodes, procedures and facts.
+"""Export and import of the memory as JSON Lines: users, identities, episodes, procedures, facts, fact
+history, promotions and the memory graph's edges (and what other apps register: store items, reminders).
 
 Internal to the memory service: call `MemoryService.export_memories()` / `import_memories()` (the
 `memory export` / `memory import` commands).
@@ -10,6 +11,8 @@ The format, one JSON object per line:
     {"kind": "identity", "id": 1, "user_id": 1, "channel": "telegram", "external_id": "42", ...}
     {"kind": "fact", "id": 7, "key": "favourite_colour", "value": "green", "scope": "user", "user_id": 1, ...}
     {"kind": "fact_version", "id": 31, "fact_id": 7, "action": "updated", "value": "green", "valid_from": ...}
+    {"kind": "relation", "id": 4, "source_kind": "fact", "source_item": 7, "relation": "contradicts",
+     "target_kind": "fact_version", "target_item": 30, "weight": 1.0, "created_at": ...}
 
 Rows carry every stored column by its attribute name (foreign keys as `<name>_id`), timestamps as
 ISO 8601, JSON columns as JSON. Columns the database derives are left out and rebuilt on import:
@@ -28,7 +31,11 @@ operational logs, not memory: neither exported nor cleared.
 
 Fact history (`fact_version` rows) came in the same format version: a file from before it has
 none, imports as before, and each imported fact without versions gets a `created` version valid
-from its `updated_at` (where its history starts). More kinds (another app's tables) join with
+from its `updated_at` (where its history starts). Promotions (`promotion`, unique per source) and
+the memory graph's edges (`relation`) came the same way. An edge names the memories it joins by kind
+and id (a `contradicts` edge's target is a fact version), never by recall document (a derived row):
+edges are inserted after every other row and pointed at the documents the imported items got. An
+edge already stored under another id is refused by the database, naming the lines. More kinds (another app's tables) join with
 `register_kind(TransferKind(...))`.
 """
 
@@ -47,11 +54,26 @@ from django.db import (
     models,
     transaction,
 )
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import history, validation
 from .exceptions import ImportRejected, InvalidMemoryArgument
-from .models import ChannelIdentity, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
+from .models import (
+    ChannelIdentity,
+    Episode,
+    Fact,
+    FactVersion,
+    MemoryRelation,
+    MemoryUser,
+    Procedure,
+    Promotion,
+    RecallDocument,
+    RecallKind,
+    Relation,
+    Scope,
+)
 from .owners import owner_key
 from .text import fact_search_text
 
@@ -73,7 +95,14 @@ class NaturalKey:
 class TransferKind:
     """One exported table. `derived`: columns rebuilt on import; `natural_keys`: unique column groups
     (NaturalKey); `check`: extra row rules, returning (field, message) or None;
-    `prepare`: fills derived columns of a validated row before insert."""
+    `prepare`: fills derived columns of a validated row before insert.
+
+    A table whose file rows are not its stored columns (the memory graph's edges name memories, not
+    recall documents) gives `file_fields` (unbound model fields: the file's columns, validated as
+    such), `export_queryset` (annotated with those names), `row_references` (row -> [(field, kind
+    name, id)] it points at) and `to_stored` ((rows, lines) -> stored rows, for a batch, run
+    after every other kind's rows are in: `late`).
+    """
 
     name: str
     model: type
@@ -81,9 +110,22 @@ class TransferKind:
     natural_keys: tuple = ()
     check: Callable | None = None
     prepare: Callable | None = None
+    file_fields: tuple = ()
+    export_queryset: Callable | None = None
+    row_references: Callable | None = None
+    to_stored: Callable | None = None
+
+    @property
+    def late(self):
+        return self.to_stored is not None
 
     @property
     def fields(self):
+        """The file's columns."""
+        return list(self.file_fields) if self.file_fields else self.stored_fields
+
+    @property
+    def stored_fields(self):
         return [
             f
             for f in self.model._meta.concrete_fields
@@ -154,6 +196,106 @@ def _check_procedure(row):
     return validation.problem_of(lambda: validation.check_unit_interval("success_rate", row["success_rate"]))
 
 
+def _check_promotion(row):
+    if row["source_id"] <= 0:
+        return "source_id", "must be a positive id"
+    ids = row["fact_ids"]
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in ids):
+        return "fact_ids", "must be a list of positive fact ids"
+    return None
+
+
+# The memory graph's edges name the memories they join (recall documents are derived rows whose
+# ids mean nothing in another database): a `contradicts` edge's target is a fact version.
+VERSION_TARGET = "fact_version"
+
+
+def _relation_file_fields():
+    kinds = RecallKind.choices
+    fields = {
+        "id": models.BigIntegerField(),
+        "source_kind": models.CharField(max_length=16, choices=kinds),
+        "source_item": models.BigIntegerField(),
+        "target_kind": models.CharField(max_length=16, choices=[*kinds, (VERSION_TARGET, "Fact version")]),
+        "target_item": models.BigIntegerField(),
+        "relation": models.CharField(max_length=16, choices=Relation.choices),
+        "weight": models.FloatField(default=1.0),
+        "created_at": models.DateTimeField(),
+    }
+    for name, f in fields.items():
+        f.set_attributes_from_name(name)
+    return tuple(fields.values())
+
+
+def _relation_export():
+    return MemoryRelation.objects.annotate(
+        source_kind=F("source__kind"),
+        source_item=F("source__item_id"),
+        target_kind=Case(
+            When(target_version__isnull=False, then=Value(VERSION_TARGET)),
+            default=F("target__kind"),
+            output_field=models.CharField(),
+        ),
+        target_item=Coalesce("target_version_id", "target__item_id"),
+    )
+
+
+def _check_relation(row):
+    for name in ("id", "source_item", "target_item"):
+        if row[name] <= 0:
+            return name, "must be a positive id"
+    contradicts = row["relation"] == Relation.CONTRADICTS
+    if contradicts != (row["target_kind"] == VERSION_TARGET):
+        return "target_kind", "a contradicts edge, and only one, points at a fact_version"
+    if contradicts and row["source_kind"] != RecallKind.FACT:
+        return "source_kind", "a contradicts edge starts at a fact"
+    if (row["source_kind"], row["source_item"]) == (row["target_kind"], row["target_item"]):
+        return "target_item", "an edge cannot join a memory to itself"
+    # The weight is only checked finite: a `similar` edge's is a float32 cosine, which may round past 1.
+    return None
+
+
+def _relation_references(row):
+    return [
+        ("source_item", row["source_kind"], row["source_item"]),
+        ("target_item", row["target_kind"], row["target_item"]),
+    ]
+
+
+def _relation_rows(rows, lines):
+    """Stored rows of a batch of edges: each memory named by kind and id becomes its recall document."""
+    wanted = {}
+    for row in rows:
+        wanted.setdefault(row["source_kind"], set()).add(row["source_item"])
+        if row["target_kind"] != VERSION_TARGET:
+            wanted.setdefault(row["target_kind"], set()).add(row["target_item"])
+    docs = {}
+    for kind, items in wanted.items():
+        for chunk in validation.chunks(sorted(items)):
+            found = RecallDocument.objects.filter(kind=kind, item_id__in=chunk).values_list("item_id", "id")
+            docs.update({(kind, item): pk for item, pk in found})
+    stored = []
+    for row, lineno in zip(rows, lines):
+        source = docs.get((row["source_kind"], row["source_item"]))
+        version = row["target_kind"] == VERSION_TARGET
+        target = None if version else docs.get((row["target_kind"], row["target_item"]))
+        if source is None or (target is None and not version):
+            missing = "source_item" if source is None else "target_item"
+            raise ImportRejected([(lineno, missing, "names a memory without a recall document")])
+        stored.append(
+            {
+                "id": row["id"],
+                "source_id": source,
+                "target_id": target,
+                "target_version_id": row["target_item"] if version else None,
+                "relation": row["relation"],
+                "weight": row["weight"],
+                "created_at": row["created_at"],
+            }
+        )
+    return stored
+
+
 # Export order: a row's references come before it where the schema allows (inserts defer foreign
 # key checks to the commit anyway, so files in another order import too).
 KINDS = [
@@ -188,6 +330,26 @@ KINDS = [
     ),
     # A version names its fact by number only (a deleted fact's versions have no fact row to point at).
     TransferKind("fact_version", FactVersion, derived=("scope_key",), check=_check_version, prepare=_prepare_version),
+    # A promotion names its source by number (the source may be deleted later; the ledger stays).
+    TransferKind(
+        "promotion",
+        Promotion,
+        check=_check_promotion,
+        natural_keys=(
+            NaturalKey(
+                "source_kind, source_id", ("source_kind", "source_id"), lambda r: (r["source_kind"], r["source_id"])
+            ),
+        ),
+    ),
+    TransferKind(
+        "relation",
+        MemoryRelation,
+        check=_check_relation,
+        file_fields=_relation_file_fields(),
+        export_queryset=_relation_export,
+        row_references=_relation_references,
+        to_stored=_relation_rows,
+    ),
 ]
 
 
@@ -232,9 +394,8 @@ def export(out, *, on_progress=None):
             names = ["kind", *(f.attname for f in fields)]
             dates = [i + 1 for i, f in enumerate(fields) if isinstance(f, models.DateTimeField)]
             done = 0
-            rows = (
-                kind.model.objects.order_by("pk").values_list(*(f.attname for f in fields)).iterator(chunk_size=_BATCH)
-            )
+            source = kind.export_queryset() if kind.export_queryset else kind.model.objects
+            rows = source.order_by("pk").values_list(*(f.attname for f in fields)).iterator(chunk_size=_BATCH)
             lines = []
             for values in rows:
                 values = [kind.name, *values]
@@ -435,6 +596,9 @@ def _note_identity(plan, row, lineno, errors):
         ref = row[attname]
         if ref is not None:
             plan.refs.setdefault((target, ref), (lineno, attname))
+    if plan.kind.row_references:
+        for attname, target, ref in plan.kind.row_references(row):
+            plan.refs.setdefault((target, ref), (lineno, attname))
 
 
 def _check_against_database(plans, errors):
@@ -533,8 +697,12 @@ def import_(stream, *, dry_run=False, on_progress=None):
                 continue
             inserter.add(data, lineno)
             if len(inserter.pending) >= _BATCH:
+                if inserter.kind.late:  # what its rows point at goes in first
+                    for other in inserters.values():
+                        if not other.kind.late:
+                            flush(other)
                 flush(inserter)
-        for inserter in inserters.values():
+        for inserter in sorted(inserters.values(), key=lambda i: i.kind.late):
             flush(inserter)
         if again.digest() != fingerprint.digest():
             raise ImportRejected([(0, "(file)", "the file changed while it was imported; nothing was written")])
@@ -557,14 +725,15 @@ class _Inserter:
     def __init__(self, kind, conn):
         self.kind, self.conn = kind, conn
         self.fields = kind.fields
-        self.columns = [*self.fields, *(kind.model._meta.get_field(d) for d in kind.derived)]
+        self.stored = kind.stored_fields
+        self.columns = [*self.stored, *(kind.model._meta.get_field(d) for d in kind.derived)]
         self.sql = (
             f"INSERT INTO {conn.ops.quote_name(kind.model._meta.db_table)} "
             f"({', '.join(conn.ops.quote_name(f.column) for f in self.columns)}) "
             f"VALUES ({', '.join(['%s'] * len(self.columns))})"
         )
         self.defaults = _plans_defaults(kind)
-        self.adapters = [self._adapter(f) for f in self.fields]
+        self.adapters = [self._adapter(f) for f in self.stored]
         self.pending, self.lines = [], []
 
     def _adapter(self, f):
@@ -582,19 +751,22 @@ class _Inserter:
             row[name] = data[name] if name in data else self.defaults[name]()
         if self.kind.prepare:
             self.kind.prepare(row)
-        params = [
-            row[f.attname] if adapt is None else adapt(row[f.attname]) for f, adapt in zip(self.fields, self.adapters)
-        ]
-        params += [row[d] for d in self.kind.derived]
-        self.pending.append(params)
+        self.pending.append(row)
         self.lines.append(lineno)
+
+    def _params(self, row):
+        params = [
+            row[f.attname] if adapt is None else adapt(row[f.attname]) for f, adapt in zip(self.stored, self.adapters)
+        ]
+        return params + [row[d] for d in self.kind.derived]
 
     def flush(self):
         if not self.pending:
             return 0
+        rows = self.kind.to_stored(self.pending, self.lines) if self.kind.to_stored else self.pending
         try:
             with self.conn.cursor() as cursor:
-                cursor.executemany(self.sql, self.pending)
+                cursor.executemany(self.sql, [self._params(row) for row in rows])
         except IntegrityError as exc:
             span = f"{self.lines[0]}-{self.lines[-1]}"
             raise ImportRejected([(span, self.kind.name, f"the database refused these rows: {exc}")]) from exc

@@ -111,6 +111,9 @@ def test_export_clear_import_round_trip(store, tmp_path):
         "fact": 3,
         "fact_version": 3,
         "store_item": 0,
+        "promotion": 0,
+        "relation": 0,
+        "reminder": 0,
     }
     again = run_json("import", str(path))
     assert sum(again["added"].values()) == 0 and again["present"]["fact"] == 3

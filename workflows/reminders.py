@@ -5,7 +5,8 @@ an agent talks to, and `manage.py memory reminders` (workflows.delivery) sends i
 Reminders join memory's lifecycle through its signals, as threads do: `users_deleting` deletes a
 forgotten person's reminders (memory never imports workflows), `users_merged` moves them to the
 surviving user, `users_footprint` and `person_exporting` count and export them, and `prune_requested`
-(`memory prune`) deletes finished ones older than REMINDER_RETENTION_DAYS.
+(`memory prune`) deletes finished ones older than REMINDER_RETENTION_DAYS. They are a transfer kind
+("reminder"), so `memory export` writes them and `memory import` reads them back.
 """
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from django.utils import dateparse, timezone
 
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import MemoryUser
-from memory.service import BatchDelete
+from memory.service import BatchDelete, TransferKind, register_transfer_kind
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
 from .conf import workflow_settings
@@ -167,3 +168,33 @@ def _prune_requested(sender, agent_id=None, dry_run=False, **kwargs):
     if agent_id is not None:
         old = old.filter(agent_id=agent_id)
     return {"reminders": old.count() if dry_run else old.delete()[0]}
+
+
+# ------------------------------------------------------------------ memory export / import
+
+
+def _check_imported(row):
+    """A file's reminder must be one `schedule_reminder` and delivery could have written."""
+    if not row["message"].strip():
+        return "message", "must not be blank"
+    if len(row["message"]) > MAX_MESSAGE_LENGTH:
+        return "message", f"must be at most {MAX_MESSAGE_LENGTH} characters"
+    if (row["status"] == ReminderStatus.DELIVERED) != (row["delivered_at"] is not None):
+        return "delivered_at", "is set exactly when the status is delivered"
+    return None
+
+
+def _prepare_imported(row):
+    # A delivery lease belongs to a worker of the exporting database: here nobody holds it.
+    row["claimed_by"], row["claimed_until"] = "", None
+
+
+register_transfer_kind(
+    TransferKind(
+        "reminder",
+        Reminder,
+        derived=("claimed_by", "claimed_until"),
+        check=_check_imported,
+        prepare=_prepare_imported,
+    )
+)

@@ -17,10 +17,16 @@ from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Episode,
     Fact,
+    FactAction,
     FactType,
+    FactVersion,
+    MemoryRelation,
     MemoryUser,
     Procedure,
     ProcedureType,
+    Promotion,
+    RecallKind,
+    Relation,
     Scope,
     StoreItem,
 )
@@ -210,3 +216,57 @@ class MemoryUserFilter(django_filters.FilterSet):
                 ).values("pk")
             )
         return queryset
+
+
+class FactVersionFilter(django_filters.FilterSet):
+    fact = IdFilter(field_name="fact_id", help_text="Fact id: that fact's history (a deleted fact's too).")
+    user = IdFilter(field_name="user_id", help_text="Memory user id (versions of user-scoped facts).")
+    scope = django_filters.ChoiceFilter(choices=Scope.choices)
+    key = django_filters.CharFilter(max_length=255)
+    action = django_filters.ChoiceFilter(choices=FactAction.choices)
+    valid_from_after = django_filters.IsoDateTimeFilter(
+        field_name="valid_from", lookup_expr="gte", help_text="Versions valid from this ISO 8601 time or later."
+    )
+    valid_from_before = django_filters.IsoDateTimeFilter(
+        field_name="valid_from", lookup_expr="lt", help_text="Versions valid from before this ISO 8601 time."
+    )
+
+    class Meta:
+        model = FactVersion
+        fields = ["fact", "user", "scope", "key", "action"]
+
+
+class PromotionFilter(django_filters.FilterSet):
+    rule = django_filters.ChoiceFilter(choices=Promotion.Rule.choices)
+    user = IdFilter(field_name="user_id", help_text="Memory user id: whose memory the promotion became.")
+    source_kind = django_filters.ChoiceFilter(choices=RecallKind.choices)
+
+    class Meta:
+        model = Promotion
+        fields = ["rule", "user", "source_kind"]
+
+
+class RelationFilter(django_filters.FilterSet):
+    relation = django_filters.ChoiceFilter(choices=Relation.choices)
+    # Applied together in filter_queryset: one memory is a kind and an id.
+    kind = django_filters.ChoiceFilter(
+        choices=RecallKind.choices, method="of_memory", help_text="With `item`: one memory's edges, either direction."
+    )
+    item = IdFilter(method="of_memory", help_text="With `kind`: the fact, episode or procedure id.")
+
+    class Meta:
+        model = MemoryRelation
+        fields = ["relation"]
+
+    def of_memory(self, queryset, name, value):
+        return queryset
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        kind, item = self.form.cleaned_data.get("kind"), self.form.cleaned_data.get("item")
+        if not kind and item is None:
+            return queryset
+        if not kind or item is None:
+            missing = "kind" if not kind else "item"
+            raise ValidationError({missing: ["Give kind and item together: they name one memory."]})
+        return queryset.filter(Q(source__kind=kind, source__item_id=item) | Q(target__kind=kind, target__item_id=item))

@@ -4,7 +4,17 @@ from django.db import models
 from rest_framework import serializers
 
 from ..conf import memory_settings
-from ..models import ChannelIdentity, Episode, Fact, MemoryUser, Procedure, StoreItem
+from ..models import (
+    ChannelIdentity,
+    Episode,
+    Fact,
+    FactVersion,
+    MemoryRelation,
+    MemoryUser,
+    Procedure,
+    Promotion,
+    StoreItem,
+)
 from ..service import MAX_ID
 
 # Digits shown of stored floats: confidence moves by repeated arithmetic (0.8 -> 0.8720000000000001).
@@ -125,6 +135,69 @@ class ProcedureSerializer(MemorySerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class FactVersionSerializer(MemorySerializer):
+    class Meta:
+        model = FactVersion
+        fields = [
+            "id",
+            "fact_id",
+            "action",
+            "key",
+            "value",
+            "fact_type",
+            "scope",
+            "scope_key",
+            "user",
+            "agent_id",
+            "session_id",
+            "confidence",
+            "source_episode_id",
+            "provenance",
+            "valid_from",
+        ]
+        read_only_fields = fields
+
+
+class PromotionSerializer(MemorySerializer):
+    class Meta:
+        model = Promotion
+        fields = [
+            "id",
+            "source_kind",
+            "source_id",
+            "rule",
+            "user",
+            "agent_id",
+            "recalls",
+            "sessions",
+            "fact_ids",
+            "promoted_at",
+        ]
+        read_only_fields = fields
+
+
+class RelationSerializer(MemorySerializer):
+    """An edge named by the memories it joins (documents are derived rows, their ids mean nothing outside)."""
+
+    source_kind = serializers.CharField(source="source.kind", read_only=True, help_text="fact, episode or procedure.")
+    source_item = serializers.IntegerField(source="source.item_id", read_only=True, help_text="Its id.")
+    target_kind = serializers.SerializerMethodField(
+        help_text="fact, episode, procedure, or fact_version (contradicts)."
+    )
+    target_item = serializers.SerializerMethodField(help_text="Its id (a fact version's id for contradicts).")
+
+    class Meta:
+        model = MemoryRelation
+        fields = ["id", "relation", "weight", "source_kind", "source_item", "target_kind", "target_item", "created_at"]
+        read_only_fields = fields
+
+    def get_target_kind(self, obj) -> str:
+        return "fact_version" if obj.target_version_id is not None else obj.target.kind
+
+    def get_target_item(self, obj) -> int:
+        return obj.target_version_id if obj.target_version_id is not None else obj.target.item_id
 
 
 class ChannelIdentitySerializer(serializers.ModelSerializer):

@@ -2,7 +2,16 @@
 
 from rest_framework.routers import SimpleRouter
 
-from .views import EpisodeViewSet, FactViewSet, MemoryUserViewSet, ProcedureViewSet, StoreItemViewSet
+from .views import (
+    EpisodeViewSet,
+    FactVersionViewSet,
+    FactViewSet,
+    MemoryUserViewSet,
+    ProcedureViewSet,
+    PromotionViewSet,
+    RelationViewSet,
+    StoreItemViewSet,
+)
 
 router = SimpleRouter()
 router.register("facts", FactViewSet, basename="fact")
@@ -10,5 +19,8 @@ router.register("episodes", EpisodeViewSet, basename="episode")
 router.register("procedures", ProcedureViewSet, basename="procedure")
 router.register("memory-users", MemoryUserViewSet, basename="memory-user")
 router.register("store-items", StoreItemViewSet, basename="store-item")
+router.register("fact-versions", FactVersionViewSet, basename="fact-version")
+router.register("promotions", PromotionViewSet, basename="promotion")
+router.register("relations", RelationViewSet, basename="relation")
 
 urlpatterns = router.urls

@@ -14,22 +14,23 @@ from rest_framework.response import Response
 from ..conf import memory_settings
 from ..service import MemoryService
 from . import serializers
-from .filters import EpisodeFilter, FactFilter, MemoryUserFilter, ProcedureFilter, StoreItemFilter
+from .filters import (
+    EpisodeFilter,
+    FactFilter,
+    FactVersionFilter,
+    MemoryUserFilter,
+    ProcedureFilter,
+    PromotionFilter,
+    RelationFilter,
+    StoreItemFilter,
+)
 from .policy import StaffAPI
 
 
-class MemoryViewSet(
-    StaffAPI, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
-):
-    """The endpoints every kind shares: list, retrieve, delete, batch-delete.
-
-    A subclass names its queryset (`list_method`) and delete (`delete_method`) on MemoryService.
-    """
+class MemoryListViewSet(StaffAPI, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """A read-only list; a subclass names its queryset on MemoryService (`list_method`)."""
 
     list_method = ""
-    delete_method = ""
-    batch_delete_serializer_class = serializers.BatchDeleteSerializer
-    batch_delete_result_serializer_class = serializers.BatchDeleteResultSerializer
     ordering = ["-id"]
     # Any path segment reaches the view, so a malformed id is answered by the API (JSON 404), not
     # by Django's HTML page for unmatched URLs.
@@ -41,6 +42,21 @@ class MemoryViewSet(
 
     def get_queryset(self):
         return getattr(self.service, self.list_method)()
+
+
+class MemoryReadViewSet(mixins.RetrieveModelMixin, MemoryListViewSet):
+    """List and retrieve."""
+
+
+class MemoryViewSet(mixins.DestroyModelMixin, MemoryReadViewSet):
+    """The endpoints every kind of memory shares: list, retrieve, delete, batch-delete.
+
+    A subclass names its queryset (`list_method`) and delete (`delete_method`) on MemoryService.
+    """
+
+    delete_method = ""
+    batch_delete_serializer_class = serializers.BatchDeleteSerializer
+    batch_delete_result_serializer_class = serializers.BatchDeleteResultSerializer
 
     def get_serializer_class(self):
         if self.action == "batch_delete":
@@ -127,6 +143,47 @@ class StoreItemViewSet(MemoryViewSet):
     filterset_class = StoreItemFilter
     list_method, delete_method = "store_item_list", "delete_store_items"
     ordering_fields = ["id", "namespace", "key", "updated_at"]
+
+
+class FactVersionViewSet(MemoryReadViewSet):
+    """Fact history: one row per change of a fact (memory/history.py), of present and deleted facts.
+
+    Read only. History is the record of what the memory held; deleting a version would make
+    point-in-time reads (`as_of`) answer something that was never true. Versions go with their fact's
+    person (forget a person) and by MEMORY_LIMITS["MAX_VERSIONS_PER_FACT"], nothing else.
+    """
+
+    serializer_class = serializers.FactVersionSerializer
+    filterset_class = FactVersionFilter
+    list_method = "fact_version_list"
+    ordering_fields = ["id", "valid_from", "fact_id", "key"]
+
+
+class PromotionViewSet(MemoryReadViewSet):
+    """The promotion ledger (memory/promotion.py): memories the sweep made durable.
+
+    Read only: the ledger is what keeps a source from being promoted twice; deleting a row would let
+    the next sweep promote it again. Rows go with their person (forget a person).
+    """
+
+    serializer_class = serializers.PromotionSerializer
+    filterset_class = PromotionFilter
+    list_method = "promotion_list"
+    ordering_fields = ["id", "promoted_at", "recalls", "sessions"]
+
+
+class RelationViewSet(MemoryListViewSet):
+    """Edges of the memory graph (memory/relations.py), named by the memories they join.
+
+    List only: edges are derived (by the embedding worker, consolidation and writes) and go with
+    their memories; `?kind=&item=` lists one memory's edges in either direction.
+    """
+
+    serializer_class = serializers.RelationSerializer
+    filterset_class = RelationFilter
+    list_method = "relation_list"
+    ordering = ["-weight", "id"]
+    ordering_fields = ["id", "weight", "created_at"]
 
 
 _CASCADE = OpenApiParameter(
