@@ -2,6 +2,7 @@
 
     python -m bench.retrieval --dataset locomo PATH [--json] [--database-url URL] [--set KEY=JSON ...]
     python -m bench.retrieval --dataset generic PATH [--json]
+    python -m bench.retrieval --dataset locomo PATH --folds 5 [--grid KEY=JSON_LIST ...]
 
 Every dialog turn of a conversation becomes one episode of one agent (one agent per conversation),
 written through MemoryService into a scratch database (start_episode with the speaker, turn id and
@@ -9,10 +10,12 @@ session date in trigger_input and the session in session_id; add_message(speaker
 question is then asked through MemoryService.recall(types=["episodes"], limit=50) in each mode, and
 recall@k is LoCoMo's: the share of a question's gold evidence turn ids among the top k, averaged
 over questions. Evidence ids that name no turn of the conversation are skipped; a question left with
-none is not counted.
+none is not counted. The "rrf" row is a reference: plain reciprocal-rank fusion of the keyword and
+vector rankings. --folds cross-validates a choice among settings (--grid) over conversations.
 """
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -28,6 +31,9 @@ from .scratch import scratch_django
 
 KS = (5, 10, 25, 50)
 MODES = ("keyword", "vector", "hybrid")
+RRF_K = 60
+# What --folds chooses among when no --grid is given: the fusion and the session context's weight.
+DEFAULT_GRID = {"RECALL_FUSION": ["standardized", "weighted"], "RECALL_SESSION_WEIGHT": [0.2, 0.4, 0.6]}
 LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 
 
@@ -116,7 +122,8 @@ def _progress(console):
     )
 
 
-def run(conversations, modes, progress):
+def store(conversations, progress):
+    """Write every turn as an episode and wait for the embedding worker. Returns ({episode id: turn id}, seconds)."""
     from memory.service import MemoryService
 
     service = MemoryService()
@@ -145,13 +152,27 @@ def run(conversations, modes, progress):
         progress.update(task, completed=backlog - service.pending_vectors())
     progress.update(task, completed=backlog)
     service.optimize_recall_index()
+    return turn_of, store_s
 
-    scores = {m: defaultdict(list) for m in modes}  # mode -> (category, k) -> [recall]
-    skipped = 0
-    asked = 0
-    total_questions = sum(len(c.questions) for c in conversations)
-    task = progress.add_task("asking questions", total=total_questions)
+
+@dataclass
+class Asked:
+    """One question's ranked turn ids per mode."""
+
+    conversation: str
+    category: str
+    gold: set
+    ranked: dict = field(default_factory=dict)
+
+
+def ask(conversations, turn_of, modes, progress, label="asking questions"):
+    """Every question with valid evidence, asked in each mode. Returns ([Asked], skipped, {mode: [ms]})."""
+    from memory.service import MemoryService
+
+    service = MemoryService()
+    asked, skipped = [], 0
     latency = {m: [] for m in modes}
+    task = progress.add_task(label, total=sum(len(c.questions) for c in conversations))
     for conv in conversations:
         agent = f"bench-{conv.id}"
         known = {t.id for t in conv.turns}
@@ -161,18 +182,81 @@ def run(conversations, modes, progress):
             if not gold:
                 skipped += 1
                 continue
-            asked += 1
+            entry = Asked(conv.id, q.category, gold)
             for mode in modes:
                 t0 = time.perf_counter()
                 result = service.recall(q.question, agent_id=agent, types=["episodes"], limit=max(KS), mode=mode)
                 latency[mode].append((time.perf_counter() - t0) * 1000.0 - result.embed_ms)
-                ranked = [turn_of.get(h.id) for h in result]
-                for k in KS:
-                    got = len(gold & set(ranked[:k])) / len(gold)
-                    scores[mode][("all", k)].append(got)
-                    scores[mode][(q.category, k)].append(got)
+                entry.ranked[mode] = [turn_of.get(h.id) for h in result]
+            asked.append(entry)
     service.flush_recall_log()
-    return scores, asked, skipped, store_s, latency
+    return asked, skipped, latency
+
+
+def add_rrf(asked, k=RRF_K):
+    """The reference row: plain reciprocal-rank fusion (k = 60) of the keyword and vector rankings."""
+    for entry in asked:
+        fused = defaultdict(float)
+        for mode in ("keyword", "vector"):
+            for rank, turn in enumerate(entry.ranked[mode], start=1):
+                fused[turn] += 1.0 / (k + rank)
+        entry.ranked["rrf"] = sorted(fused, key=lambda t: -fused[t])[: max(KS)]
+
+
+def score(asked, modes):
+    """{mode: {(category or "all", k): [recall of each question]}}."""
+    scores = {m: defaultdict(list) for m in modes}
+    for entry in asked:
+        for mode in modes:
+            for k in KS:
+                got = len(entry.gold & set(entry.ranked[mode][:k])) / len(entry.gold)
+                scores[mode][("all", k)].append(got)
+                scores[mode][(entry.category, k)].append(got)
+    return scores
+
+
+def mean_recall(asked, mode="hybrid"):
+    """Recall averaged over KS and questions: the one number a fold's choice maximises."""
+    if not asked:
+        return 0.0
+    total = sum(len(e.gold & set(e.ranked[mode][:k])) / len(e.gold) for e in asked for k in KS)
+    return total / (len(asked) * len(KS))
+
+
+def cross_validate(conversations, turn_of, grid, folds, progress):
+    """Choose among the `grid`'s settings by cross-validation over conversations.
+
+    Conversation i is in fold i % folds. Every combination of the grid is asked (hybrid) once; for
+    each fold the combination with the best mean recall on the other folds' questions (held-in) is
+    chosen, and its recall on the fold's own questions (held-out) reported. Returns
+    {"folds": [...], "held_in": {recall@k}, "held_out": {recall@k}}: held-in is the mean over folds
+    of the chosen combination's figure on its own training folds; held-out scores every question
+    with the combination chosen without its conversation.
+    """
+    keys = list(grid)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    answers = []
+    for index, combo in enumerate(combos, start=1):
+        apply_overrides([f"{k}={json.dumps(v)}" for k, v in combo.items()])
+        asked, _, _ = ask(conversations, turn_of, ("hybrid",), progress, f"grid {index}/{len(combos)}: {combo}")
+        answers.append(asked)
+    fold_of = {c.id: i % folds for i, c in enumerate(conversations)}
+    report, held_out, held_in = [], [], {k: [] for k in KS}
+    for fold in range(folds):
+        inside = [[e for e in asked if fold_of[e.conversation] != fold] for asked in answers]
+        best = max(range(len(combos)), key=lambda i: mean_recall(inside[i]))
+        outside = [e for e in answers[best] if fold_of[e.conversation] == fold]
+        held_out.extend(outside)
+        trained = summarise(score(inside[best], ("hybrid",)), ("hybrid",))[0]["hybrid"]
+        tested = summarise(score(outside, ("hybrid",)), ("hybrid",))[0]["hybrid"]
+        for k in KS:
+            held_in[k].append(trained[f"recall@{k}"])
+        report.append({"fold": fold, "chosen": combos[best], "held_in": trained, "held_out": tested})
+    return {
+        "folds": report,
+        "held_in": {f"recall@{k}": round(sum(v) / len(v), 2) for k, v in held_in.items()},
+        "held_out": summarise(score(held_out, ("hybrid",)), ("hybrid",))[0]["hybrid"],
+    }
 
 
 def summarise(scores, modes):
@@ -211,11 +295,33 @@ def main(argv=None):
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of keyword,vector,hybrid")
     parser.add_argument("--conversations", type=int, help="only the first N conversations")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="override a MEMORY setting")
+    parser.add_argument(
+        "--folds", type=int, help="cross-validate the --grid's choice over this many folds of conversations"
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=JSON_LIST",
+        help=f"a MEMORY setting and the values --folds chooses among (default: {json.dumps(DEFAULT_GRID)})",
+    )
     args = parser.parse_args(argv)
     modes = tuple(m for m in args.modes.split(",") if m)
     if not set(modes) <= set(MODES):
         parser.error(f"--modes: use {', '.join(MODES)}")
+    grid = {}
+    for pair in args.grid:
+        key, _, raw = pair.partition("=")
+        try:
+            values = json.loads(raw)
+        except json.JSONDecodeError:
+            values = None
+        if not key or not isinstance(values, list) or not values:
+            parser.error(f"--grid {pair!r}: use KEY=JSON_LIST, e.g. RECALL_SESSION_WEIGHT=[0.2,0.4]")
+        grid[key] = values
     conversations = LOADERS[args.dataset](args.path)[: args.conversations]
+    if args.folds is not None and not 2 <= args.folds <= len(conversations):
+        parser.error(f"--folds: between 2 and the number of conversations ({len(conversations)})")
     console = Console(stderr=True)
     with scratch_django(args.database_url):
         apply_overrides(args.set)
@@ -225,14 +331,22 @@ def main(argv=None):
             console.print("[red]no embedder: install the embeddings extra, or run with --modes keyword[/red]")
             return 2
         with _progress(console) as progress:
-            scores, asked, skipped, store_s, latency = run(conversations, modes, progress)
-    overall, per_category, counts = summarise(scores, modes)
+            turn_of, store_s = store(conversations, progress)
+            asked, skipped, latency = ask(conversations, turn_of, modes, progress)
+            folds = None
+            if args.folds:
+                folds = cross_validate(conversations, turn_of, grid or DEFAULT_GRID, args.folds, progress)
+    rows = modes
+    if {"keyword", "vector"} <= set(modes):
+        add_rrf(asked)
+        rows = (*modes, "rrf")
+    overall, per_category, counts = summarise(score(asked, rows), rows)
     p50 = {m: round(sorted(v)[len(v) // 2], 2) if v else None for m, v in latency.items()}
     if args.json:
-        out = {m: overall[m] for m in modes}
+        out = {m: overall[m] for m in rows}
         out.update(
             {
-                "questions": asked,
+                "questions": len(asked),
                 "skipped_questions": skipped,
                 "categories": per_category,
                 "category_questions": counts,
@@ -241,25 +355,48 @@ def main(argv=None):
                 "settings": args.set,
             }
         )
+        if folds:
+            out["cross_validation"] = folds
         print(json.dumps(out))
         return 0
     out = Console()
-    table = Table(title=f"recall@k of evidence turns, {asked} questions ({skipped} without valid evidence skipped)")
+    table = Table(
+        title=f"recall@k of evidence turns, {len(asked)} questions ({skipped} without valid evidence skipped); "
+        f"rrf: plain reciprocal-rank fusion (k = {RRF_K}) of the keyword and vector rankings, for reference"
+    )
     table.add_column("category")
     table.add_column("questions", justify="right")
     table.add_column("mode")
     for k in KS:
         table.add_column(f"@{k}", justify="right")
-    for mode in modes:
-        table.add_row("all", str(asked), mode, *[f"{overall[mode][f'recall@{k}']:.1f}" for k in KS])
+    for mode in rows:
+        table.add_row("all", str(len(asked)), mode, *[f"{overall[mode][f'recall@{k}']:.1f}" for k in KS])
     for category, by_mode in per_category.items():
         table.add_section()
-        for mode in modes:
+        for mode in rows:
             table.add_row(category, str(counts[category]), mode, *[f"{by_mode[mode][f'recall@{k}']:.1f}" for k in KS])
     out.print(table)
     out.print(
         f"stored {sum(len(c.turns) for c in conversations)} turns in {store_s:.1f} s; recall p50 (ms, without the query's embedding): {p50}"
     )
+    if folds:
+        table = Table(title=f"hybrid, cross-validated over {args.folds} folds of conversations (chosen on held-in)")
+        table.add_column("fold")
+        table.add_column("chosen")
+        table.add_column("set")
+        for k in KS:
+            table.add_column(f"@{k}", justify="right")
+        for fold in folds["folds"]:
+            for which in ("held_in", "held_out"):
+                chosen = json.dumps(fold["chosen"]) if which == "held_in" else ""
+                figures = [f"{fold[which][f'recall@{k}']:.1f}" for k in KS]
+                table.add_row(
+                    str(fold["fold"]) if which == "held_in" else "", chosen, which.replace("_", "-"), *figures
+                )
+        table.add_section()
+        for which in ("held_in", "held_out"):
+            table.add_row("all", "", which.replace("_", "-"), *[f"{folds[which][f'recall@{k}']:.1f}" for k in KS])
+        out.print(table)
     return 0
 
 

@@ -110,7 +110,10 @@ DEFAULTS = {
     "RECALL_WALK_DEPTH": 0,
     # The MCP server over HTTP (`memory mcp --http`): {bearer token: {"agent": id, "user": memory user id or None}}.
     "MCP_TOKENS": {},
-    # Fusion: weight of the keyword score, (bm25 / best bm25) ** RECALL_KEYWORD_POWER; the cosine gets the rest.
+    # How the keyword and vector legs combine (memory/recall.py): "standardized" (each leg's scores
+    # standardized over its own candidates and summed; nothing to tune) or "weighted" (fitted on
+    # LoCoMo): RECALL_KEYWORD_WEIGHT of (bm25 / best bm25) ** RECALL_KEYWORD_POWER, the cosine the rest.
+    "RECALL_FUSION": "standardized",
     "RECALL_KEYWORD_WEIGHT": 0.6,
     "RECALL_KEYWORD_POWER": 2.0,
     # How many candidates each leg hands to the fusion.

@@ -5,11 +5,19 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 1. Candidates: the RECALL_CANDIDATES best keyword matches among the viewer's owners (SQLite FTS5
    BM25 / PostgreSQL ts_rank over any word of the query, stop words dropped) and, with an embedder,
    the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan of the in-process index).
-2. Fusion: relevance = w * (bm25 / best bm25) ** p + (1 - w) * max(cosine, 0), w = RECALL_KEYWORD_WEIGHT,
-   p = RECALL_KEYWORD_POWER (2: a weak keyword match counts for little next to the best one).
-   Both scores are known for every candidate (a keyword candidate's cosine comes from the index; a
-   vector candidate outside the keyword list has no query word: bm25 0). Unlike rank fusion (RRF),
-   this keeps how far apart the scores are, which is what lets it beat both legs (bench/README.md).
+2. Fusion (RECALL_FUSION "standardized", the default): each leg's scores are standardized over that
+   leg's own candidate list, z = (score - mean) / std, and clipped at 0; relevance is the sum of
+   the legs' z (one leg in "keyword" or "vector" mode). There is no weight to fit: a leg counts
+   per query by how far its candidate stands out from the rest of its list, so a leg that has
+   little to say (a long query matching many documents by common words; vectors all about equally
+   close) spreads thin, and a leg with a clear winner decides. Below its list's mean a document
+   gets nothing from that leg (it is no evidence for it). A list whose scores are all equal (one
+   keyword match, say) gives each of its documents 1 (one standard deviation: a match the leg
+   cannot rank). Documents below both means keep their order, and a positive score, by TIE_BREAK x
+   their raw scores. The older "weighted" fusion, w * (bm25 / best bm25) ** p + (1 - w) * cosine
+   (w = RECALL_KEYWORD_WEIGHT 0.6, p = RECALL_KEYWORD_POWER 2), was fitted on LoCoMo, where words
+   matter most, and falls below its own vector leg on dialog data where meaning matters more; it
+   stays as a setting for comparison. bench/README.md has both, cross-validated.
 3. Session context: an episode's relevance gains RECALL_CONTEXT_WEIGHTS of the relevance of the
    episodes one before, one after, two before and two after it in the same session (a conversation
    stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
@@ -34,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from .backends.rows import models_by_id
@@ -222,6 +231,7 @@ class Recaller:
         self._clock = now
 
     def run(self):
+        fusion = _fusion()
         embedder = None
         mode = self.requested_mode
         if mode != "keyword":
@@ -242,7 +252,7 @@ class Recaller:
         if mode in ("hybrid", "keyword") and self.terms:
             keyword = dict(self.backend.recall_keyword(self.terms, owner_names, depth))
         self._lap("keyword")
-        vector, query_vector, index = {}, None, None
+        vector, query_vector, index, vector_list = {}, None, None, []
         if mode in ("hybrid", "vector"):
             model_guard.check(embedder)
             index = get_vector_index(embedder.dimension)
@@ -252,6 +262,7 @@ class Recaller:
             self._lap("embed")
             self.embed_ms = self.timings["embed"]
             vector = dict(index.search(owner_names, query_vector, depth))
+            vector_list = list(vector.values())  # the leg's own list, before cosines of others join it
             missing = [d for d in keyword if d not in vector]
             if missing:
                 vector.update(index.cosines(owner_names, missing, query_vector))
@@ -283,15 +294,7 @@ class Recaller:
             if outside:
                 vector.update(index.cosines(owner_names, outside, query_vector))
         best_keyword = max(keyword.values(), default=0.0) or 1.0
-        w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if mode == "keyword" else 0.0)
-        power = float(memory_settings.RECALL_KEYWORD_POWER)
-
-        def relevance(doc_id):
-            kw = (keyword.get(doc_id, 0.0) / best_keyword) ** power
-            cos = max(vector.get(doc_id, 0.0), 0.0)
-            return w * kw + (1.0 - w) * cos
-
-        fused = {doc_id: relevance(doc_id) for doc_id in rows}
+        fused = _fuse(fusion, mode, rows, keyword, vector, vector_list)
         ranked = dict(fused)
         session_best = {}
         for doc_id, (session, _) in around.items():
@@ -381,6 +384,52 @@ class Recaller:
             for pk, item in models_by_id(ITEM_MODELS[kind], ids).items():
                 items[(kind, pk)] = item
         return items
+
+
+FUSIONS = ("standardized", "weighted")
+# Clipping ties every document below both lists' means at 0: they keep their order (and a positive
+# score) by this share of their raw scores, too small to reorder documents a leg stands behind.
+TIE_BREAK = 1e-3
+
+
+def _fusion():
+    fusion = memory_settings.RECALL_FUSION
+    if fusion not in FUSIONS:
+        raise ImproperlyConfigured(f"MEMORY['RECALL_FUSION'] must be one of {', '.join(FUSIONS)}, not {fusion!r}")
+    return fusion
+
+
+def _fuse(fusion, mode, rows, keyword, vector, vector_list):
+    """{document: relevance} of the candidates `rows` from the legs' scores (module docstring, step 2)."""
+    use_keyword, use_vector = mode in ("hybrid", "keyword"), mode in ("hybrid", "vector")
+    if fusion == "weighted":
+        best = max(keyword.values(), default=0.0) or 1.0
+        w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if use_keyword else 0.0)
+        power = float(memory_settings.RECALL_KEYWORD_POWER)
+        return {d: w * (keyword.get(d, 0.0) / best) ** power + (1.0 - w) * max(vector.get(d, 0.0), 0.0) for d in rows}
+    keyword_z = _standardizer(keyword.values()) if use_keyword else None
+    vector_z = _standardizer(vector_list) if use_vector else None
+    best = max(keyword.values(), default=0.0) or 1.0
+    fused = {}
+    for d in rows:
+        kw = keyword.get(d, 0.0) if use_keyword else 0.0
+        cos = max(vector.get(d, 0.0), 0.0) if use_vector else 0.0
+        z = (keyword_z(kw) if keyword_z and kw else 0.0) + (vector_z(cos) if vector_z else 0.0)
+        fused[d] = z + TIE_BREAK * (kw / best + cos)
+    return fused
+
+
+def _standardizer(scores):
+    """score -> max(0, (score - mean) / std) over one leg's candidate list; 1 at or above the mean
+    when the list cannot rank (empty, one score, all equal)."""
+    values = list(scores)
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    if std <= 1e-12 * max(1.0, abs(mean)):
+        return lambda score: 1.0 if score >= mean else 0.0
+    return lambda score: max(0.0, (score - mean) / std)
 
 
 def _relations(neighbours):

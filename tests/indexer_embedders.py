@@ -1,13 +1,14 @@
 """Embedders for the embedding worker's tests, importable by dotted path (also from a second process).
 
 Each wraps LangChain's DeterministicFakeEmbedding (a real `Embeddings`): one refuses to run inside a
-database transaction, one raises while a switch is on, one blocks until released.
+database transaction, one raises while a switch is on, one blocks until released. ConceptEmbedding
+knows a few synonyms (for the tests of how recall fuses its two legs).
 """
 
 import threading
 
 from django.db import connection
-from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 
 SIZE = 32
 MODEL_ID = "fake-32"
@@ -66,3 +67,38 @@ class DocumentCountingEmbedding(TransactionCheckingEmbedding):
     def embed_documents(self, texts):
         document_texts.extend(texts)
         return super().embed_documents(texts)
+
+
+# Words that mean the same thing share a dimension; every other word is ignored (a text without any
+# of them points along the last dimension). Recall's fusion tests use it as a model that knows
+# "beverage" and "tea" are about drinks although they share no letters.
+CONCEPTS = {
+    "drink": ("beverage", "tea", "coffee", "drink"),
+    "morning": ("morning",),
+    "exercise": ("run", "yoga", "swim"),
+    "work": ("meeting", "emails", "report"),
+    "reading": ("news", "book", "paper"),
+}
+
+
+class ConceptEmbedding(Embeddings):
+    """A tiny meaning-aware model: a text's vector counts its words per concept (normalised)."""
+
+    def __init__(self, **kwargs):
+        self.dimensions = {word: i for i, words in enumerate(CONCEPTS.values()) for word in words}
+
+    def _embed(self, text):
+        vector = [0.0] * (len(CONCEPTS) + 1)
+        for word in text.lower().replace(":", " ").split():
+            if word in self.dimensions:
+                vector[self.dimensions[word]] += 1.0
+        if not any(vector):
+            vector[-1] = 1.0
+        norm = sum(v * v for v in vector) ** 0.5
+        return [v / norm for v in vector]
+
+    def embed_documents(self, texts):
+        return [self._embed(t) for t in texts]
+
+    def embed_query(self, text):
+        return self._embed(text)

@@ -512,3 +512,57 @@ def test_vector_blob_round_trip():
 
     v = np.arange(4, dtype=np.float32) / 3
     assert np.array_equal(from_blobs([to_blob(v), to_blob(v * 2)], 4), np.stack([v, v * 2]))
+
+
+# ------------------------------------------------------- fusion of the two legs
+
+HABITS = ["run", "yoga", "swim", "meeting", "emails", "report", "news", "book", "paper"]
+
+
+@pytest.fixture
+def concept_embedder(settings):
+    """Hybrid recall with a model that knows "beverage" and "tea" are both about drinks."""
+    settings.MEMORY = {
+        **getattr(settings, "MEMORY", {}),
+        "EMBEDDINGS": "indexer_embedders.ConceptEmbedding",
+        "EMBEDDINGS_MODEL_ID": "concepts-6",
+    }
+    reset_vector_index()
+    yield
+    reset_vector_index()
+
+
+def _habits_and_a_drink(service):
+    for i, habit in enumerate(HABITS):
+        service.set_fact(f"habit_{i}", f"{habit} every morning", scope="agent", agent_id="bot")
+    service.set_fact("favourite", "green tea", scope="agent", agent_id="bot")
+    assert service.wait_for_vectors(timeout=30)
+
+
+def test_hybrid_follows_the_leg_whose_candidate_stands_out(service, concept_embedder, settings):
+    """Every habit matches "morning" equally, so the keyword leg cannot tell them apart; the vector
+    leg clearly prefers the drink. The answer comes first in hybrid recall, although it shares no
+    word with the question, where a fixed keyword weight (the "weighted" fusion) buries it."""
+    _habits_and_a_drink(service)
+    question = "which beverage do I like in the morning"
+    assert service.recall(question, agent_id="bot", mode="hybrid")[0].item.key == "favourite"
+    assert "favourite" not in [h.item.key for h in service.recall(question, agent_id="bot", mode="keyword")]
+
+    settings.MEMORY = {**settings.MEMORY, "RECALL_FUSION": "weighted"}
+    assert service.recall(question, agent_id="bot", mode="hybrid")[0].item.key != "favourite"
+
+
+def test_a_clear_keyword_match_still_comes_first(service, concept_embedder):
+    """The vectors cannot tell the habits apart (each is "morning" plus one concept); the one habit
+    named in the question is the keyword leg's clear winner and comes first."""
+    _habits_and_a_drink(service)
+    hits = service.recall("when do I swim", agent_id="bot", mode="hybrid")
+    assert hits[0].item.value == "swim every morning"
+
+
+def test_an_unknown_fusion_is_refused_by_name(service, concept_embedder, settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.MEMORY = {**settings.MEMORY, "RECALL_FUSION": "average"}
+    with pytest.raises(ImproperlyConfigured, match="RECALL_FUSION"):
+        service.recall("tea", agent_id="bot", mode="hybrid")
