@@ -122,6 +122,8 @@ DEFAULTS = {
     # (same session, agent and user) added to an episode's; and of the session's best candidate.
     "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
     "RECALL_SESSION_WEIGHT": 0.4,
+    # An episode that only asks questions is weak evidence: its relevance counts this share.
+    "RECALL_BARE_QUESTION_WEIGHT": 0.5,
     # Share of the final score that importance, recency and references decide (the rest is relevance).
     "RECALL_BOOST_WEIGHT": 0.1,
     # Recency falls linearly to a floor of 0.1 over this many days.

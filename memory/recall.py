@@ -22,12 +22,16 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    episodes one before, one after, two before and two after it in the same session (a conversation
    stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
    relevance among the session's candidates (sessions are about something).
-4. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
+4. Hygiene: an episode that only asks (its whole text is questions: ends with "?", no "." or "!")
+   says what someone wanted to know, not what is so: its own relevance is multiplied by
+   RECALL_BARE_QUESTION_WEIGHT (1/2), after context, so it still lends its full relevance to the
+   turn that answers it. On LoCoMo bare questions are 2% of the turns and 0.2% of the evidence.
+5. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
    b = RECALL_BOOST_WEIGHT; importance is a fact's confidence, a procedure's smoothed success rate,
    0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS) (seed 001's formula).
-5. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
+6. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
    shadowing) before it can rank, so a stale vector can never return a hidden or deleted item.
-6. Walk (RECALL_WALK_DEPTH hops, 0 by default): documents joined to the hits by the memory graph
+7. Walk (RECALL_WALK_DEPTH hops, 0 by default): documents joined to the hits by the memory graph
    (memory/relations.py) join them, once checked like every candidate, each scored WALK_SHARE (1/2)
    x the edge's weight x the score of the hit it was reached from: a hop is weaker evidence than a
    match, and a neighbour never outranks the hit that led to it. Such hits carry `via`.
@@ -309,9 +313,12 @@ class Recaller:
                 )
         now = timezone.now().timestamp()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
+        question_weight = float(memory_settings.RECALL_BARE_QUESTION_WEIGHT)
         scored = []
         for doc_id, rel in ranked.items():
-            _kind, _item_id, _owner, importance, item_time, references = rows[doc_id]
+            _kind, _item_id, _owner, importance, item_time, references, bare_question = rows[doc_id]
+            if bare_question:
+                rel *= question_weight
             scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = scored[: self.limit]

@@ -488,8 +488,9 @@ def test_both_keyword_plans_find_the_same(service, user_factory, keyword_only, m
     ]
 
 
-def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only):
-    """A turn that answers without repeating the question's words is found through its neighbour."""
+def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only, settings):
+    """A turn that answers without repeating the question's words is found through its neighbour,
+    and ranks above the turn that only asked (a bare question is weak evidence)."""
     turns = [
         ("Ann", "what did you think of the lighthouse museum?"),
         ("Bob", "honestly it was the best afternoon of my summer"),
@@ -501,6 +502,10 @@ def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only)
         e = service.start_episode(agent_id="bot", session_id="chat-1")
         service.add_message(e.pk, speaker, text)
         ids.append(e.pk)
+    hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
+    assert [h.id for h in hits][:2] == [ids[1], ids[0]]
+
+    settings.MEMORY = {**settings.MEMORY, "RECALL_BARE_QUESTION_WEIGHT": 1.0}  # asking counts in full
     hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
     assert [h.id for h in hits][:2] == [ids[0], ids[1]]
 
