@@ -48,14 +48,17 @@ class PostgreSQLBackend(MemoryBackend):
             [goal.lower(), json.dumps(sorted(context_keys))],
         )
 
-    # ---- recall: full-text search (english configuration) ranked by ts_rank, any word matching
+    # ---- recall: full-text search (english configuration) ranked by ts_rank, any word matching.
+    # Normalization 1 divides the rank by 1 + log(document length), as BM25 (SQLite's FTS5) weighs
+    # length: "name: Ada" matches "name" better than a long text that also says "name". Without it
+    # the two tie and the vector leg's slightest preference decides.
 
     def recall_keyword(self, terms, owners, depth):
         if not terms or not owners:
             return []
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT d.id, ts_rank(d.tsv, q) FROM {DOC_TABLE} d, to_tsquery('english', %s) q "
+                f"SELECT d.id, ts_rank(d.tsv, q, 1) FROM {DOC_TABLE} d, to_tsquery('english', %s) q "
                 f"WHERE d.tsv @@ q AND d.owner IN ({', '.join(['%s'] * len(owners))}) ORDER BY 2 DESC, d.id LIMIT %s",
                 [" | ".join(terms), *owners, depth],
             )
