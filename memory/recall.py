@@ -3,8 +3,9 @@
 How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 
 1. Candidates: the RECALL_CANDIDATES best keyword matches among the viewer's owners (SQLite FTS5
-   BM25 / PostgreSQL ts_rank over any word of the query, stop words dropped) and, with an embedder,
-   the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan of the in-process index).
+   BM25 / PostgreSQL ts_rank normalized by length, over any word of the query, stop words dropped)
+   and, with an embedder, the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan
+   of the in-process index).
 2. Fusion (RECALL_FUSION "standardized", the default): each leg's scores are standardized over that
    leg's own candidate list, z = (score - mean) / std, and clipped at 0; relevance is the sum of
    the legs' z (one leg in "keyword" or "vector" mode). There is no weight to fit: a leg counts
