@@ -223,6 +223,11 @@ def mean_recall(asked, mode="hybrid"):
     return total / (len(asked) * len(KS))
 
 
+def hybrid_recall(asked):
+    """{"recall@k": percentage} of hybrid mode over these questions."""
+    return summarise(score(asked, ("hybrid",)), ("hybrid",))[0]["hybrid"]
+
+
 def cross_validate(conversations, turn_of, grid, folds, progress):
     """Choose among the `grid`'s settings by cross-validation over conversations.
 
@@ -247,15 +252,14 @@ def cross_validate(conversations, turn_of, grid, folds, progress):
         best = max(range(len(combos)), key=lambda i: mean_recall(inside[i]))
         outside = [e for e in answers[best] if fold_of[e.conversation] == fold]
         held_out.extend(outside)
-        trained = summarise(score(inside[best], ("hybrid",)), ("hybrid",))[0]["hybrid"]
-        tested = summarise(score(outside, ("hybrid",)), ("hybrid",))[0]["hybrid"]
+        trained, tested = hybrid_recall(inside[best]), hybrid_recall(outside)
         for k in KS:
             held_in[k].append(trained[f"recall@{k}"])
         report.append({"fold": fold, "chosen": combos[best], "held_in": trained, "held_out": tested})
     return {
         "folds": report,
         "held_in": {f"recall@{k}": round(sum(v) / len(v), 2) for k, v in held_in.items()},
-        "held_out": summarise(score(held_out, ("hybrid",)), ("hybrid",))[0]["hybrid"],
+        "held_out": hybrid_recall(held_out),
     }
 
 

@@ -299,7 +299,7 @@ class Recaller:
             if outside:
                 vector.update(index.cosines(owner_names, outside, query_vector))
         best_keyword = max(keyword.values(), default=0.0) or 1.0
-        fused = _fuse(fusion, mode, rows, keyword, vector, vector_list)
+        fused = _fuse(fusion, mode, rows, keyword, best_keyword, vector, vector_list)
         ranked = dict(fused)
         session_best = {}
         for doc_id, (session, _) in around.items():
@@ -407,17 +407,16 @@ def _fusion():
     return fusion
 
 
-def _fuse(fusion, mode, rows, keyword, vector, vector_list):
-    """{document: relevance} of the candidates `rows` from the legs' scores (module docstring, step 2)."""
+def _fuse(fusion, mode, rows, keyword, best, vector, vector_list):
+    """{document: relevance} of the candidates `rows` from the legs' scores (module docstring, step 2);
+    `best` is the best keyword score (1 when there is none)."""
     use_keyword, use_vector = mode in ("hybrid", "keyword"), mode in ("hybrid", "vector")
     if fusion == "weighted":
-        best = max(keyword.values(), default=0.0) or 1.0
         w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if use_keyword else 0.0)
         power = float(memory_settings.RECALL_KEYWORD_POWER)
         return {d: w * (keyword.get(d, 0.0) / best) ** power + (1.0 - w) * max(vector.get(d, 0.0), 0.0) for d in rows}
     keyword_z = _standardizer(keyword.values()) if use_keyword else None
     vector_z = _standardizer(vector_list) if use_vector else None
-    best = max(keyword.values(), default=0.0) or 1.0
     fused = {}
     for d in rows:
         kw = keyword.get(d, 0.0) if use_keyword else 0.0
