@@ -103,6 +103,20 @@ def pending_count():
     return sum(model.objects.filter(PENDING_VECTOR).count() for model in MODELS)
 
 
+def _lower_priority():
+    """Run this thread at a lower CPU priority (Linux nice +10) than the requests of its process.
+
+    When writes arrive faster than the model embeds them, the worker is busy all the time and
+    would take its full share of the CPU from the requests it shares the machine with, whatever
+    its backlog. Behind them it uses the CPU they leave; a recall never waits for it (the keyword
+    leg finds a document without a vector).
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at the process's priority
+        pass
+
+
 class Indexer:
     """The process's embedding worker: a queue of committed (kind, item id)s and the thread that drains it."""
 
@@ -184,6 +198,7 @@ class Indexer:
     # ---- the worker
 
     def _run(self):
+        _lower_priority()
         pause = 0.0
         while True:
             with self._cond:
