@@ -14,8 +14,10 @@ different configured model is refused with EmbeddingModelChanged until `memory r
 
 import importlib.util
 import logging
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,6 +178,20 @@ class Embedder:
             _query_cache.put(key, vector)
         return vector
 
+    def query_soon(self, text):
+        """A future of `query(text)`, computed on a helper thread while the caller goes on.
+
+        Recall starts it before its keyword search: the model (numpy) and the database driver both
+        let go of the interpreter while they work, so a question's embedding and its keyword leg
+        overlap instead of adding up. A cached text is a future already done.
+        """
+        vector = _query_cache.get((self.model, text))
+        if vector is not None:
+            done = Future()
+            done.set_result(vector)
+            return done
+        return _query_pool().submit(self.query, text)
+
 
 def split_pieces(text, words):
     """The text as pieces of at most `words` words each, so that all of it reaches the model.
@@ -268,6 +284,19 @@ def from_blobs(blobs, dimension):
 
 _lock = threading.Lock()
 _loaded = {}
+_pools = {}
+
+
+def _query_pool():
+    """The process's helper threads for query embeddings (two: this machine class has two cores; a
+    forked child makes its own, as threads do not survive a fork)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        with _lock:
+            if pid not in _pools:
+                _pools.clear()
+                _pools[pid] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engram-query-embedding")
+    return _pools[pid]
 
 
 def _build():

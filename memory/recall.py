@@ -247,6 +247,10 @@ class Recaller:
                 mode = "keyword"
             elif mode == "auto":
                 mode = "hybrid"
+        query_vector = None
+        if mode in ("hybrid", "vector"):
+            model_guard.check(embedder)
+            query_vector = embedder.query_soon(self.query)  # overlaps the database work below
         self._clock = time.perf_counter()
         owners = self.backend.recall_owners(self.viewer, *_owner_sql())
         owner_names = [o for o, _, _, _ in owners]
@@ -257,13 +261,12 @@ class Recaller:
         if mode in ("hybrid", "keyword") and self.terms:
             keyword = dict(self.backend.recall_keyword(self.terms, owner_names, depth))
         self._lap("keyword")
-        vector, query_vector, index, vector_list = {}, None, None, []
+        vector, index, vector_list = {}, None, []
         if mode in ("hybrid", "vector"):
-            model_guard.check(embedder)
             index = get_vector_index(embedder.dimension)
             index.sync({o: (g, rm) for o, _, g, rm in owners})
             self._lap("sync")
-            query_vector = embedder.query(self.query)
+            query_vector = query_vector.result()  # what is left of the embedding once the database answered
             self._lap("embed")
             self.embed_ms = self.timings["embed"]
             vector = dict(index.search(owner_names, query_vector, depth))

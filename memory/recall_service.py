@@ -90,7 +90,8 @@ class RecallMixin:
             mode: "auto" (hybrid with an embedder, else keyword), "hybrid", "keyword" or "vector".
 
         Returns a RecallResult: a list of RecallHit (kind, id, text, score, item, keyword_score,
-        vector_score) with `mode` (the mode used) and `embed_ms` (time spent embedding the query).
+        vector_score) with `mode` (the mode used) and `embed_ms` (how long the recall waited for the
+        query's embedding, which runs alongside its database work).
         Records one RecallEvent per hit and bumps the hits' reference counts, buffered (see
         memory/recall_events.py): a recall never commits. Raises InvalidMemoryArgument for bad
         arguments and EmbeddingModelChanged when stored vectors are from another model.
