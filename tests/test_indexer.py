@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -168,6 +169,17 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
 
 
 @pytest.mark.django_db
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are a POSIX feature")
+def test_the_worker_leaves_the_cpu_to_requests_first(settings, transactional_db):
+    """The worker runs at nice +10 against its process: when writes outpace the model, it takes the
+    CPU requests leave, not its full share of it."""
+    configure(settings, "TransactionCheckingEmbedding")
+    indexer.start()  # as a process's first request or write does
+    assert indexer.wait(30)
+    worker = next(t for t in threading.enumerate() if t.name == "engram-indexer")
+    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+
+
 def test_a_repeated_query_is_embedded_once(settings, service):
     """Query vectors are cached per text: a question asked again skips the model (bounded cache)."""
     from memory.embeddings import reset_embedder
