@@ -307,11 +307,15 @@ def _record_episode(service, state, context, user, errors):
         final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
-        # Who and how, not a restatement of the messages: the episode's recall text is its summary
-        # and then its messages, so repeating them here doubled the words the model embeds (and the
-        # keyword leg counts) for every turn of every conversation.
-        summary=storable(f"{trigger.get('type') or 'a'} conversation with {who}"),
+        summary=storable(
+            f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"
+        ),
     )
+
+
+def _short(text, size=120):
+    text = " ".join((text or "").split())
+    return text if len(text) <= size else text[: size - 1] + "…"
 
 
 register(
