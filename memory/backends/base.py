@@ -150,10 +150,10 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         if plan is WALK_OWNERS:
             # The best `limit` of each owner (every filter applied) hold the best `limit` of all.
             walks, params = [], []
-            for sql, term_params, _ in terms:
+            for n, (sql, term_params, _) in enumerate(terms):
                 walks.append(
                     f"SELECT id FROM (SELECT f.id FROM {FACT_TABLE} f{self.owner_walk_hint} "
-                    f"WHERE {' AND '.join([f'f.scope_key = {sql}', *filters])} ORDER BY {_WALK_ORDER} LIMIT %s)"
+                    f"WHERE {' AND '.join([f'f.scope_key = {sql}', *filters])} ORDER BY {_WALK_ORDER} LIMIT %s) walk{n}"
                 )
                 params += [*term_params, *filter_params, limit]
             where = f"f.id IN ({' UNION ALL '.join(walks)})"
@@ -174,13 +174,18 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             params.append(limit)
         return self._facts(sql, params)
 
+    def token_filter(self, token):
+        """(SQL condition on `f`, its parameter): the fact's search_text contains `token`."""
+        return f"f.search_text LIKE %s{self.like_escape}", f"%{escape_like(token)}%"
+
     def _fact_filters(self, terms, tokens, min_confidence, fact_type):
         """([SQL condition on `f`], params): what a visible fact meets besides its owner: text,
         confidence, type, and not shadowed."""
         where, params = [], []
         for token in tokens:
-            where.append(f"f.search_text LIKE %s{self.like_escape}")
-            params.append(f"%{escape_like(token)}%")
+            sql, param = self.token_filter(token)
+            where.append(sql)
+            params.append(param)
         if min_confidence:
             where.append("f.confidence >= %s")
             params.append(min_confidence)
