@@ -11,6 +11,7 @@ PostgreSQL's planner cannot tell a selective word from a broad one through a tri
 """
 
 import json
+import math
 import threading
 import time
 
@@ -25,6 +26,9 @@ class PostgreSQLBackend(MemoryBackend):
     vendor = "postgresql"
     store_field_equals = postgresql_field_equals
     store_equality_is_exact = postgresql_equality_is_exact
+
+    def __init__(self):
+        self.sample = SearchTextSample()
 
     def hold_user(self, user_id):
         """Share-lock the survivor row, so a merge (FOR UPDATE on both users) waits for this write.
@@ -45,9 +49,6 @@ class PostgreSQLBackend(MemoryBackend):
                 if row is None or row[1] is None:  # unknown (the insert says so) or a held survivor
                     return
                 user_id = row[0]
-
-    def __init__(self):
-        self.sample = SearchTextSample()
 
     def optimize(self):
         _merge_pending("memory_fact_search_trgm")
@@ -112,6 +113,7 @@ _TRIGRAM = 3  # pg_trgm extracts no trigram from a shorter word: the index canno
 # most of an owner's facts, and walking the owners best-first stops sooner.
 _SELECTIVE_ROWS = 2000
 _SAMPLE_TTL_S = 300.0  # statistics only steer the plan, never what matches
+_SAMPLE_MAX = 1000  # texts kept from the histogram (a raised statistics target keeps up to 10,000)
 
 
 class SearchTextSample:
@@ -154,7 +156,9 @@ class SearchTextSample:
             if row is not None and row[4] > 0:
                 common = list(zip(row[0] or [], row[1] or []))
                 others_share = max(0.0, 1.0 - row[3] - sum(freq for _, freq in common))
-                sample = (common, row[2] or [], others_share, row[4])
+                others = row[2] or []
+                others = others[:: max(1, math.ceil(len(others) / _SAMPLE_MAX))]  # evenly spaced
+                sample = (common, others, others_share, row[4])
             with self._lock:
                 self._sample, self._read_at = sample, now
         return self._sample
