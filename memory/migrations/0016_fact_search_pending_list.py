@@ -10,20 +10,20 @@ a search reads short. SQLite's FTS5 index has its own delta (migration 0007).
 from django.db import migrations
 
 
-def run_for_vendor(statements):
-    def run(apps, schema_editor):
-        for sql in statements.get(schema_editor.connection.vendor, []):
-            schema_editor.execute(sql)
+INDEX = "memory_fact_search_trgm"
 
-    return run
+
+def cap_pending_list(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f"ALTER INDEX {INDEX} SET (gin_pending_list_limit = 128)")
+
+
+def restore_pending_list(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f"ALTER INDEX {INDEX} RESET (gin_pending_list_limit)")
 
 
 class Migration(migrations.Migration):
     dependencies = [("memory", "0015_memory_relation")]
 
-    operations = [
-        migrations.RunPython(
-            run_for_vendor({"postgresql": ["ALTER INDEX memory_fact_search_trgm SET (gin_pending_list_limit = 128)"]}),
-            run_for_vendor({"postgresql": ["ALTER INDEX memory_fact_search_trgm RESET (gin_pending_list_limit)"]}),
-        ),
-    ]
+    operations = [migrations.RunPython(cap_pending_list, restore_pending_list)]
