@@ -11,6 +11,7 @@ from django.db import connection
 from memory.backends import get_backend, reset_backend
 from memory.backends.base import WALK_OWNERS
 from memory.models import SCOPE_RANK, Fact, Scope
+from memory.validation import make_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -103,8 +104,6 @@ def test_every_plan_answers_what_the_definition_says(service, store, query):
 def test_the_plan_follows_the_words_statistics(service, store):
     """The queries above do reach each plan: a broad word alone is walked owner by owner, a rarer
     word goes through the index (so the comparison with the definition covers both)."""
-    from memory.validation import make_viewer
-
     backend = get_backend()
     viewer = make_viewer("helper", store[0].pk, "s1")
     assert backend.fact_candidates(["note"], viewer, True) is WALK_OWNERS

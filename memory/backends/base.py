@@ -80,6 +80,27 @@ def escape_like(token):
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+# Both backends' substring indexes are built on trigrams (SQLite's FTS5 trigram tokenizer,
+# PostgreSQL's pg_trgm): a shorter word cannot narrow them.
+TRIGRAM = 3
+# A word estimated in more facts than this is "broad": the index would hand back most of the store,
+# and walking the viewer's owners best-first (WALK_OWNERS) stops sooner.
+SELECTIVE_ROWS = 2000
+
+
+def indexable_words(tokens):
+    return [t for t in tokens if len(t) >= TRIGRAM]
+
+
+def selective_word(indexed, rows):
+    """Of `indexed` words, the one in the fewest facts by `rows` ({word: estimated facts}; of equal
+    counts, the longer word) if it is selective, else None."""
+    if not indexed:
+        return None
+    rarest = min(indexed, key=lambda t: (rows[t], -len(t)))
+    return rarest if rows[rarest] <= SELECTIVE_ROWS else None
+
+
 # fact_candidates' answer for "read each owner's facts best-first": one index walk per owner, each
 # stopping at the limit, instead of walking the whole store by confidence or sorting every visible fact.
 WALK_OWNERS = "walk owners"
@@ -174,9 +195,14 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             params.append(limit)
         return self._facts(sql, params)
 
+    def like_filter(self, token):
+        """(SQL condition on `f`, its parameter): the fact's search_text contains `token`, as a LIKE
+        (the form a trigram index serves)."""
+        return f"f.search_text LIKE %s{self.like_escape}", f"%{escape_like(token)}%"
+
     def token_filter(self, token):
         """(SQL condition on `f`, its parameter): the fact's search_text contains `token`."""
-        return f"f.search_text LIKE %s{self.like_escape}", f"%{escape_like(token)}%"
+        return self.like_filter(token)
 
     def _fact_filters(self, terms, tokens, min_confidence, fact_type):
         """([SQL condition on `f`], params): what a visible fact meets besides its owner: text,

@@ -12,12 +12,11 @@ PostgreSQL's planner cannot tell a selective word from a broad one through a tri
 
 import json
 import math
-import threading
 import time
 
 from django.db import connection
 
-from .base import FACT_TABLE, USER_TABLE, WALK_OWNERS, MemoryBackend, escape_like
+from .base import FACT_TABLE, USER_TABLE, WALK_OWNERS, MemoryBackend, indexable_words, selective_word
 from .recall import DOC_TABLE
 from .store import postgresql_equality_is_exact, postgresql_field_equals
 
@@ -61,15 +60,15 @@ class PostgreSQLBackend(MemoryBackend):
         return "strpos(f.search_text, %s) > 0", token
 
     def fact_candidates(self, tokens, viewer, best_first):
-        indexed = [t for t in tokens if len(t) >= _TRIGRAM]
+        indexed = indexable_words(tokens)
         rows = self.sample.token_rows(indexed)
         if rows is None:  # no statistics: the index for every word it can serve
-            likes = [f"%{escape_like(t)}%" for t in indexed]
-            return f"{FACT_TABLE} f", " AND ".join(["f.search_text LIKE %s"] * len(likes)) or None, likes
-        if indexed:
-            rarest = min(indexed, key=lambda t: (rows[t], -len(t)))  # of equal counts, the longer word
-            if rows[rarest] <= _SELECTIVE_ROWS:
-                return f"{FACT_TABLE} f", "f.search_text LIKE %s", [f"%{escape_like(rarest)}%"]
+            likes = [self.like_filter(t) for t in indexed]
+            return f"{FACT_TABLE} f", " AND ".join(sql for sql, _ in likes) or None, [p for _, p in likes]
+        rarest = selective_word(indexed, rows)
+        if rarest is not None:
+            sql, param = self.like_filter(rarest)
+            return f"{FACT_TABLE} f", sql, [param]
         if best_first:
             return WALK_OWNERS
         return f"{FACT_TABLE} f", None, []
@@ -108,10 +107,6 @@ def _merge_pending(index):
         cursor.execute("SELECT gin_clean_pending_list(%s::regclass)", [index])
 
 
-_TRIGRAM = 3  # pg_trgm extracts no trigram from a shorter word: the index cannot narrow by it
-# A word estimated in more facts than this is "broad" (as on SQLite): the index would hand back
-# most of an owner's facts, and walking the owners best-first stops sooner.
-_SELECTIVE_ROWS = 2000
 _SAMPLE_TTL_S = 300.0  # statistics only steer the plan, never what matches
 _SAMPLE_MAX = 1000  # texts kept from the histogram (a raised statistics target keeps up to 10,000)
 
@@ -121,9 +116,9 @@ class SearchTextSample:
     refreshed every few minutes. ANALYZE (autovacuum's, or a bulk load's) keeps the sample current."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._sample = None  # (most common values and their shares, other values, their share, rows)
-        self._read_at = -_SAMPLE_TTL_S * 2
+        # (when read, the sample): the sample is (most common values and their shares, other
+        # values, their share, rows), or None. One tuple, replaced whole: readers need no lock.
+        self._state = (-_SAMPLE_TTL_S * 2, None)
 
     def token_rows(self, tokens):
         """{token: estimated facts containing it}, or None while the table has no statistics."""
@@ -141,7 +136,8 @@ class SearchTextSample:
 
     def _current(self):
         now = time.monotonic()
-        if now - self._read_at > _SAMPLE_TTL_S:
+        read_at, sample = self._state
+        if now - read_at > _SAMPLE_TTL_S:
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT s.most_common_vals::text::text[], s.most_common_freqs, "
@@ -159,6 +155,5 @@ class SearchTextSample:
                 others = row[2] or []
                 others = others[:: max(1, math.ceil(len(others) / _SAMPLE_MAX))]  # evenly spaced
                 sample = (common, others, others_share, row[4])
-            with self._lock:
-                self._sample, self._read_at = sample, now
-        return self._sample
+            self._state = (now, sample)
+        return sample

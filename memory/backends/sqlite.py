@@ -18,20 +18,19 @@ from django.db.backends.signals import connection_created
 
 from .base import (
     FACT_TABLE,
+    TRIGRAM,
     USER_OWNER_SQL,
     WALK_OWNERS,
     MemoryBackend,
+    indexable_words,
     owner_keys,
     owners_sql,
+    selective_word,
 )
 from .recall import DOC_TABLE
 from .store import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
 
-_TRIGRAM = 3  # the trigram tokenizer indexes runs of three characters; shorter words can't use it
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
-# A word whose rarest trigram is in more rows than this is "broad": the index would hand back
-# most of the store, so another plan is cheaper.
-_SELECTIVE_ROWS = 2000
 _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
 _STATS_MAX = 100_000
 _TERM_LOOKUP = "SELECT term, doc FROM temp.memory_fact_fts_vocab WHERE term = %s"
@@ -185,7 +184,7 @@ class TermStatistics:
 
     def token_rows(self, tokens):
         """For each token, at most how many facts contain it: the count of its rarest trigram."""
-        grams = {t: {t[i : i + _TRIGRAM] for i in range(len(t) - _TRIGRAM + 1)} for t in tokens}
+        grams = {t: {t[i : i + TRIGRAM] for i in range(len(t) - TRIGRAM + 1)} for t in tokens}
         counts = self.rows(set().union(*grams.values()))
         return {t: min(counts[g] for g in gs) for t, gs in grams.items()}
 
@@ -235,14 +234,12 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
                 cursor.execute(sql)
 
     def fact_candidates(self, tokens, viewer, best_first):
-        indexed = [t for t in tokens if len(t) >= _TRIGRAM]
-        if indexed:
-            rows_by_token = self.stats.token_rows(indexed)
-            rarest = min(indexed, key=rows_by_token.get)
-            if rows_by_token[rarest] <= _SELECTIVE_ROWS:
-                # NOT INDEXED: rows by id from the match only (the id lookups still run); with a
-                # minimum confidence the planner would otherwise walk the owners' confidence index.
-                return (f"{FACT_TABLE} f NOT INDEXED", *self._match_owned(rarest, viewer))
+        indexed = indexable_words(tokens)
+        rarest = selective_word(indexed, self.stats.token_rows(indexed)) if indexed else None
+        if rarest is not None:
+            # NOT INDEXED: rows by id from the match only (the id lookups still run); with a
+            # minimum confidence the planner would otherwise walk the owners' confidence index.
+            return (f"{FACT_TABLE} f NOT INDEXED", *self._match_owned(rarest, viewer))
         if best_first:
             return WALK_OWNERS
         return f"{FACT_TABLE} f", None, []
