@@ -1,13 +1,15 @@
-"""The bundled model's document embeddings in a process of their own, at a lower CPU priority.
+"""The bundled model's document embeddings in a process of their own, at the lowest CPU priority.
 
 Why a process and not the embedding worker's thread: the worker shares its interpreter with the
 requests of its process, and every statement a request runs hands the interpreter over and has to
-take it back. Measured with `python -m bench.facts` (SQLite, hybrid, 2 cores), the same model run in
-the worker's thread slowed the sets by about a quarter; in a child process at nice +10, with the
-tokenizer single-threaded, by under a tenth. At the lowest priority (nice 19) the child takes only
-the CPU the rest leaves, so it uses every core's BLAS thread (the in-process model keeps to one:
-its threads would compete with the requests); it embeds a batch about a third faster than one
-thread does. The vectors are the same: the same code and weights (memory/local_model.py) run there.
+take it back. `python -m bench.facts` (SQLite, hybrid, 2 cores, one session): sets at about 1,500/s
+with the model in the worker's thread, about 1,800/s with it here (about 1,930/s with no embedding
+at all). At nice 19 the child takes only the CPU the rest leaves, so it may use a BLAS thread on
+every core (the in-process model keeps to one, which would compete with requests) and embeds a
+batch about a third faster. Its idle BLAS threads sleep at once instead of spinning: a spinning
+thread, even at nice 19, delays every wake-up of the other processes, and on PostgreSQL each
+statement is a round trip that wakes the client (sets 241/s with spinning threads, 373/s without).
+The vectors are the same: the same code and weights (memory/local_model.py) run there.
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
 (pickles, between this package's own two ends only). It imports no Django and opens no database;
@@ -27,7 +29,7 @@ from pathlib import Path
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
-NICE = 19  # the lowest: the child's BLAS threads spin on every core while they wait
+NICE = 19  # the lowest
 
 
 class ModelProcess:
@@ -77,6 +79,9 @@ class ModelProcess:
             return self._child
         self._stop()
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        # OpenBLAS's idle threads spin before they sleep; at nice 19 a spinning thread still delays
+        # every wake-up of the other processes (a PostgreSQL round trip is one): sleep at once.
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
         # The package this module is in, importable in the child whatever the parent's sys.path.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
