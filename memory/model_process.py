@@ -13,13 +13,16 @@ The vectors are the same: the same code and weights (memory/local_model.py) run 
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
 (pickles, between this package's own two ends only). It imports no Django and opens no database;
-it exits when its parent goes (its stdin closes). A child that fails to start or dies is logged,
-that call is embedded in this process, and a new child is tried after RETRY_SECONDS.
+it exits when its parent goes (its stdin closes). A child that fails to start, dies, or takes
+longer than ANSWER_SECONDS (a machine whose CPU the requests take: at its lower priority it would
+starve, and the vectors would never catch up) is logged and stopped, that batch is embedded in
+this process, and so are the batches of the next RETRY_SECONDS; then a new child is tried.
 """
 
 import logging
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -29,6 +32,13 @@ from pathlib import Path
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
+# A child at nice 19 gets little CPU when the requests take all of it: then its batches wait, and
+# the vectors with them. Past this, the batch is embedded in this process (and for RETRY_SECONDS),
+# where the worker thread shares the interpreter but keeps up. Per ANSWER_TEXTS texts (a worker's
+# batch; the model embeds 64 short texts in about a quarter of a second on one core here).
+ANSWER_SECONDS = 1.0
+ANSWER_TEXTS = 64
+STARTUP_SECONDS = 10.0  # more for a new child's first answer: it loads numpy and the weights first
 NICE = 19  # the lowest
 
 
@@ -54,9 +64,14 @@ class ModelProcess:
             if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
                 return fallback(texts)
             try:
+                started = self._child is None or self._child.poll() is not None or self._pid != os.getpid()
                 child = self._running()
                 pickle.dump(list(texts), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
+                wait = ANSWER_SECONDS * max(1.0, len(texts) / ANSWER_TEXTS) + (STARTUP_SECONDS if started else 0.0)
+                ready, _, _ = select.select([child.stdout], [], [], wait)
+                if not ready:
+                    raise TimeoutError(f"no answer within {wait:.0f} s: the machine is busy")
                 status, payload = pickle.load(child.stdout)
             except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
                 self._failed_at = time.monotonic()

@@ -132,13 +132,20 @@ def test_documents_are_embedded_by_a_child_process_at_the_lowest_priority(local_
 
     import numpy as np
 
-    texts = unrelated(40)
-    vectors = local_model.documents(texts)
-    child = local_model.embeddings.process.child_pid
-    assert child is not None and child != os.getpid()
-    assert os.getpriority(os.PRIO_PROCESS, child) == 19
-    here = local_model.embeddings._model.encode(texts)
-    assert np.allclose(vectors, here, atol=1e-6)
+    from memory.model_process import ModelProcess
+
+    assert isinstance(local_model.embeddings.process, ModelProcess)  # what the embedder uses by default
+    process = ModelProcess(local_model.embeddings.process._folder)
+    try:
+        texts = unrelated(40)
+        here = local_model.embeddings._model.encode(texts)
+        vectors = process.encode(texts, fallback=lambda texts: pytest.fail("embedded in this process"))
+        child = process.child_pid
+        assert child is not None and child != os.getpid()
+        assert os.getpriority(os.PRIO_PROCESS, child) == 19
+        assert np.allclose(vectors, here, atol=1e-6)
+    finally:
+        process.close()
 
 
 def test_a_killed_model_process_is_replaced_on_the_next_batch(local_model):
@@ -146,15 +153,21 @@ def test_a_killed_model_process_is_replaced_on_the_next_batch(local_model):
     import signal
     import time
 
-    local_model.documents(["warm the child up"])
-    first = local_model.embeddings.process.child_pid
-    os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while local_model.embeddings.process.child_pid is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    vectors = local_model.documents(unrelated(3))
-    assert vectors.shape == (3, local_model.dimension)
-    assert local_model.embeddings.process.child_pid not in (None, first)
+    from memory.model_process import ModelProcess
+
+    process = ModelProcess(local_model.embeddings.process._folder)
+    here = lambda texts: pytest.fail("embedded in this process")  # noqa: E731
+    try:
+        process.encode(["warm the child up"], fallback=here)
+        first = process.child_pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process.child_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.encode(unrelated(3), fallback=here).shape == (3, local_model.dimension)
+        assert process.child_pid not in (None, first)
+    finally:
+        process.close()
 
 
 def test_a_model_process_that_cannot_start_is_logged_and_its_batch_embedded_here(caplog, tmp_path):
@@ -166,3 +179,19 @@ def test_a_model_process_that_cannot_start_is_logged_and_its_batch_embedded_here
     finally:
         process.close()
     assert "the embedding process failed" in caplog.text
+
+
+def test_a_model_process_too_slow_to_answer_is_stopped_and_its_batch_embedded_here(caplog, monkeypatch, local_model):
+    """On a machine whose CPU the requests take, the low-priority child would starve the vectors."""
+    import memory.model_process as model_process
+
+    monkeypatch.setattr(model_process, "ANSWER_SECONDS", 0.0)
+    monkeypatch.setattr(model_process, "STARTUP_SECONDS", 0.0)  # no child answers at once
+    process = model_process.ModelProcess(local_model.embeddings.process._folder)
+    try:
+        assert process.encode(["a text"], fallback=lambda texts: ["embedded here"]) == ["embedded here"]
+        assert process.child_pid is None  # stopped, not left computing
+        assert process.encode(["later"], fallback=lambda texts: ["still here"]) == ["still here"]  # for a while
+    finally:
+        process.close()
+    assert "no answer within 0 s" in caplog.text
