@@ -64,11 +64,10 @@ class ModelProcess:
             if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
                 return fallback(texts)
             try:
-                started = self._child is None or self._child.poll() is not None or self._pid != os.getpid()
-                child = self._running()
+                child, new = self._running()
                 pickle.dump(list(texts), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
-                wait = ANSWER_SECONDS * max(1.0, len(texts) / ANSWER_TEXTS) + (STARTUP_SECONDS if started else 0.0)
+                wait = ANSWER_SECONDS * max(1.0, len(texts) / ANSWER_TEXTS) + (STARTUP_SECONDS if new else 0.0)
                 ready, _, _ = select.select([child.stdout], [], [], wait)
                 if not ready:
                     raise TimeoutError(f"no answer within {wait:.0f} s: the machine is busy")
@@ -88,10 +87,11 @@ class ModelProcess:
         return payload
 
     def _running(self):
+        """(the child, whether it was started just now)."""
         if self._pid != os.getpid():  # a forked child: the pipes are its parent's to use
             self._child = None
         if self._child is not None and self._child.poll() is None:
-            return self._child
+            return self._child, False
         self._stop()
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         # OpenBLAS's idle threads spin before they sleep; at nice 19 a spinning thread still delays
@@ -107,7 +107,7 @@ class ModelProcess:
             env=env,
         )
         self._pid = os.getpid()
-        return self._child
+        return self._child, True
 
     def _stop(self):
         child, self._child = self._child, None
