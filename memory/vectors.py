@@ -100,14 +100,6 @@ class OwnerMatrix:
         self._grow(sum(len(b) // row_bytes for b in blobs if b is not None))
         rows, kept = [], []
         for doc_id, blob in zip(doc_ids, blobs):
-            if blob is not None and len(blob) == row_bytes and doc_id not in self.row_of:
-                # The common case, a new document of one piece (a million of them on a first load).
-                rows.append(self.size)
-                self.row_of[doc_id] = self.size
-                self.ids[self.size] = doc_id
-                self.size += 1
-                kept.append(blob)
-                continue
             old = self.rows(doc_id)
             if blob is None:
                 self.row_of.pop(doc_id, None)
@@ -123,27 +115,26 @@ class OwnerMatrix:
             self.row_of[doc_id] = mine[0] if n == 1 else tuple(mine)
             rows += mine
             kept.append(blob)
-        if not kept:
-            return
-        matrix = from_blobs(kept, self.dimension)
-        rows = np.asarray(rows, dtype=np.int64)
-        self.vectors[rows] = matrix
-        self.signs[:, rows] = sign_words(matrix, self.words).T
+        if kept:
+            self._write(np.asarray(rows, dtype=np.int64), kept)
 
     def _append(self, doc_ids, blobs):
-        """New documents of one piece each (an owner's first load, a million of them at once): no
-        per-row Python, which would hold the interpreter from the requests of this process meanwhile."""
-        n = len(doc_ids)
-        if not n:
+        """New documents of one piece each (the common case: an owner's first load, a million of them
+        at once): no per-row Python, which would hold the interpreter from the process's requests."""
+        if not doc_ids:
             return
-        self._grow(n)
-        start = self.size
-        self.ids[start : start + n] = doc_ids
-        self.row_of.update(zip(doc_ids, range(start, start + n)))
+        self._grow(len(doc_ids))
+        rows = np.arange(self.size, self.size + len(doc_ids))
+        self.ids[rows] = doc_ids
+        self.row_of.update(zip(doc_ids, rows.tolist()))
+        self.size += len(doc_ids)
+        self._write(rows, blobs)
+
+    def _write(self, rows, blobs):
+        """Store these blobs' vectors (one piece each, in order) and their sign bits at these rows."""
         matrix = from_blobs(blobs, self.dimension)
-        self.vectors[start : start + n] = matrix
-        self.signs[:, start : start + n] = sign_words(matrix, self.words).T
-        self.size += n
+        self.vectors[rows] = matrix
+        self.signs[:, rows] = sign_words(matrix, self.words).T
 
     def top(self, query, n):
         """(doc ids, cosines) of the n best documents, best first; a document scores its best piece."""
