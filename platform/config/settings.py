@@ -41,15 +41,21 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
 ]
 
+# WhiteNoise is sync-only, and it is last on purpose. Under ASGI, Django runs every middleware above
+# a sync-only one in sync mode, in the request's one thread; Django's own middleware run in async mode
+# instead hop to that thread and back for each of their methods (about a dozen hops per request).
+# With WhiteNoise innermost the whole stack costs one switch: bench.webhook --server asgi went from
+# 46.4 to 50.7 updates/s (medians of 3, interleaved; bench/README.md). Under WSGI the order changes
+# nothing but that static files pass the other middleware first (cheap: sessions and users load lazily).
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
