@@ -1,5 +1,6 @@
 """SQLite connections of the site (memory/backends/wal.py): secure_delete on, WAL checkpoints off the commit path."""
 
+import threading
 import time
 
 import pytest
@@ -49,3 +50,33 @@ def test_commits_leave_wal_checkpoints_to_a_background_thread():
 def test_the_site_runs_on_djangos_own_sqlite_backend():
     assert connection.settings_dict["ENGINE"] == "django.db.backends.sqlite3"
     assert connection.settings_dict["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+
+
+def test_a_new_connection_reads_while_another_connection_writes():
+    """WAL lets readers go on beside a writer, and that must hold for a connection opened meanwhile:
+    nothing a new connection runs first (the init command, the connection_created receivers) may wait
+    for the write lock (PRAGMA auto_vacuum = ... did, and a fresh connection waited for every writer)."""
+    MemoryUser.objects.create(canonical_id="test:ada")
+    locked, release = threading.Event(), threading.Event()
+
+    def write_slowly():
+        try:
+            with transaction.atomic():
+                MemoryUser.objects.create(canonical_id="test:bob")
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=write_slowly)
+    writer.start()
+    try:
+        assert locked.wait(10)
+        connection.close()
+        started = time.monotonic()
+        assert list(MemoryUser.objects.values_list("canonical_id", flat=True)) == ["test:ada"]  # a new connection
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        writer.join(30)
+    assert MemoryUser.objects.count() == 2

@@ -1,7 +1,9 @@
 """SQLite: switch the database file to auto_vacuum=INCREMENTAL, so pruning can give pages back.
 
-A new file gets the mode from the connection's init command (it must be set before the first table
-exists); an existing file only changes mode with a full VACUUM, run here once. VACUUM cannot run
+Once a file has a table (or is in WAL mode) its mode changes only with a full VACUUM, run here once:
+instant on a new file, which has only the tables of the migrations before this one. Not in the
+connection's init command: `PRAGMA auto_vacuum = INCREMENTAL` takes the write lock even when the mode
+is already set, so every new connection would wait for the writer of the moment. VACUUM cannot run
 inside a transaction, hence a non-atomic migration. PostgreSQL needs nothing: autovacuum reclaims
 space on its own.
 """

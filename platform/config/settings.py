@@ -104,10 +104,10 @@ def sqlite_options():
         # Writers take the lock at BEGIN, so read-then-write transactions never fail to upgrade.
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
+        # Every statement here runs on each new connection, so none may need the write lock (a new
+        # connection would wait for every writer): auto_vacuum, which pruning needs, is set once per
+        # file by migration 0004, not here.
         "init_command": (
-            # Set before a new file's first table exists; lets pruning return pages to the file system
-            # (migration 0004 converts files created without it).
-            "PRAGMA auto_vacuum=INCREMENTAL; "
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
             "PRAGMA cache_size=-65536;"  # 64 MiB of page cache per connection
         ),
