@@ -16,10 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from asgiref.sync import sync_to_async
 from conftest import database_url
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import connection, transaction
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -32,14 +31,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 ADA_TOKEN, BOT_TOKEN = "ada-token-0123456789", "bot-token-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def _tool_thread_connection_closed():
-    """The tools run on asgiref's one sync thread, whose database connection outlives a test (it is
-    kept for CONN_MAX_AGE): close it, so PostgreSQL can drop the test database."""
-    yield
-    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
 
 
 def hits_of(text):
@@ -174,6 +165,52 @@ def test_http_acts_for_the_tokens_caller_and_refuses_a_bad_token(http_server, se
         )
         assert answer.status_code == 401
     assert Fact.objects.count() == before
+
+
+def test_http_serves_calls_side_by_side(http_server, service):
+    """A remember that waits for the database's write lock holds up no other client's recall."""
+    url, _ = http_server
+    service.set_fact("style", "be brief", scope="agent", agent_id="desk")
+    assert service.recall("style", agent_id="desk")  # SQLite: the keyword index has caught up with the write
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_write_lock():  # another writer, in its own transaction on its own connection
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("LOCK TABLE memory_fact IN EXCLUSIVE MODE")  # writers wait, readers do not
+                else:
+                    cursor.execute("SELECT 1")  # SQLite: BEGIN IMMEDIATE has taken the write lock
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    async def call_as(token, tool, **arguments):
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            async with streamable_http_client(f"{url}/mcp", http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    return await call(session, tool, **arguments)
+
+    async def main():
+        writing = asyncio.create_task(call_as(ADA_TOKEN, "remember", key="city", value="Oslo"))
+        await asyncio.sleep(0.5)  # the remember is waiting for the lock now
+        recalled = await asyncio.wait_for(call_as(BOT_TOKEN, "recall", query="style"), timeout=15)
+        assert not writing.done()
+        release.set()
+        return recalled, await writing
+
+    holder = threading.Thread(target=hold_the_write_lock)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        recalled, written = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join(10)
+    assert "be brief" in recalled[1]
+    assert written == (False, f"created: fact {Fact.objects.get(key='city').pk} (city)")
 
 
 def test_forget_deletes_only_what_the_caller_sees_and_refuses_the_rest_alike(service, user_factory):
