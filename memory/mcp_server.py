@@ -11,11 +11,9 @@ The tools take only what to look up, store or delete (an extra argument such as 
 by the SDK's argument model, so it cannot change whom a call acts for). Recalled text comes back
 inside the same untrusted-hints block Engram's agents get.
 
-Each tool call runs on a worker thread of the event loop's pool (sync_to_async, thread_sensitive=False),
+Each tool call runs on a worker thread of the event loop's pool (memory.asynchronous.off_the_loop),
 so calls from several clients run side by side (a recall waiting for the embedding model, or a write
 waiting for a lock, holds up no other call) and the loop never waits on the database or the model.
-A call is a unit like a request: it opens its thread's database connection and closes it when it
-ends, so no connection outlives the call on a pool thread.
 """
 
 import hmac
@@ -23,15 +21,14 @@ import json
 import re
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from .asynchronous import off_the_loop
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .models import FactType, Scope
@@ -182,18 +179,11 @@ def _clean(text):
     return re.sub(r"</?\s*recalled-memory\s*>", "[recalled-memory tag removed]", text, flags=re.IGNORECASE)
 
 
-def _in_its_own_connection(run):
-    try:
-        return run()
-    finally:
-        connections.close_all()  # this thread's; a pool thread may not serve Django again for a while
-
-
 async def _answer(run, describe):
     """The tool's text: `describe(result)`, or the memory error (a bad argument, a refused id) as an
     error the SDK returns to the client with isError set; nothing was written then."""
     try:
-        result = await sync_to_async(_in_its_own_connection, thread_sensitive=False)(run)
+        result = await off_the_loop(run)()
     except MemoryServiceError as exc:
         raise ToolError(str(exc)) from None
     return describe(result)

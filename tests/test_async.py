@@ -109,6 +109,30 @@ def test_a_graph_on_ainvoke_leaves_the_event_loop_free_while_memory_waits(user_f
     assert Fact.objects.get(key="drink").value == "tea"
 
 
+def test_concurrent_memory_calls_run_side_by_side(user_factory):
+    """One call waiting for the write lock holds up no other (the graphs of a LangGraph server, say):
+    the calls run on the event loop's worker threads, not one after another on a single thread."""
+    ada = user_factory("ada")
+    memory = MemoryService()
+    memory.set_fact("drink", "tea", scope="user", user_id=ada.pk)
+    assert memory.recall("drink", user_id=ada.pk)  # SQLite: the keyword index has caught up with the write
+    started = threading.Event()
+    holder = threading.Thread(target=hold_the_database, args=(5, started))
+    holder.start()
+    assert started.wait(10)
+
+    async def main():
+        writing = asyncio.create_task(memory.aset_fact("food", "figs", scope="user", user_id=ada.pk))
+        await asyncio.sleep(0.3)  # the write is waiting for the lock now
+        hits = await asyncio.wait_for(memory.arecall("drink", user_id=ada.pk), timeout=4)
+        return [h.item.key for h in hits if h.kind == "fact"], writing.done(), (await writing).action
+
+    try:
+        assert asyncio.run(main()) == (["drink"], False, "created")
+    finally:
+        holder.join(10)
+
+
 def test_memory_tools_are_awaited_by_an_async_agent(user_factory):
     ada = user_factory("ada")
     model = ToolCallingFake(

@@ -21,10 +21,10 @@ Checkpoints tab and the REST API, kept within the thread limits, and deleted wit
 import contextlib
 import logging
 
-from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 from langchain_core.runnables import RunnableLambda
 
+from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
 from memory.validation import check_user_id, clean_text
@@ -162,4 +162,4 @@ def _adapted(node, reads, writes, keys):
         return {outer[name]: value for name, value in update.items() if outer.get(name) is not None}
 
     run.__name__ = node.__name__
-    return RunnableLambda(run, afunc=sync_to_async(run, thread_sensitive=True), name=node.__name__)
+    return RunnableLambda(run, afunc=off_the_loop(run), name=node.__name__)

@@ -22,7 +22,6 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from asgiref.sync import sync_to_async
 from django.db import connection
 from langgraph.store.base import (
     BaseStore,
@@ -38,6 +37,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
+from memory.asynchronous import off_the_loop
 from memory.embeddings import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
@@ -128,8 +128,9 @@ class EngramStore(BaseStore):
         return results
 
     async def abatch(self, ops):
-        """`batch` on Django's sync worker thread: the event loop never waits for the database or a model."""
-        return await sync_to_async(self.batch, thread_sensitive=True)(list(ops))
+        """`batch` on a worker thread (memory.asynchronous.off_the_loop): the event loop never waits for
+        the database or a model, and other calls go on meanwhile."""
+        return await off_the_loop(self.batch)(list(ops))
 
     def sweep_ttl(self):
         """Delete expired items now; returns how many went (expired items are invisible already)."""

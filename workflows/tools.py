@@ -14,12 +14,12 @@ import logging
 import re
 import threading
 
-from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection
 from django.utils import timezone
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 
+from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
 from memory.models import ProcedureSource, Scope
 from memory.service import MemoryService, WriteAction
@@ -114,7 +114,7 @@ def make_recall_tool(config, *, bound=None):
 
     return StructuredTool.from_function(
         func=recall,
-        coroutine=sync_to_async(recall, thread_sensitive=True),
+        coroutine=off_the_loop(recall),
         name="recall",
         description=RECALL_DESCRIPTION,
         handle_tool_error=True,
@@ -162,7 +162,7 @@ def make_remember_tool(config, *, bound=None):
 
     return StructuredTool.from_function(
         func=remember,
-        coroutine=sync_to_async(remember, thread_sensitive=True),
+        coroutine=off_the_loop(remember),
         name="remember",
         description=REMEMBER_DESCRIPTION,
         handle_tool_error=True,
@@ -205,7 +205,7 @@ def _hints(lines):
 def _tool(func, name, description):
     return StructuredTool.from_function(
         func=func,
-        coroutine=sync_to_async(func, thread_sensitive=True),
+        coroutine=off_the_loop(func),
         name=name,
         description=description,
         handle_tool_error=True,

@@ -5,7 +5,7 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -16,6 +16,7 @@ from rest_framework.response import Response
 
 from memory import validation
 from memory.api.policy import StaffAPI
+from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 
 from .conf import workflow_settings
@@ -95,18 +96,8 @@ async def telegram_webhook(request, slug):
     database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
     """
     if isinstance(request, ASGIRequest):
-        return await sync_to_async(_on_a_worker_thread, thread_sensitive=False)(_telegram_update, request, slug)
+        return await off_the_loop(_telegram_update)(request, slug)
     return await sync_to_async(_telegram_update)(request, slug)  # WSGI: on the request's own thread
-
-
-def _on_a_worker_thread(handle, *args):
-    """Run `handle` with the connection care Django gives a request's own thread (stale or broken
-    connections replaced before, and closed after when CONN_MAX_AGE says so)."""
-    close_old_connections()
-    try:
-        return handle(*args)
-    finally:
-        close_old_connections()
 
 
 def _telegram_update(request, slug):
