@@ -47,6 +47,22 @@ def requires_postgres():
         pytest.skip(POSTGRES_SKIP_REASON)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_left_on_the_test_database(django_db_setup, django_db_blocker):
+    """Threads that served Django (event loops' worker threads, the embedding worker) keep their
+    connections until they end, and PostgreSQL drops no database with sessions on it: end them before
+    pytest-django drops the test database, so a run leaves none behind on the server."""
+    yield
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+
 @pytest.fixture(autouse=True)
 def _access_counts_do_not_leak(db):
     """Start and end every test with empty access-count and recall-event buffers.
