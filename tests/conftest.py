@@ -9,11 +9,12 @@ import itertools
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from memory.access import access_counter
 from memory.backends import reset_backend
+from memory.models import Fact
 from memory.recall_events import recall_log
 from memory.service import MemoryService
 
@@ -128,6 +129,23 @@ class DataQueries(CaptureQueriesContext):
 def capture_data_queries():
     """`with capture_data_queries() as q: ...` then `q.data`: the statements run, BEGIN/SAVEPOINT/... left out."""
     return lambda: DataQueries(connection)
+
+
+def hold_the_database(seconds, started, release=None):
+    """Another writer holding the database (SQLite's write lock, PostgreSQL's fact table) on a
+    connection of its own: `started` is set once it holds it, and it lets go when `release` is set or
+    after `seconds`. Readers go on meanwhile; writers wait. Run it on a thread of its own."""
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute(f"LOCK TABLE {Fact._meta.db_table} IN EXCLUSIVE MODE")
+                else:
+                    cursor.execute(f"UPDATE {Fact._meta.db_table} SET access_count = access_count WHERE id = 0")
+            started.set()
+            (release or threading.Event()).wait(seconds)
+    finally:
+        connections.close_all()
 
 
 def database_url():

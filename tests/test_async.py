@@ -6,7 +6,7 @@ import time
 from typing import Annotated, TypedDict
 
 import pytest
-from django.db import connection, connections, transaction
+from conftest import hold_the_database
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langgraph.graph import START, StateGraph
@@ -32,21 +32,6 @@ def test_awaitable_service_calls_answer_as_the_sync_ones(user_factory):
         return write.action, fact.value, [h.item.key for h in hits if h.kind == "fact"], identified.context.user_id
 
     assert asyncio.run(main()) == ("created", "tea", ["drink"], ada.pk)
-
-
-def hold_the_database(seconds, started):
-    """Another writer holding the database (SQLite's write lock, PostgreSQL's fact table) for a while."""
-    try:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                if connection.vendor == "postgresql":
-                    cursor.execute(f"LOCK TABLE {Fact._meta.db_table} IN EXCLUSIVE MODE")
-                else:
-                    cursor.execute(f"UPDATE {Fact._meta.db_table} SET access_count = access_count WHERE id = 0")
-            started.set()
-            time.sleep(seconds)
-    finally:
-        connections.close_all()
 
 
 class State(TypedDict, total=False):
@@ -116,8 +101,8 @@ def test_concurrent_memory_calls_run_side_by_side(user_factory):
     memory = MemoryService()
     memory.set_fact("drink", "tea", scope="user", user_id=ada.pk)
     assert memory.recall("drink", user_id=ada.pk)  # SQLite: the keyword index has caught up with the write
-    started = threading.Event()
-    holder = threading.Thread(target=hold_the_database, args=(5, started))
+    started, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=hold_the_database, args=(30, started, release))
     holder.start()
     assert started.wait(10)
 
@@ -125,11 +110,14 @@ def test_concurrent_memory_calls_run_side_by_side(user_factory):
         writing = asyncio.create_task(memory.aset_fact("food", "figs", scope="user", user_id=ada.pk))
         await asyncio.sleep(0.3)  # the write is waiting for the lock now
         hits = await asyncio.wait_for(memory.arecall("drink", user_id=ada.pk), timeout=4)
-        return [h.item.key for h in hits if h.kind == "fact"], writing.done(), (await writing).action
+        done = writing.done()
+        release.set()
+        return [h.item.key for h in hits if h.kind == "fact"], done, (await writing).action
 
     try:
         assert asyncio.run(main()) == (["drink"], False, "created")
     finally:
+        release.set()
         holder.join(10)
 
 

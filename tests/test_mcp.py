@@ -16,9 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from conftest import database_url
+from conftest import database_url, hold_the_database
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -174,18 +173,6 @@ def test_http_serves_calls_side_by_side(http_server, service):
     assert service.recall("style", agent_id="desk")  # SQLite: the keyword index has caught up with the write
     locked, release = threading.Event(), threading.Event()
 
-    def hold_the_write_lock():  # another writer, in its own transaction on its own connection
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                if connection.vendor == "postgresql":
-                    cursor.execute("LOCK TABLE memory_fact IN EXCLUSIVE MODE")  # writers wait, readers do not
-                else:
-                    cursor.execute("SELECT 1")  # SQLite: BEGIN IMMEDIATE has taken the write lock
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
     async def call_as(token, tool, **arguments):
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
             async with streamable_http_client(f"{url}/mcp", http_client=client) as streams:
@@ -201,7 +188,7 @@ def test_http_serves_calls_side_by_side(http_server, service):
         release.set()
         return recalled, await writing
 
-    holder = threading.Thread(target=hold_the_write_lock)
+    holder = threading.Thread(target=hold_the_database, args=(30, locked, release))
     holder.start()
     assert locked.wait(10)
     try:
