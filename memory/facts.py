@@ -115,8 +115,8 @@ class FactsMixin:
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.UPDATED and history.enabled():
                     # The graph's `contradicts` edge, once this write has committed (memory/relations.py).
-                    fact_id, when = write.fact.pk, write.fact.updated_at
-                    transaction.on_commit(lambda: relations.link_contradiction(fact_id, when))
+                    fact_id = write.fact.pk
+                    transaction.on_commit(lambda: relations.contradictions.note(fact_id))
                 if write.action == WriteAction.CREATED:
                     pruning.enforce_after_create(pruning.FACTS, write.fact)
                 return write
@@ -253,6 +253,8 @@ class FactsMixin:
             if limit is not None:  # edits bump no counter, so enforce_versions could not tell
                 pruning.trim_versions(fact.pk, limit)
             self._embed_for_recall(RecallKind.FACT, [fact.pk])
+            if history.enabled():
+                transaction.on_commit(lambda: relations.contradictions.note(fact.pk))
         return fact
 
     def search_facts(

@@ -35,6 +35,7 @@ from django.utils import timezone
 from .conf import memory_settings
 from .embeddings import configured_mode
 from .models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
+from .relations import contradictions
 
 WEIGHTS = {"freshness": 25, "coverage": 25, "coherence": 20, "efficiency": 15, "reachability": 15}
 GREEN, YELLOW, RED, UNKNOWN = "green", "yellow", "red", "unknown"
@@ -84,6 +85,7 @@ def _facts_with_edges():
 
 def compute(agent_id=None):
     """The five metrics, score and band; of one agent's memory (its own facts, facts from its episodes, its episodes) or all."""
+    contradictions.flush()  # edges this process's writes have not written yet count too
     conf = memory_settings.HEALTH
     now = timezone.now()
     facts = Fact.objects.all()

@@ -19,7 +19,7 @@ from .indexer import indexer, pending_count
 from .models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
 from .recall import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
 from .recall_events import recall_log
-from .relations import relations_of, relink_similar
+from .relations import link_contradictions, relations_of, relink_similar
 from .text import keyword_terms
 from .validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from .vectors import reset_vector_index
@@ -249,4 +249,5 @@ class RecallMixin:
         relink_similar(
             ids if missing_only else list(RecallDocument.objects.values_list("id", flat=True)), embedder.dimension
         )
+        link_contradictions()  # and any `contradicts` edge a killed process had not written yet
         return total

@@ -7,8 +7,8 @@
 - `supports`: consolidation links each fact it wrote to the episode it was distilled from (weight 1),
   in the consolidation's own transaction.
 - `contradicts`: a write that replaced a fact's value links the fact to the version of the value it
-  replaced (fact history, memory/history.py), in a short transaction of its own once the write has
-  committed (nothing is added to the write's transaction). Without history there is nothing to link.
+  replaced (fact history, memory/history.py), after the write has committed (nothing is added to the
+  write's transaction), in batches (ContradictionLog). Without history there is nothing to link.
 
 Recall may walk MEMORY["RECALL_WALK_DEPTH"] hops (0, the default: none) from its hits along edges in
 either direction; a document reached that way is shown only if the viewer may see it (the same check
@@ -17,7 +17,9 @@ as every candidate) and is marked with the hit it came from. Deleting a memory d
 with at least one edge (memory/health.py).
 """
 
+import atexit
 import logging
+import threading
 
 import numpy as np
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
@@ -26,7 +28,8 @@ from django.utils import timezone
 
 from .conf import memory_settings
 from .embeddings import from_blobs
-from .models import FactVersion, MemoryRelation, RecallDocument, RecallScope, Relation
+from .models import FactAction, FactVersion, MemoryRelation, RecallDocument, RecallScope, Relation
+from .validation import chunks
 
 logger = logging.getLogger("engram.memory")
 
@@ -116,41 +119,85 @@ def link_supports(fact_episode_pairs):
     return len(edges)
 
 
-def link_contradiction(fact_id, when):
-    """After a committed write replaced fact `fact_id`'s value at `when`: a `contradicts` edge from
-    the fact to the version that held the replaced value (the latest one before `when`).
+class ContradictionLog:
+    """Facts whose value a committed write replaced, waiting for their `contradicts` edges.
 
-    One prepared statement in autocommit (it runs from the write's on_commit hook, on the writer's
-    time): finding the document and the version and inserting the edge in the database costs a
-    fraction of reading them into Python through the ORM first. Nothing happens when the fact was
-    deleted meanwhile or no earlier version was kept. Returns the edges added (0 or 1).
+    The edges are written in batches, like access counts (memory/access.py): when
+    CONTRADICTIONS_FLUSH_PENDING facts wait, when a request finishes (in the transaction that writes
+    its access counts), when the edges are read in this process, at exit, and on flush(). One edge
+    cost a bulk writer a transaction of its own per replaced value (on PostgreSQL a WAL flush), as
+    much as fact history itself. The edges are derived from fact history (link_contradictions), so
+    a batch lost with a killed process is rebuilt by `memory reindex` and the next write of the fact.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending = set()
+
+    @property
+    def pending(self):
+        return len(self._pending)
+
+    def note(self, fact_id):
+        """Call once the write that replaced `fact_id`'s value has committed (never inside a transaction)."""
+        with self._lock:
+            self._pending.add(fact_id)
+            full = len(self._pending) >= CONTRADICTIONS_FLUSH_PENDING
+        if full:
+            self.flush()
+
+    def flush(self):
+        """Write the waiting edges; returns how many were added. Never raises: the facts are stored."""
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        if not pending:
+            return 0
+        try:
+            with transaction.atomic():  # a savepoint inside a caller's transaction (a request's flush)
+                return link_contradictions(pending)
+        except DatabaseError as exc:
+            logger.warning("could not record what %d facts contradicted: %s", len(pending), exc)
+            return 0
+
+
+CONTRADICTIONS_FLUSH_PENDING = 200
+contradictions = ContradictionLog()
+atexit.register(contradictions.flush)
+
+
+def link_contradictions(fact_ids=None):
+    """A `contradicts` edge from each fact's document to the version before each of its `updated`
+    versions (the value that write replaced): of these facts, or of every fact when None.
+
+    One statement per chunk of ids, in the database; edges already there are kept (one per version),
+    so it can run again at any time (`memory reindex` does, to rebuild what a killed process had not
+    written). Returns the edges added.
     """
     conn = connections[DEFAULT_DB_ALIAS]
-    params = [
-        Relation.CONTRADICTS,
-        _CREATED_AT.get_db_prep_save(timezone.now(), conn),
-        fact_id,
-        fact_id,
-        _VALID_FROM.get_db_prep_save(when, conn),
-    ]
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(_CONTRADICTION_SQL, params)
-            return max(cursor.rowcount, 0)
-    except DatabaseError as exc:
-        logger.warning("could not record what fact %s contradicted: %s", fact_id, exc)
-        return 0
+    stamp = _CREATED_AT.get_db_prep_save(timezone.now(), conn)
+    ids = sorted(set(fact_ids)) if fact_ids is not None else None
+    added = 0
+    with conn.cursor() as cursor:
+        for chunk in [None] if ids is None else chunks(ids):
+            where = "" if chunk is None else f"v.fact_id IN ({', '.join(['%s'] * len(chunk))}) AND "
+            cursor.execute(
+                _CONTRADICTION_SQL.format(where=where),
+                [Relation.CONTRADICTS, stamp, *(chunk or ()), FactAction.UPDATED],
+            )
+            added += max(cursor.rowcount, 0)
+    return added
 
 
 _VERSION_TABLE = FactVersion._meta.db_table
 _CREATED_AT = MemoryRelation._meta.get_field("created_at")
-_VALID_FROM = FactVersion._meta.get_field("valid_from")
+# The version before v: the latest of the same fact earlier in (valid_from, id) order.
 # The WHERE before ON CONFLICT also keeps SQLite from reading ON as a join's (its upsert rule).
 _CONTRADICTION_SQL = (
     f"INSERT INTO {MemoryRelation._meta.db_table} (source_id, target_id, target_version_id, relation, weight, created_at) "
-    f"SELECT d.id, NULL, v.id, %s, 1.0, %s FROM {RecallDocument._meta.db_table} d, {_VERSION_TABLE} v "
-    "WHERE d.kind = 'fact' AND d.item_id = %s AND v.id = ("
-    f"SELECT id FROM {_VERSION_TABLE} WHERE fact_id = %s AND valid_from < %s ORDER BY valid_from DESC, id DESC LIMIT 1) "
+    f"SELECT d.id, NULL, p.id, %s, 1.0, %s FROM {_VERSION_TABLE} v, {RecallDocument._meta.db_table} d, {_VERSION_TABLE} p "
+    "WHERE {where}v.action = %s AND d.kind = 'fact' AND d.item_id = v.fact_id AND p.id = ("
+    f"SELECT q.id FROM {_VERSION_TABLE} q WHERE q.fact_id = v.fact_id AND (q.valid_from < v.valid_from "
+    "OR q.valid_from = v.valid_from AND q.id < v.id) ORDER BY q.valid_from DESC, q.id DESC LIMIT 1) "
     "ON CONFLICT DO NOTHING"
 )
 
@@ -177,6 +224,7 @@ def neighbours(doc_ids):
 def relations_of(kind, item_id):
     """[(direction, relation, weight, other kind, other id)] of one memory, strongest first; the other
     of a `contradicts` edge is ("fact_version", version id)."""
+    contradictions.flush()  # what this process's writes replaced, before it is read
     doc = RecallDocument.objects.filter(kind=kind, item_id=item_id).values_list("id", flat=True).first()
     if doc is None:
         return []

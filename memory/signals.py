@@ -36,22 +36,25 @@ person_exporting = Signal()
 # A receiver returns {what: rows deleted (or that would be, on a dry run)}; the counts join the report.
 prune_requested = Signal()
 
-# ---- buffered statistics: access counts, recall events and reference counts.
+# ---- buffered statistics (access counts, recall events and reference counts) and graph edges.
 from .indexer import indexer  # noqa: E402
 from .recall_events import recall_log  # noqa: E402
+from .relations import contradictions  # noqa: E402
 
 
 @receiver(request_finished, dispatch_uid="memory_flush_buffers")
 def flush_buffers(**kwargs):
-    """Write what the request's reads noted, in one write transaction."""
-    if not (access_counter.pending or recall_log.pending):
+    """Write what the request noted (reads' counts and events, writes' `contradicts` edges), in one
+    write transaction."""
+    if not (access_counter.pending or recall_log.pending or contradictions.pending):
         return
     try:
         with transaction.atomic():
             access_counter.flush()
             recall_log.flush()
-    except DatabaseError:  # statistics, not memory: say so and let the response go out
-        logger.exception("could not write buffered access counts and recall events")
+            contradictions.flush()
+    except DatabaseError:  # statistics and hints, not memory: say so and let the response go out
+        logger.exception("could not write buffered access counts, recall events and contradiction edges")
 
 
 @receiver(request_started, dispatch_uid="memory_start_indexer")

@@ -75,6 +75,7 @@ from .models import (
     Scope,
 )
 from .owners import owner_key
+from .relations import contradictions
 from .text import fact_search_text
 
 FORMAT, VERSION = "engram-memory", 1
@@ -375,6 +376,8 @@ def export(out, *, on_progress=None):
     """Write the header and every row to the text stream `out`; returns {kind: rows}."""
     kinds = list(KINDS)
     outermost = not connection.in_atomic_block  # inside a caller's transaction, its snapshot rules
+    if outermost:
+        contradictions.flush()  # the edges of this process's latest writes belong in the file
     with transaction.atomic():
         if connection.vendor == "postgresql" and outermost:
             with connection.cursor() as cursor:

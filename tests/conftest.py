@@ -16,6 +16,7 @@ from memory.access import access_counter
 from memory.backends import reset_backend
 from memory.models import Fact
 from memory.recall_events import recall_log
+from memory.relations import contradictions
 from memory.service import MemoryService
 
 POSTGRES_SKIP_REASON = "needs PostgreSQL: set DATABASE_URL=postgres://..."
@@ -66,7 +67,7 @@ def _no_session_left_on_the_test_database(django_db_setup, django_db_blocker):
 
 @pytest.fixture(autouse=True)
 def _access_counts_do_not_leak(db):
-    """Start and end every test with empty access-count and recall-event buffers.
+    """Start and end every test with empty access-count, recall-event and contradiction buffers.
 
     Ends by writing the buffer while the test's database is still there (this fixture depends on
     `db`, so it is torn down before the test's transaction is rolled back), then clears anything
@@ -74,10 +75,12 @@ def _access_counts_do_not_leak(db):
     """
     access_counter.flush()
     recall_log.flush()
+    contradictions.flush()
     yield
     MemoryService().flush_access_counts()
     access_counter.flush()
     recall_log.flush()
+    contradictions.flush()
     assert access_counter.pending == 0
 
 

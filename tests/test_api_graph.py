@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from memory.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, FactVersion, MemoryRelation, Promotion, Scope
+from memory.signals import flush_buffers
 
 pytestmark = pytest.mark.django_db
 
@@ -35,6 +36,7 @@ def graph(service, user_factory, keyword_only, django_capture_on_commit_callback
     for _ in range(3):
         assert service.recall("favourite snack", agent_id="helper", user_id=ann.pk, session_id="s1")
     assert service.promote().promoted
+    flush_buffers()  # what the end of the request that wrote them would write
     return {"ann": ann, "bob": bob, "city": city, "episode": episode, "drink": Fact.objects.get(key="drink")}
 
 

@@ -10,6 +10,8 @@ from langchain_core.embeddings import Embeddings
 
 from memory.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, MemoryRelation, RecallDocument
+from memory.relations import contradictions, link_contradictions
+from memory.signals import flush_buffers
 from memory.vectors import reset_vector_index
 
 SIZE = 256
@@ -179,8 +181,11 @@ def test_a_write_that_replaces_a_value_contradicts_the_version_it_replaced_after
     with django_capture_on_commit_callbacks(execute=False) as callbacks, capture_data_queries() as q:
         assert service.set_fact("city", "Lisbon", scope="user", user_id=ann.pk).action == "updated"
     assert not any("memory_relation" in sql for sql in q.data) and not MemoryRelation.objects.exists()
-    for callback in callbacks:  # what runs once the write has committed
+    for callback in callbacks:  # what runs once the write has committed: the edge waits for a batch
         callback()
+    assert contradictions.pending == 1 and not MemoryRelation.objects.exists()
+    flush_buffers()  # the end of a request writes it (as reading it, or the process's exit, would)
+    assert contradictions.pending == 0
     edge = MemoryRelation.objects.get()
     assert (edge.relation, edge.source.item_id, edge.target_id) == ("contradicts", fact.pk, None)
     assert (edge.target_version.value, edge.target_version.fact_id) == ("Porto", fact.pk)
@@ -196,3 +201,23 @@ def test_a_write_that_replaces_a_value_contradicts_the_version_it_replaced_after
     assert MemoryRelation.objects.count() == 1
     service.delete_users([ann.pk], cascade=True)
     assert not MemoryRelation.objects.exists()
+
+
+def test_contradicts_edges_a_killed_process_had_not_written_come_back(
+    service, user_factory, keyword_only, django_capture_on_commit_callbacks
+):
+    """The edges are derived from fact history: a batch lost with its process is written with the
+    fact's next replaced value, or by `memory reindex` (link_contradictions over every fact)."""
+    ann = user_factory("ann")
+    fact = service.set_fact("city", "Porto", scope="user", user_id=ann.pk).fact
+    with django_capture_on_commit_callbacks(execute=True):
+        service.set_fact("city", "Lisbon", scope="user", user_id=ann.pk)
+    contradictions._pending.clear()  # the process died before its batch was written
+    with django_capture_on_commit_callbacks(execute=True):
+        service.set_fact("city", "Faro", scope="user", user_id=ann.pk)
+    assert contradictions.flush() == 2
+    replaced = [e.target_version.value for e in MemoryRelation.objects.order_by("target_version__valid_from")]
+    assert replaced == ["Porto", "Lisbon"]
+    MemoryRelation.objects.all().delete()
+    assert link_contradictions() == 2 and link_contradictions() == 0  # every fact's, once
+    assert service.memory_relations("fact", fact.pk)[0][:2] == ("to", "contradicts")

@@ -10,6 +10,7 @@ from test_relations import words  # noqa: F401  (the fixture: a bag-of-words emb
 from memory.consolidation import BaseExtractor, ExtractedFact
 from memory.exceptions import ImportRejected
 from memory.models import Fact, FactVersion, MemoryRelation, MemoryUser, Promotion, Scope
+from memory.signals import flush_buffers
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +33,7 @@ def graph(service, user_factory, keyword_only, django_capture_on_commit_callback
     for _ in range(3):
         assert service.recall("favourite snack", agent_id="helper", user_id=ann.pk, session_id="s1")
     assert service.promote().promoted
+    flush_buffers()  # what the end of the request that wrote them would write
     assert MemoryRelation.objects.count() == 2 and Promotion.objects.count() == 1
     return {"ann": ann, "city": city, "episode": episode}
 
