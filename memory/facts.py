@@ -108,8 +108,7 @@ class FactsMixin:
             with transaction.atomic():
                 if fact.user_id is not None:
                     self.backend.hold_user(fact.user_id)
-                write = self._upsert_fact(fact, overwrite)
-                history.record(write.action, write.fact, write.fact.updated_at, writer=fact)
+                write = self._upsert_fact(fact, overwrite)  # and its history version
                 pruning.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
@@ -170,7 +169,7 @@ class FactsMixin:
     def _upsert_fact(self, fact, overwrite):
         existing = self.backend.owned_fact(fact, lock=True)
         if existing is None:
-            if self.backend.insert_fact_if_absent(fact):
+            if self.backend.insert_fact_if_absent(fact, history.version_for(FactAction.CREATED, fact)):
                 return FactWrite(WriteAction.CREATED, fact)
             # A concurrent writer created it first: wait for its row and treat ours as a second write.
             existing = self.backend.owned_fact(fact, lock=True)
@@ -210,7 +209,7 @@ class FactsMixin:
             existing.times_contradicted += 1
             existing.confidence *= 1.0 - w
         changes["updated_at"] = existing.updated_at = now
-        self.backend.update_fact(existing.pk, changes)
+        self.backend.update_fact(existing.pk, changes, history.version_for(action, incoming))
         return FactWrite(action, existing)
 
     def _stored_fact(self, arguments):

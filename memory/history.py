@@ -6,41 +6,24 @@ read. A version holds the fact as it was from `valid_from` until the next versio
 and key; a `deleted` version ends it. MEMORY["FACT_HISTORY"] = False stops recording (and the
 point-in-time reads refuse, since they would answer from a partial record).
 
-The write path adds one INSERT per fact write, prepared once (no model instance, no queryset
-compiling), and deletes add one INSERT ... SELECT per chunk of ids: the facts' last state copied in
-the database, never read into Python.
+A version copies its fact's row in the database (never read into Python): set_fact's version is
+added by the same statement as its write on PostgreSQL (a CTE) and by the next one on SQLite (the
+backends' update_fact / insert_fact_if_absent, given version_for()); other writes call record(),
+and deletes add one INSERT ... SELECT per chunk of ids.
 """
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from .backends.base import owner_terms
+from .backends.base import VERSION_TABLE, owner_terms, version_copy_sql
 from .backends.rows import fetch_models, select_columns
 from .conf import memory_settings
 from .models import SCOPE_RANK, Fact, FactAction, FactVersion
-from .owners import fact_owner_key
 from .text import fact_search_text
 from .validation import chunks
 
-VERSION_TABLE = FactVersion._meta.db_table
 FACT_TABLE = Fact._meta.db_table
-# The columns a version copies from its fact, in the order of both INSERTs below.
-_COPIED = (
-    "key",
-    "value",
-    "fact_type",
-    "scope",
-    "user_id",
-    "agent_id",
-    "session_id",
-    "confidence",
-    "source_episode_id",
-    "provenance",
-)
-_COLUMNS = ("fact_id", "action", "scope_key", *_COPIED, "valid_from")
-_COLUMN_LIST = ", ".join(f'"{c}"' for c in _COLUMNS)
-_INSERT_SQL = f"INSERT INTO {VERSION_TABLE} ({_COLUMN_LIST}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
-_VALUE = FactVersion._meta.get_field("value")
+_RECORD_SQL = f"{version_copy_sql('f', '%s')}{FACT_TABLE} f WHERE f.id = %s"
 _VALID_FROM = FactVersion._meta.get_field("valid_from")
 
 
@@ -48,36 +31,29 @@ def enabled():
     return bool(memory_settings.FACT_HISTORY)
 
 
+def version_for(action, writer):
+    """What a fact write passes its backend to add its version in the same statement where it can
+    (update_fact / insert_fact_if_absent): `action` by `writer` (its provenance and source episode),
+    valid from the write's updated_at. None when history is off."""
+    if not memory_settings.FACT_HISTORY:
+        return None
+    return (action, writer.source_episode_id, writer.provenance)
+
+
 def record(action, fact, when, *, writer=None):
-    """One version of `fact` (as the write left it) with `action`, valid from `when`. One INSERT.
+    """One version of `fact` as its row stands now, with `action`, valid from `when`. One INSERT ... SELECT.
 
     `writer`: who made the change, when not the fact's own provenance (its `provenance` and
     `source_episode_id`): a confirmation or a refused write names its writer, not the value's first one.
-    Call inside the write's transaction. Text, numbers and ids go to the driver as they are (the
-    write validated them); the JSON value and the timestamp are converted as the ORM would.
+    Call inside the write's transaction, after the write. The values are copied in the database.
     """
     if not memory_settings.FACT_HISTORY:
         return
     writer = fact if writer is None else writer
     conn = connections[DEFAULT_DB_ALIAS]
-    params = [
-        fact.pk,
-        action,
-        fact_owner_key(fact),
-        fact.key,
-        _VALUE.get_db_prep_save(fact.value, conn),
-        fact.fact_type,
-        fact.scope,
-        fact.user_id,
-        fact.agent_id,
-        fact.session_id,
-        fact.confidence,
-        writer.source_episode_id,
-        writer.provenance,
-        _VALID_FROM.get_db_prep_save(when, conn),
-    ]
+    params = [action, writer.source_episode_id, writer.provenance, _VALID_FROM.get_db_prep_save(when, conn), fact.pk]
     with conn.cursor() as cursor:
-        cursor.execute(_INSERT_SQL, params)
+        cursor.execute(_RECORD_SQL, params)
 
 
 def record_deleted(fact_ids, when=None, *, provenance=None):
@@ -93,15 +69,15 @@ def record_deleted(fact_ids, when=None, *, provenance=None):
         return 0
     conn = connections[DEFAULT_DB_ALIAS]
     stamp = _VALID_FROM.get_db_prep_save(when or timezone.now(), conn)
-    copied = ", ".join("%s" if c == "provenance" and provenance is not None else f'f."{c}"' for c in _COPIED)
+    copy = version_copy_sql(
+        "f", "%s", episode="f.source_episode_id", provenance="f.provenance" if provenance is None else "%s"
+    )
     extra = [] if provenance is None else [provenance]
     written = 0
     with conn.cursor() as cursor:
         for chunk in chunks(ids):
             cursor.execute(
-                f"INSERT INTO {VERSION_TABLE} ({_COLUMN_LIST}) "
-                f"SELECT f.id, %s, f.scope_key, {copied}, %s FROM {FACT_TABLE} f "
-                f"WHERE f.id IN ({', '.join(['%s'] * len(chunk))})",
+                f"{copy}{FACT_TABLE} f WHERE f.id IN ({', '.join(['%s'] * len(chunk))})",
                 [FactAction.DELETED, *extra, stamp, *chunk],
             )
             written += cursor.rowcount
@@ -113,7 +89,6 @@ def backfill(fact_ids=None):
     written outside the service (an import of a file from before history, a bulk load). One statement."""
     if not memory_settings.FACT_HISTORY:
         return 0
-    copied = ", ".join(f'f."{c}"' for c in _COPIED)
     where, params = "", [FactAction.CREATED]
     if fact_ids is not None:
         ids = sorted(set(fact_ids))
@@ -123,9 +98,8 @@ def backfill(fact_ids=None):
         params += ids
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {VERSION_TABLE} ({_COLUMN_LIST}) "
-            f"SELECT f.id, %s, f.scope_key, {copied}, f.updated_at FROM {FACT_TABLE} f "
-            f"WHERE {where}NOT EXISTS (SELECT 1 FROM {VERSION_TABLE} v WHERE v.fact_id = f.id)",
+            f"{version_copy_sql('f', 'f.updated_at', episode='f.source_episode_id', provenance='f.provenance')}"
+            f"{FACT_TABLE} f WHERE {where}NOT EXISTS (SELECT 1 FROM {VERSION_TABLE} v WHERE v.fact_id = f.id)",
             params,
         )
         return cursor.rowcount

@@ -5,6 +5,7 @@ import io
 import json
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from memory.exceptions import InvalidMemoryArgument
@@ -242,7 +243,8 @@ def test_max_versions_per_fact_keeps_the_latest(service, settings, capture_data_
     fact = service.set_fact("n", 0).fact
     with capture_data_queries() as q:
         service.set_fact("n", 1)  # 2 versions: no trim, no extra statement
-    assert len(q.data) == 3, q.data
+    # The locked read and the update; the version is part of the update's statement on PostgreSQL.
+    assert len(q.data) == (2 if connection.vendor == "postgresql" else 3), q.data
     for i in range(2, 7):
         service.set_fact("n", i)
     assert [v.value for v in service.fact_history(fact.pk)] == [4, 5, 6]

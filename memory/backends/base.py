@@ -9,7 +9,7 @@ from functools import cache, lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from ..models import SCOPE_RANK, Episode, Fact, MemoryUser, Procedure, Scope
+from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 from ..owners import GLOBAL, fact_owner_key, owner_key
 from .recall import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
@@ -293,32 +293,34 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         found = self._facts(sql, [*params, fact.key])
         return found[0] if found else None
 
-    def update_fact(self, pk, changes):
-        """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params)."""
-        conn = connections[DEFAULT_DB_ALIAS]
-        sets, params = [], []
-        for column, change in changes.items():
-            if isinstance(change, tuple):
-                sets.append(f"{_q(column)} = {change[0]}")
-                params.extend(change[1])
-            else:
-                sets.append(f"{_q(column)} = %s")
-                params.append(_FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
-        with conn.cursor() as cursor:
-            cursor.execute(f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", [*params, pk])
+    def update_fact(self, pk, changes, version=None):
+        """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
+
+        `version`: (action, writer's source_episode_id, writer's provenance) of the history version
+        this write adds (fact history, memory/history.py), copied from the updated row; None for none.
+        """
+        sql, params = fact_update_sql(changes)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, pk])
+            if version is not None:
+                copy_fact_to_history(cursor, pk, version)
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
-    def insert_fact_if_absent(self, fact):
+    def insert_fact_if_absent(self, fact, version=None):
         """Insert `fact` unless its (owner, key) exists; True if inserted (its pk is then set).
 
         A user-scoped fact is stored under the user its `user_id` was merged into, if any, so a
-        stale id still writes to the surviving user without another round trip.
+        stale id still writes to the surviving user without another round trip. `version`: as
+        update_fact's, added only when the fact was inserted.
         """
         row = _FACT_INSERT(fact)
         if row is None:
             return False
         fact.pk, fact.user_id = row
         fact._state.adding = False
+        if version is not None:
+            with connection.cursor() as cursor:
+                copy_fact_to_history(cursor, fact.pk, version)
         return True
 
     def insert_episode(self, episode):
@@ -331,12 +333,62 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 # A user id is stored as the surviving user of a merge, or NULL for an unknown id (which a user
 # fact's scope constraint refuses at once; a deferred foreign key would only fail at the final commit).
 # Unlike SURVIVOR_SQL, which keeps an unknown id as it is (a lookup then simply finds nothing).
-_SURVIVING_USER = {"user_id": f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)"}
-_FACT_INSERT = RowInsert(
-    Fact, f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING RETURNING id, user_id", placeholders=_SURVIVING_USER
+SURVIVING_USER = {"user_id": f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)"}
+FACT_INSERT_IF_ABSENT = f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING"
+_FACT_INSERT = RowInsert(Fact, f"{FACT_INSERT_IF_ABSENT} RETURNING id, user_id", placeholders=SURVIVING_USER)
+
+
+def fact_update_sql(changes):
+    """(UPDATE of one fact by a trailing id parameter, its parameters before the id) for update_fact."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    sets, params = [], []
+    for column, change in changes.items():
+        if isinstance(change, tuple):
+            sets.append(f"{_q(column)} = {change[0]}")
+            params.extend(change[1])
+        else:
+            sets.append(f"{_q(column)} = %s")
+            params.append(_FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
+    return f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", params
+
+
+# ---- fact history: a version copies the fact's row as it stands, in the database (nothing is
+# read into Python); the writer's action, episode and provenance, and the version's start, are its own.
+VERSION_TABLE = FactVersion._meta.db_table
+_VERSION_COLUMNS = ", ".join(
+    _q(c)
+    for c in (
+        "fact_id", "action", "scope_key", "key", "value", "fact_type", "scope", "user_id", "agent_id",
+        "session_id", "confidence", "source_episode_id", "provenance", "valid_from",
+    )
+)  # fmt: skip
+_COPIED = ", ".join(
+    "{row}." + _q(c) for c in ("key", "value", "fact_type", "scope", "user_id", "agent_id", "session_id", "confidence")
 )
+
+
+def version_copy_sql(row, valid_from, *, episode="%s", provenance="%s"):
+    """INSERT ... SELECT of a version of fact row `row` (an alias the caller's FROM names next).
+
+    The version's start, source episode and provenance are SQL (by default the writer's, as
+    parameters); parameters in order: the action, then those of `episode`, `provenance`, `valid_from`.
+    """
+    return (
+        f"INSERT INTO {VERSION_TABLE} ({_VERSION_COLUMNS}) "
+        f"SELECT {row}.id, %s, {row}.scope_key, {_COPIED.format(row=row)}, {episode}, {provenance}, {valid_from} FROM "
+    )
+
+
+_COPY_FACT_SQL = version_copy_sql("f", "f.updated_at") + f"{FACT_TABLE} f WHERE f.id = %s"
+
+
+def copy_fact_to_history(cursor, fact_id, version):
+    """A version of the fact as its write left it, valid from its updated_at (`version` as update_fact's)."""
+    cursor.execute(_COPY_FACT_SQL, [*version, fact_id])
+
+
 # The surviving user of the run's user: the recall triggers index the episode under its final owner.
-_EPISODE_INSERT = RowInsert(Episode, "RETURNING id, user_id", placeholders=_SURVIVING_USER)
+_EPISODE_INSERT = RowInsert(Episode, "RETURNING id, user_id", placeholders=SURVIVING_USER)
 
 
 @lru_cache(maxsize=64)

@@ -155,6 +155,13 @@ class RowInsert:
         return f"INSERT INTO {self.table} ({columns}) VALUES ({values}) {self.suffix}"
 
     def __call__(self, obj):
+        params = self.params(obj)
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return cursor.fetchone()
+
+    def params(self, obj):
+        """The statement's parameters for `obj` (filling in its timestamps), in the order of `sql`."""
         conn = connections[DEFAULT_DB_ALIAS]
         now = now_db = None
         params = []
@@ -170,6 +177,4 @@ class RowInsert:
                 params.append(now_db)
             else:
                 params.append(field.get_db_prep_save(value, conn))
-        with conn.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            return cursor.fetchone()
+        return params
