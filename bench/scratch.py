@@ -50,12 +50,14 @@ def scratch_django(database_url=None, mode=None):
             from memory.access import access_counter
             from memory.indexer import indexer
             from memory.recall_events import recall_log
+            from memory.relations import contradictions
 
             indexer.wait(60)  # the embedding worker finishes with the database before it goes
 
-            # Counts a benchmark noted are written while its database still exists, not at exit.
+            # What a benchmark noted is written while its database still exists, not at exit.
             access_counter.flush()
             recall_log.flush()
+            contradictions.flush()
             connections.close_all()
             if pg_admin:
                 import psycopg
