@@ -17,18 +17,18 @@ as every candidate) and is marked with the hit it came from. Deleting a memory d
 with at least one edge (memory/health.py).
 """
 
-import atexit
 import logging
-import threading
 
 import numpy as np
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .backends.base import VERSION_TABLE
+from .buffers import WriteBuffer
 from .conf import memory_settings
 from .embeddings import from_blobs
-from .models import FactAction, FactVersion, MemoryRelation, RecallDocument, RecallScope, Relation
+from .models import FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
 from .validation import chunks
 
 logger = logging.getLogger("engram.memory")
@@ -119,50 +119,33 @@ def link_supports(fact_episode_pairs):
     return len(edges)
 
 
-class ContradictionLog:
+class ContradictionLog(WriteBuffer):
     """Facts whose value a committed write replaced, waiting for their `contradicts` edges.
 
-    The edges are written in batches, like access counts (memory/access.py): when
-    CONTRADICTIONS_FLUSH_PENDING facts wait, when a request finishes (in the transaction that writes
-    its access counts), when the edges are read in this process, at exit, and on flush(). One edge
-    cost a bulk writer a transaction of its own per replaced value (on PostgreSQL a WAL flush), as
-    much as fact history itself. The edges are derived from fact history (link_contradictions), so
-    a batch lost with a killed process is rebuilt by `memory reindex` and the next write of the fact.
+    Buffered (memory/buffers.py) like access counts: one edge cost a bulk writer a transaction of
+    its own per replaced value (on PostgreSQL a WAL flush), as much as fact history itself. The edges
+    are derived from fact history (link_contradictions), so a batch lost with a killed process is
+    rebuilt by `memory reindex` and the next write of the fact.
     """
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pending = set()
+    what = "facts' contradicts edges"
 
-    @property
-    def pending(self):
-        return len(self._pending)
+    def empty(self):
+        return set()
+
+    def limit(self):
+        return CONTRADICTIONS_FLUSH_PENDING
 
     def note(self, fact_id):
         """Call once the write that replaced `fact_id`'s value has committed (never inside a transaction)."""
-        with self._lock:
-            self._pending.add(fact_id)
-            full = len(self._pending) >= CONTRADICTIONS_FLUSH_PENDING
-        if full:
-            self.flush()
+        self.add(lambda pending: pending.add(fact_id))
 
-    def flush(self):
-        """Write the waiting edges; returns how many were added. Never raises: the facts are stored."""
-        with self._lock:
-            pending, self._pending = self._pending, set()
-        if not pending:
-            return 0
-        try:
-            with transaction.atomic():  # a savepoint inside a caller's transaction (a request's flush)
-                return link_contradictions(pending)
-        except DatabaseError as exc:
-            logger.warning("could not record what %d facts contradicted: %s", len(pending), exc)
-            return 0
+    def write(self, fact_ids):
+        return link_contradictions(fact_ids)
 
 
 CONTRADICTIONS_FLUSH_PENDING = 200
 contradictions = ContradictionLog()
-atexit.register(contradictions.flush)
 
 
 def link_contradictions(fact_ids=None):
@@ -188,15 +171,14 @@ def link_contradictions(fact_ids=None):
     return added
 
 
-_VERSION_TABLE = FactVersion._meta.db_table
 _CREATED_AT = MemoryRelation._meta.get_field("created_at")
 # The version before v: the latest of the same fact earlier in (valid_from, id) order.
 # The WHERE before ON CONFLICT also keeps SQLite from reading ON as a join's (its upsert rule).
 _CONTRADICTION_SQL = (
     f"INSERT INTO {MemoryRelation._meta.db_table} (source_id, target_id, target_version_id, relation, weight, created_at) "
-    f"SELECT d.id, NULL, p.id, %s, 1.0, %s FROM {_VERSION_TABLE} v, {RecallDocument._meta.db_table} d, {_VERSION_TABLE} p "
+    f"SELECT d.id, NULL, p.id, %s, 1.0, %s FROM {VERSION_TABLE} v, {RecallDocument._meta.db_table} d, {VERSION_TABLE} p "
     "WHERE {where}v.action = %s AND d.kind = 'fact' AND d.item_id = v.fact_id AND p.id = ("
-    f"SELECT q.id FROM {_VERSION_TABLE} q WHERE q.fact_id = v.fact_id AND (q.valid_from < v.valid_from "
+    f"SELECT q.id FROM {VERSION_TABLE} q WHERE q.fact_id = v.fact_id AND (q.valid_from < v.valid_from "
     "OR q.valid_from = v.valid_from AND q.id < v.id) ORDER BY q.valid_from DESC, q.id DESC LIMIT 1) "
     "ON CONFLICT DO NOTHING"
 )

@@ -3,10 +3,8 @@
 import logging
 
 from django.core.signals import request_finished, request_started
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.dispatch import Signal, receiver
-
-from .access import access_counter
 
 logger = logging.getLogger("engram.memory")
 
@@ -37,22 +35,17 @@ person_exporting = Signal()
 prune_requested = Signal()
 
 # ---- buffered statistics (access counts, recall events and reference counts) and graph edges.
+from . import access, recall_events, relations  # noqa: E402, F401  (their buffers join BUFFERS)
+from .buffers import flush_all  # noqa: E402
 from .indexer import indexer  # noqa: E402
-from .recall_events import recall_log  # noqa: E402
-from .relations import contradictions  # noqa: E402
 
 
 @receiver(request_finished, dispatch_uid="memory_flush_buffers")
 def flush_buffers(**kwargs):
     """Write what the request noted (reads' counts and events, writes' `contradicts` edges), in one
     write transaction."""
-    if not (access_counter.pending or recall_log.pending or contradictions.pending):
-        return
     try:
-        with transaction.atomic():
-            access_counter.flush()
-            recall_log.flush()
-            contradictions.flush()
+        flush_all()
     except DatabaseError:  # statistics and hints, not memory: say so and let the response go out
         logger.exception("could not write buffered access counts, recall events and contradiction edges")
 

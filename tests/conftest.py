@@ -12,11 +12,9 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from memory.access import access_counter
 from memory.backends import reset_backend
+from memory.buffers import any_pending, flush_all
 from memory.models import Fact
-from memory.recall_events import recall_log
-from memory.relations import contradictions
 from memory.service import MemoryService
 
 POSTGRES_SKIP_REASON = "needs PostgreSQL: set DATABASE_URL=postgres://..."
@@ -73,15 +71,10 @@ def _access_counts_do_not_leak(db):
     `db`, so it is torn down before the test's transaction is rolled back), then clears anything
     left, so counts noted by one test never land on a row of the next (SQLite reuses rolled-back ids).
     """
-    access_counter.flush()
-    recall_log.flush()
-    contradictions.flush()
+    flush_all()
     yield
-    MemoryService().flush_access_counts()
-    access_counter.flush()
-    recall_log.flush()
-    contradictions.flush()
-    assert access_counter.pending == 0
+    flush_all()
+    assert not any_pending()
 
 
 @pytest.fixture(autouse=True)

@@ -313,15 +313,20 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         stale id still writes to the surviving user without another round trip. `version`: as
         update_fact's, added only when the fact was inserted.
         """
-        row = _FACT_INSERT(fact)
+        row = self._insert_fact_row(fact, version)
         if row is None:
             return False
         fact.pk, fact.user_id = row
         fact._state.adding = False
-        if version is not None:
-            with connection.cursor() as cursor:
-                copy_fact_to_history(cursor, fact.pk, version)
         return True
+
+    def _insert_fact_row(self, fact, version):
+        """(id, user_id) of the inserted row with its version added, or None if the key exists."""
+        row = _FACT_INSERT(fact)
+        if row is not None and version is not None:
+            with connection.cursor() as cursor:
+                copy_fact_to_history(cursor, row[0], version)
+        return row
 
     def insert_episode(self, episode):
         """Insert `episode` in one statement, under the surviving user of its `user_id` (a merge

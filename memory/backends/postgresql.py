@@ -68,17 +68,12 @@ class PostgreSQLBackend(MemoryBackend):
                 user_id = row[0]
 
     # A write and the history version it adds in one statement (one round trip, not two).
-    def insert_fact_if_absent(self, fact, version=None):
+    def _insert_fact_row(self, fact, version):
         if version is None:
-            return super().insert_fact_if_absent(fact)
+            return super()._insert_fact_row(fact, version)
         with connection.cursor() as cursor:
             cursor.execute(_INSERT_WITH_VERSION, [*_FACT_ROW_INSERT.params(fact), *version])
-            row = cursor.fetchone()
-        if row is None:
-            return False
-        fact.pk, fact.user_id = row
-        fact._state.adding = False
-        return True
+            return cursor.fetchone()
 
     def update_fact(self, pk, changes, version=None):
         if version is None:
