@@ -57,7 +57,7 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
             "--seed",
             "1",
             "--workers",
-            "1",
+            "2",  # two clients: generating and checking cases is most of the time, and there are two cores
             "--generation-database",
             "none",
             "--no-color",

@@ -79,6 +79,9 @@ def _sqlite_saver():
     return saver, conn.close
 
 
+CONNECTION_WAIT_S = 5
+
+
 def _postgres_saver():
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
@@ -101,6 +104,10 @@ def _postgres_saver():
         },
         min_size=1,
         max_size=4,
+        # A checkpoint read or write that gets no connection within this many seconds fails (and
+        # /healthz says "unreachable") instead of holding its request for the pool's default 30 s
+        # while the database is down; with the database up a connection is free in milliseconds.
+        timeout=CONNECTION_WAIT_S,
         open=True,
     )
     saver = PostgresSaver(pool)
