@@ -14,6 +14,12 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
+from memory.buffers import flush_all
+from memory.models import MemoryRelation, StoreItem
+from workflows.models import Reminder
+from workflows.reminders import schedule_reminder
+from workflows.store import EngramStore
+
 pytestmark = [pytest.mark.schemathesis, pytest.mark.django_db(transaction=True)]
 
 EXAMPLES = os.environ.get("ENGRAM_FUZZ_EXAMPLES", "10")
@@ -31,6 +37,18 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
         episode = service.start_episode(agent_id="support", user_id=user.pk)
         service.complete_episode(episode.pk, success=True, summary=f"run {n}")
         service.save_procedure(f"procedure_{n}")
+    # Rows for the graph and ledger endpoints too: a replaced value (versions and a contradicts edge),
+    # a session fact recalled often enough to be promoted, a store item and a reminder.
+    service.set_fact(f"colour_{n}", "blue", scope="user", user_id=user.pk, fact_type="user_preference")
+    service.set_fact("favourite_snack", "figs", scope="session", session_id="s1", fact_type="user_preference")
+    for _ in range(3):
+        assert service.recall("favourite snack", agent_id="support", user_id=user.pk, session_id="s1")
+    assert service.promote().promoted
+    EngramStore().put(("notes", "support"), "tea", {"text": "green tea, no sugar"})
+    schedule_reminder(user_id=user.pk, when="in 2 hours", message="water the plants")
+    flush_all()
+    assert MemoryRelation.objects.filter(relation="contradicts").exists()
+    assert StoreItem.objects.exists() and Reminder.objects.exists()
     from workflows.demo import ensure_demo_workflow
     from workflows.runtime import run_workflow
 
