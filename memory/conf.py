@@ -72,6 +72,9 @@ DEFAULTS = {
         "MAX_PROCEDURES": 1_000,
         # Versions kept per fact (fact history), the oldest pruned first; None: every version.
         "MAX_VERSIONS_PER_FACT": 100,
+        # LangGraph store items per namespace (EngramStore), the least recently written evicted
+        # first; None: no limit. An agent's override applies to its ("agents", <id>, ...) namespaces.
+        "MAX_STORE_ITEMS": None,
         # Per-agent overrides: {"support-bot": {"MAX_FACTS": 500, "MAX_EPISODES": 200}}.
         "PER_AGENT": {},
         # SQLite: after a prune deletes rows, give free pages back to the file system.

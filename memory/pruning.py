@@ -37,16 +37,18 @@ from django.utils import timezone
 from .access import access_counter
 from .conf import memory_settings
 from .history import record_deleted
-from .models import Episode, Fact, FactVersion, Procedure, RecallEvent, Scope
+from .models import Episode, Fact, FactVersion, Procedure, RecallEvent, Scope, StoreItem
 from .owners import fact_owner_key, owner_key
 from .signals import prune_requested
 
 FACTS, EPISODES, PROCEDURES, VERSIONS = "facts", "episodes", "procedures", "fact_versions"
+STORE_ITEMS = "store_items"
 _SETTING = {
     FACTS: "MAX_FACTS",
     EPISODES: "MAX_EPISODES",
     PROCEDURES: "MAX_PROCEDURES",
     VERSIONS: "MAX_VERSIONS_PER_FACT",
+    STORE_ITEMS: "MAX_STORE_ITEMS",
 }
 _CHUNK = 500
 
@@ -99,9 +101,12 @@ def _procedure_eviction():
 
 
 def _group(kind, key):
-    """Queryset of one group (an owner's facts, an agent's episodes or procedures) and its eviction order."""
+    """Queryset of one group (an owner's facts, an agent's episodes or procedures, a store namespace's
+    items) and its eviction order."""
     if kind == FACTS:
         return Fact.objects.filter(scope_key=key), _fact_eviction()
+    if kind == STORE_ITEMS:  # the least recently written first
+        return StoreItem.objects.filter(namespace=key), [F("updated_at").asc(), F("id").asc()]
     model = Episode if kind == EPISODES else Procedure
     order = _episode_eviction() if kind == EPISODES else _procedure_eviction()
     return model.objects.filter(agent_id=key), order
@@ -148,6 +153,21 @@ def enforce_after_create(kind, row):
     if count <= limit:
         return 0
     return prune_group(kind, key, limit, keep_id=row.pk, count=qs.count())
+
+
+def enforce_store_items(namespaces):
+    """After a store write: each of these namespaces ({joined namespace: owning agent id or ""}) that
+    crossed MAX_STORE_ITEMS loses its least recently written items. No limit, no query; otherwise one
+    COUNT per namespace written. Returns items deleted."""
+    deleted = 0
+    for namespace, agent_id in namespaces.items():
+        limit = limit_for(STORE_ITEMS, agent_id)
+        if limit is None:
+            continue
+        qs, _ = _group(STORE_ITEMS, namespace)
+        if qs.order_by()[: limit + 1].count() > limit:
+            deleted += prune_group(STORE_ITEMS, namespace, limit)
+    return deleted
 
 
 def enforce_versions(fact):
@@ -230,6 +250,19 @@ def _limited_agents(kind, agent_id):
     return result
 
 
+def _limited_namespaces(agent_id):
+    """(namespace, limit) of every store namespace over its limit (one agent's namespaces only, if given)."""
+    qs = StoreItem.objects.order_by().values("namespace", "agent_id").annotate(n=Count("id"))
+    if agent_id is not None:
+        qs = qs.filter(agent_id=agent_id)
+    result = []
+    for row in qs:
+        limit = limit_for(STORE_ITEMS, row["agent_id"])
+        if limit is not None and row["n"] > limit:
+            result.append((row["namespace"], limit))
+    return result
+
+
 def prune_all(*, agent_id=None, dry_run=False):
     """Bring every group (or one agent's) within its limits, let other apps prune, reclaim space."""
     report = PruneReport(dry_run=dry_run)
@@ -240,6 +273,9 @@ def prune_all(*, agent_id=None, dry_run=False):
         report.deleted[kind] = sum(
             prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
         )
+    report.deleted[STORE_ITEMS] = sum(
+        prune_group(STORE_ITEMS, key, limit, dry_run=dry_run) for key, limit in _limited_namespaces(agent_id)
+    )
     with transaction.atomic():
         report.deleted[VERSIONS] = sum(
             trim_versions(fact_id, limit, dry_run=dry_run) for fact_id, limit in _versions_over_limit(agent_id)

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import transfer
+from . import pruning, transfer
 from .backends.store import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from .exceptions import InvalidMemoryArgument
 from .indexer import STORE, indexer
@@ -212,6 +212,7 @@ class StoreItemsMixin:
                     "agent_id",
                 ],
             )
+            pruning.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
             indexer.schedule(STORE, [row.pk for row in rows if row.embedding is None and row.text])
 

@@ -5,8 +5,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from langgraph.store.base import PutOp
 
-from memory.models import Episode, Fact, Procedure
+from memory.models import Episode, Fact, Procedure, StoreItem
 from memory.signals import prune_requested
 
 pytestmark = pytest.mark.django_db
@@ -148,10 +149,24 @@ def test_prune_brings_every_group_within_lowered_limits(service, user_factory, s
         service.start_episode(agent_id=AGENT)
     limits(settings, MAX_FACTS=2, MAX_EPISODES=3)
     dry = service.prune(dry_run=True)
-    assert dry.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "fact_versions": 0, "recall_events": 0}
+    assert dry.deleted == {
+        "facts": 3,
+        "episodes": 2,
+        "procedures": 0,
+        "fact_versions": 0,
+        "store_items": 0,
+        "recall_events": 0,
+    }
     assert Fact.objects.count() == 5 and Episode.objects.count() == 5
     report = service.prune()
-    assert report.deleted == {"facts": 3, "episodes": 2, "procedures": 0, "fact_versions": 0, "recall_events": 0}
+    assert report.deleted == {
+        "facts": 3,
+        "episodes": 2,
+        "procedures": 0,
+        "fact_versions": 0,
+        "store_items": 0,
+        "recall_events": 0,
+    }
     assert keys() == {"k3", "k4"}  # the most confident kept
     assert Episode.objects.count() == 3
     assert service.prune().total == 0
@@ -180,6 +195,41 @@ def test_other_apps_join_a_prune_through_the_signal(service):
         prune_requested.disconnect(prune_threads)
     assert calls == [(AGENT, True)]
     assert report.deleted["threads"] == 4 and report.deleted["checkpoints"] == 10
+
+
+# ------------------------------------------------------------------ LangGraph store items
+
+
+def stored(namespace):
+    return set(StoreItem.objects.filter(namespace=namespace).values_list("key", flat=True))
+
+
+def test_a_store_namespace_over_its_limit_loses_its_least_recently_written_items(settings):
+    from workflows.store import EngramStore
+
+    limits(settings, MAX_STORE_ITEMS=2, PER_AGENT={AGENT: {"MAX_STORE_ITEMS": 1}})
+    store = EngramStore()
+    for key in ("tea", "figs", "rain"):
+        store.put(("users", "ada", "memories"), key, {"text": key})
+        store.put(("users", "bob", "memories"), key, {"text": key})
+    store.put(("users", "ada", "memories"), "tea", {"text": "green tea"})  # written again: the newest
+    store.put(("users", "ada", "memories"), "sun", {"text": "sun"})
+    assert stored("users.ada.memories") == {"tea", "sun"}
+    assert stored("users.bob.memories") == {"figs", "rain"}  # a limit per namespace
+    store.batch([PutOp(("agents", AGENT, "notes"), k, {"text": k}) for k in ("a", "b", "c")])
+    assert stored(f"agents.{AGENT}.notes") == {"c"}  # the agent's own limit; a batch keeps its last
+
+
+def test_prune_brings_store_namespaces_within_a_lowered_limit(service, settings):
+    from workflows.store import EngramStore
+
+    store = EngramStore()
+    for key in ("tea", "figs", "rain"):
+        store.put(("users", "ada", "memories"), key, {"text": key})
+    limits(settings, MAX_STORE_ITEMS=1)
+    assert service.prune(dry_run=True).deleted["store_items"] == 2
+    assert service.prune().deleted["store_items"] == 2
+    assert stored("users.ada.memories") == {"rain"}
 
 
 def test_a_bad_limit_setting_names_itself(service, settings):
