@@ -237,29 +237,22 @@ def _limited_fact_owners(agent_id):
     return owners
 
 
-def _limited_agents(kind, agent_id):
-    model = Episode if kind == EPISODES else Procedure
-    qs = model.objects.order_by().values("agent_id").annotate(n=Count("id"))
+def _groups_over_limit(kind, agent_id):
+    """(group, limit) of every group of this kind over its limit (one agent's only, if given): an
+    agent's episodes or procedures, or a store namespace (limited as the agent that owns it)."""
+    model, group = {
+        EPISODES: (Episode, "agent_id"),
+        PROCEDURES: (Procedure, "agent_id"),
+        STORE_ITEMS: (StoreItem, "namespace"),
+    }[kind]
+    qs = model.objects.order_by().values(*dict.fromkeys([group, "agent_id"])).annotate(n=Count("id"))
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
     result = []
     for row in qs:
         limit = limit_for(kind, row["agent_id"])
         if limit is not None and row["n"] > limit:
-            result.append((row["agent_id"], limit))
-    return result
-
-
-def _limited_namespaces(agent_id):
-    """(namespace, limit) of every store namespace over its limit (one agent's namespaces only, if given)."""
-    qs = StoreItem.objects.order_by().values("namespace", "agent_id").annotate(n=Count("id"))
-    if agent_id is not None:
-        qs = qs.filter(agent_id=agent_id)
-    result = []
-    for row in qs:
-        limit = limit_for(STORE_ITEMS, row["agent_id"])
-        if limit is not None and row["n"] > limit:
-            result.append((row["namespace"], limit))
+            result.append((row[group], limit))
     return result
 
 
@@ -269,13 +262,10 @@ def prune_all(*, agent_id=None, dry_run=False):
     report.deleted[FACTS] = sum(
         prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id)
     )
-    for kind in (EPISODES, PROCEDURES):
+    for kind in (EPISODES, PROCEDURES, STORE_ITEMS):
         report.deleted[kind] = sum(
-            prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _limited_agents(kind, agent_id)
+            prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _groups_over_limit(kind, agent_id)
         )
-    report.deleted[STORE_ITEMS] = sum(
-        prune_group(STORE_ITEMS, key, limit, dry_run=dry_run) for key, limit in _limited_namespaces(agent_id)
-    )
     with transaction.atomic():
         report.deleted[VERSIONS] = sum(
             trim_versions(fact_id, limit, dry_run=dry_run) for fact_id, limit in _versions_over_limit(agent_id)
