@@ -145,29 +145,28 @@ def enforce_after_create(kind, row):
         limit = _fact_limit(key)
     else:
         key, limit = row.agent_id, limit_for(kind, row.agent_id)
-    if limit is None:
-        return 0
-    qs, _ = _group(kind, key)
-    # Counting past limit + 1 tells nothing more; on a big group this stops early.
-    count = qs.order_by()[: limit + 1].count()
-    if count <= limit:
-        return 0
-    return prune_group(kind, key, limit, keep_id=row.pk, count=qs.count())
+    return _evict_over_limit(kind, key, limit, keep_id=row.pk)
 
 
 def enforce_store_items(namespaces):
     """After a store write: each of these namespaces ({joined namespace: owning agent id or ""}) that
     crossed MAX_STORE_ITEMS loses its least recently written items. No limit, no query; otherwise one
     COUNT per namespace written. Returns items deleted."""
-    deleted = 0
-    for namespace, agent_id in namespaces.items():
-        limit = limit_for(STORE_ITEMS, agent_id)
-        if limit is None:
-            continue
-        qs, _ = _group(STORE_ITEMS, namespace)
-        if qs.order_by()[: limit + 1].count() > limit:
-            deleted += prune_group(STORE_ITEMS, namespace, limit)
-    return deleted
+    return sum(
+        _evict_over_limit(STORE_ITEMS, namespace, limit_for(STORE_ITEMS, agent_id))
+        for namespace, agent_id in namespaces.items()
+    )
+
+
+def _evict_over_limit(kind, key, limit, *, keep_id=None):
+    """Evict one group down to `limit` (None: no limit, no query) if a write took it past it."""
+    if limit is None:
+        return 0
+    qs, _ = _group(kind, key)
+    # Counting past limit + 1 tells nothing more; on a big group this stops early.
+    if qs.order_by()[: limit + 1].count() <= limit:
+        return 0
+    return prune_group(kind, key, limit, keep_id=keep_id, count=qs.count())
 
 
 def enforce_versions(fact):
