@@ -25,7 +25,7 @@ from .models import (
     ChannelIdentity,
     Episode,
     Fact,
-    FactVersion,
+    FactHistory,
     MemoryUser,
     RecallEvent,
     RecallKind,
@@ -239,7 +239,7 @@ def export_person(user, out):
                 "updated_at": fact.updated_at,
             },
         )
-    for version in FactVersion.objects.filter(user_id__in=user_ids).order_by("pk"):
+    for version in FactHistory.objects.filter(user_id__in=user_ids).order_by("valid_from", "id"):
         write("fact_version", {**model_to_dict(version), "valid_from": version.valid_from})
     for episode in Episode.objects.filter(user_id__in=user_ids).order_by("pk"):
         write("episode", {**model_to_dict(episode), "started_at": episode.started_at, "ended_at": episode.ended_at})

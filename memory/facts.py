@@ -68,7 +68,7 @@ class FactsMixin:
         """The most specific visible fact for `key` (session, user, agent, global), or None. One query.
 
         `as_of` (an aware datetime): what was true then instead, from the fact history: the
-        FactVersion in force at that time (same visibility and specificity rules), or None. A fact
+        version (FactHistory) in force at that time (same visibility and specificity rules), or None. A fact
         deleted since still answers; one written since does not. Not counted as an access.
         """
         key = clean_text("key", key, max_length=255)
@@ -169,7 +169,7 @@ class FactsMixin:
     def _upsert_fact(self, fact, overwrite):
         existing = self.backend.owned_fact(fact, lock=True)
         if existing is None:
-            if self.backend.insert_fact_if_absent(fact, history.version_for(FactAction.CREATED, fact)):
+            if self.backend.insert_fact_if_absent(fact):
                 return FactWrite(WriteAction.CREATED, fact)
             # A concurrent writer created it first: wait for its row and treat ours as a second write.
             existing = self.backend.owned_fact(fact, lock=True)
@@ -209,7 +209,9 @@ class FactsMixin:
             existing.times_contradicted += 1
             existing.confidence *= 1.0 - w
         changes["updated_at"] = existing.updated_at = now
-        self.backend.update_fact(existing.pk, changes, history.version_for(action, incoming))
+        # The change becomes the fact's current version; the state it replaces is kept as history.
+        changes.update(history.change_columns(action, None if action == WriteAction.UPDATED else incoming))
+        self.backend.update_fact(existing.pk, changes, supersede=history.enabled())
         return FactWrite(action, existing)
 
     def _stored_fact(self, arguments):
@@ -243,11 +245,16 @@ class FactsMixin:
                 fact = Fact.objects.select_for_update().get(pk=fact_id)
             except (Fact.DoesNotExist, ValueError, TypeError):
                 raise MemoryNotFound("fact", fact_id) from None
+            history.supersede([fact.pk])
             fact.value, fact.confidence, fact.fact_type = value, confidence, fact_type
             fact.search_text = fact_search_text(fact.key, value)
             fact.provenance = "edited by an operator"
-            fact.save(update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at"])
-            history.record(FactAction.UPDATED, fact, fact.updated_at)
+            changed = history.change_columns(FactAction.UPDATED)
+            for column, change in changed.items():
+                setattr(fact, column, change)
+            fact.save(
+                update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at", *changed]
+            )
             limit = pruning.limit_for(pruning.VERSIONS, fact.agent_id)
             if limit is not None:  # edits bump no counter, so enforce_versions could not tell
                 pruning.trim_versions(fact.pk, limit)
@@ -274,7 +281,7 @@ class FactsMixin:
         words match in any order; LIKE wildcards in the query are literal. A fact hidden by a more
         specific one with the same key is not returned, whatever the confidence of either.
         `as_of` (an aware datetime): the same question about what was true then, answered with the
-        FactVersions in force at that time (see get_fact); not counted as accesses.
+        versions (FactHistory) in force at that time (see get_fact); not counted as accesses.
         """
         if not isinstance(query, str):
             raise InvalidMemoryArgument("query", "must be a string")

@@ -1,108 +1,121 @@
-"""Fact history: a version row for every change of a fact, and reads of what was true at a time.
+"""Fact history: every state a fact has had, and reads of what was true at a time.
 
-Internal to the memory service: writes call `record()` / `record_deleted()` inside their own
-transaction; `MemoryService.get_fact(..., as_of=)`, `search_facts(..., as_of=)` and `fact_history()`
-read. A version holds the fact as it was from `valid_from` until the next version of the same owner
-and key; a `deleted` version ends it. MEMORY["FACT_HISTORY"] = False stops recording (and the
+Internal to the memory service. As in SQL:2011 system-versioned tables, a fact's current state is
+its own row, with how it came to be (Fact.change_action, and the writer when not the value's own);
+a change first copies the state it replaces into a FactVersion row (`supersede`), in the change's
+own transaction, and a delete adds a `deleted` version after it (`record_deleted`). A create
+writes no version. FactHistory (a database view) reads both as one history: a version holds the
+fact as it was from `valid_from` until the next version of the same owner and key; a `deleted`
+one ends it. `MemoryService.get_fact(..., as_of=)`, `search_facts(..., as_of=)` and
+`fact_history()` read it. MEMORY["FACT_HISTORY"] = False stops keeping superseded states (and the
 point-in-time reads refuse, since they would answer from a partial record).
 
-A version copies its fact's row in the database (never read into Python): set_fact's version is
-added by the same statement as its write on PostgreSQL (a CTE) and by the next one on SQLite (the
-backends' update_fact / insert_fact_if_absent, given version_for()); other writes call record(),
-and deletes add one INSERT ... SELECT per chunk of ids.
+Versions are copied from their fact's row in the database (never read into Python): set_fact's
+by the same statement as its write on PostgreSQL (a CTE), by the statement before it on SQLite
+(the backends' update_fact with supersede=True).
 """
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from .backends.base import VERSION_TABLE, owner_terms, version_copy_sql
+from .backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_terms, version_copy_sql
 from .backends.rows import fetch_models, select_columns
 from .conf import memory_settings
-from .models import SCOPE_RANK, Fact, FactAction, FactVersion
+from .models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
 from .text import fact_search_text
 from .validation import chunks
 
-FACT_TABLE = Fact._meta.db_table
-_RECORD_SQL = f"{version_copy_sql('f', '%s')}{FACT_TABLE} f WHERE f.id = %s"
-_VALID_FROM = FactVersion._meta.get_field("valid_from")
+_VALID_FROM = FactHistory._meta.get_field("valid_from")
 
 
 def enabled():
     return bool(memory_settings.FACT_HISTORY)
 
 
-def version_for(action, writer):
-    """What a fact write passes its backend to add its version in the same statement where it can
-    (update_fact / insert_fact_if_absent): `action` by `writer` (its provenance and source episode),
-    valid from the write's updated_at. None when history is off."""
-    if not memory_settings.FACT_HISTORY:
-        return None
-    return (action, writer.source_episode_id, writer.provenance)
+def change_columns(action, writer=None):
+    """The Fact columns that say how its new state came to be: `action`, by `writer` (anything with
+    `source_episode_id` and `provenance`) when that is not the value's own writer (a confirmation, a
+    refused write, a merge), else None."""
+    return {
+        "change_action": action,
+        "change_source_episode_id": None if writer is None else writer.source_episode_id,
+        "change_provenance": None if writer is None else writer.provenance,
+    }
 
 
-def record(action, fact, when, *, writer=None):
-    """One version of `fact` as its row stands now, with `action`, valid from `when`. One INSERT ... SELECT.
-
-    `writer`: who made the change, when not the fact's own provenance (its `provenance` and
-    `source_episode_id`): a confirmation or a refused write names its writer, not the value's first one.
-    Call inside the write's transaction, after the write. The values are copied in the database.
-    """
-    if not memory_settings.FACT_HISTORY:
-        return
-    writer = fact if writer is None else writer
-    conn = connections[DEFAULT_DB_ALIAS]
-    params = [action, writer.source_episode_id, writer.provenance, _VALID_FROM.get_db_prep_save(when, conn), fact.pk]
-    with conn.cursor() as cursor:
-        cursor.execute(_RECORD_SQL, params)
-
-
-def record_deleted(fact_ids, when=None, *, provenance=None):
-    """A `deleted` version of each of these facts (their last state), before they are deleted.
-
-    `provenance`: who deleted them ("deleted by admin:<username>"); None keeps each fact's own.
-    One INSERT ... SELECT per chunk of ids; call inside the deleting transaction. Returns the versions written.
-    """
-    if not memory_settings.FACT_HISTORY:
-        return 0
-    ids = sorted(set(fact_ids))
-    if not ids:
-        return 0
-    conn = connections[DEFAULT_DB_ALIAS]
-    stamp = _VALID_FROM.get_db_prep_save(when or timezone.now(), conn)
-    copy = version_copy_sql(
-        "f", "%s", episode="f.source_episode_id", provenance="f.provenance" if provenance is None else "%s"
-    )
-    extra = [] if provenance is None else [provenance]
+def _in_chunks(cursor, sql, params, ids):
+    """Run `sql` + "IN (ids)" once per chunk of ids; returns the rows written."""
     written = 0
-    with conn.cursor() as cursor:
-        for chunk in chunks(ids):
-            cursor.execute(
-                f"{copy}{FACT_TABLE} f WHERE f.id IN ({', '.join(['%s'] * len(chunk))})",
-                [FactAction.DELETED, *extra, stamp, *chunk],
-            )
-            written += cursor.rowcount
+    for chunk in chunks(sorted(set(ids))):
+        cursor.execute(f"{sql} ({', '.join(['%s'] * len(chunk))})", [*params, *chunk])
+        written += max(cursor.rowcount, 0)
     return written
 
 
-def backfill(fact_ids=None):
-    """A `created` version (valid from the fact's last update) of each fact that has none: facts
-    written outside the service (an import of a file from before history, a bulk load). One statement."""
-    if not memory_settings.FACT_HISTORY:
+def supersede(fact_ids):
+    """Keep the current state of each of these facts as a version, before a change replaces it.
+
+    One INSERT ... SELECT per chunk of ids; call inside the changing transaction. Returns the versions written.
+    """
+    if not memory_settings.FACT_HISTORY or not fact_ids:
         return 0
-    where, params = "", [FactAction.CREATED]
-    if fact_ids is not None:
-        ids = sorted(set(fact_ids))
-        if not ids:
-            return 0
-        where = f"f.id IN ({', '.join(['%s'] * len(ids))}) AND "
-        params += ids
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-        cursor.execute(
-            f"{version_copy_sql('f', 'f.updated_at', episode='f.source_episode_id', provenance='f.provenance')}"
-            f"{FACT_TABLE} f WHERE {where}NOT EXISTS (SELECT 1 FROM {VERSION_TABLE} v WHERE v.fact_id = f.id)",
-            params,
+        return _in_chunks(cursor, f"{SUPERSEDE_FROM}f.id IN", [], fact_ids)
+
+
+def record_deleted(fact_ids, when=None, *, provenance=None):
+    """Keep the last state of each of these facts and a `deleted` version after it, before they are deleted.
+
+    `provenance`: who deleted them ("deleted by admin:<username>"); None keeps each fact's own.
+    Two INSERT ... SELECT per chunk of ids; call inside the deleting transaction. Returns the
+    `deleted` versions written.
+    """
+    if not memory_settings.FACT_HISTORY or not fact_ids:
+        return 0
+    conn = connections[DEFAULT_DB_ALIAS]
+    stamp = _VALID_FROM.get_db_prep_save(when or timezone.now(), conn)
+    ended = version_copy_sql(
+        "f",
+        action="%s",
+        valid_from="%s",
+        episode="f.source_episode_id",
+        provenance="f.provenance" if provenance is None else "%s",
+    )
+    params = [FactAction.DELETED, *([] if provenance is None else [provenance]), stamp]
+    with conn.cursor() as cursor:
+        _in_chunks(cursor, f"{SUPERSEDE_FROM}f.id IN", [], fact_ids)
+        return _in_chunks(cursor, f"{ended}{FACT_TABLE} f WHERE f.id IN", params, fact_ids)
+
+
+def adopt_current_versions(fact_ids):
+    """Facts imported with their current state among their versions (an export from before the
+    current state lived on the fact row): each takes its latest version's action, writer and start,
+    and that version row goes. Only a version valid from the fact's last update on can be its
+    current state; a file of the current format has none. Returns the facts adopted."""
+    latest = f"SELECT {{}} FROM {VERSION_TABLE} q WHERE q.fact_id = f.id ORDER BY q.valid_from DESC, q.id DESC LIMIT 1"
+    found = {}
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        for chunk in chunks(sorted(set(fact_ids))):
+            cursor.execute(
+                f"SELECT f.id, v.id FROM {FACT_TABLE} f JOIN {VERSION_TABLE} v ON v.id = ({latest.format('q.id')}) "
+                f"WHERE f.id IN ({', '.join(['%s'] * len(chunk))}) AND v.action <> %s AND v.valid_from >= f.updated_at",
+                [*chunk, FactAction.DELETED],
+            )
+            found.update(cursor.fetchall())
+        if not found:
+            return 0
+        sets = ", ".join(
+            f"{column} = ({latest.format(source)})"
+            for column, source in (
+                ("change_action", "q.action"),
+                ("change_source_episode_id", "q.source_episode_id"),
+                ("change_provenance", "q.provenance"),
+                ("updated_at", "q.valid_from"),
+            )
         )
-        return cursor.rowcount
+        _in_chunks(cursor, f"UPDATE {FACT_TABLE} AS f SET {sets} WHERE f.id IN", [], found)
+        _in_chunks(cursor, f"DELETE FROM {VERSION_TABLE} WHERE id IN", [], found.values())
+    return len(found)
 
 
 # ---------------------------------------------------------------- point-in-time reads
@@ -122,16 +135,16 @@ def version_as_of(key, viewer, when):
     """
     conn = connections[DEFAULT_DB_ALIAS]
     stamp = _VALID_FROM.get_db_prep_value(when, conn)
-    columns = select_columns(FactVersion, "v")
+    columns = select_columns(FactHistory, "v")
     parts, params = [], []
     for n, (owner_sql, owner_params, _) in enumerate(owner_terms(viewer)):
         parts.append(
-            f"SELECT * FROM (SELECT {columns} FROM {VERSION_TABLE} v "
+            f"SELECT * FROM (SELECT {columns} FROM {FACT_HISTORY_VIEW} v "
             f'WHERE v.scope_key = {owner_sql} AND v."key" = %s AND v.valid_from <= %s '
             f"ORDER BY v.{_ORDER.replace(', ', ', v.')} LIMIT 1) latest{n}"
         )
         params += [*owner_params, key, stamp]
-    found = [v for v in fetch_models(FactVersion, " UNION ALL ".join(parts), params) if v.action != FactAction.DELETED]
+    found = [v for v in fetch_models(FactHistory, " UNION ALL ".join(parts), params) if v.action != FactAction.DELETED]
     return min(found, key=_rank) if found else None
 
 
@@ -147,16 +160,16 @@ def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=No
     terms = owner_terms(viewer)
     owners = ", ".join(sql for sql, _, _ in terms)
     params = [p for _, term_params, _ in terms for p in term_params]
-    columns = select_columns(FactVersion, "v")
+    columns = select_columns(FactHistory, "v")
     sql = (
-        f"SELECT {select_columns(FactVersion, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
+        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
         f'(PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
-        f"FROM {VERSION_TABLE} v WHERE v.scope_key IN ({owners}) AND v.valid_from <= %s) t "
+        f"FROM {FACT_HISTORY_VIEW} v WHERE v.scope_key IN ({owners}) AND v.valid_from <= %s) t "
         f"WHERE t.position = 1 AND t.action <> %s"
     )
     params += [_VALID_FROM.get_db_prep_value(when, conn), FactAction.DELETED]
     best = {}
-    for version in fetch_models(FactVersion, sql, params):
+    for version in fetch_models(FactHistory, sql, params):
         held = best.get(version.key)
         if held is None or _rank(version) < _rank(held):
             best[version.key] = version
@@ -178,7 +191,7 @@ def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=No
 def versions_of(fact_id=None, *, scope_key=None, key=None, limit=None):
     """A fact's versions (or every version of an owner's key, across facts deleted and written
     again), oldest first; with `limit`, the latest `limit` of them."""
-    qs = FactVersion.objects.all()
+    qs = FactHistory.objects.all()
     if fact_id is not None:
         qs = qs.filter(fact_id=fact_id)
     if scope_key is not None:

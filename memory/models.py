@@ -121,6 +121,16 @@ class Episode(models.Model):
         return f"Episode {self.pk} ({self.trigger_type or 'run'})"
 
 
+class FactAction(models.TextChoices):
+    """What one change of a fact was (a fact version's action)."""
+
+    CREATED = "created", "Created"
+    CONFIRMED = "confirmed", "Confirmed"
+    UPDATED = "updated", "Updated"
+    SKIPPED = "skipped", "Skipped"
+    DELETED = "deleted", "Deleted"
+
+
 class Fact(models.Model):
     """Semantic memory: one value under a key, owned by a session, user, agent or everyone."""
 
@@ -156,6 +166,13 @@ class Fact(models.Model):
     search_text = models.TextField(blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The change that gave the fact its current state, from updated_at on: its current version
+    # (fact history keeps only superseded states as FactVersion rows; FactHistory reads both).
+    # `change_provenance` None: the writer is the value's own (source_episode, provenance), as
+    # for a create or an update; a confirmation or a refused write names its writer here.
+    change_action = models.CharField(max_length=16, choices=FactAction.choices, default=FactAction.CREATED)
+    change_source_episode_id = models.BigIntegerField(null=True, blank=True)
+    change_provenance = models.TextField(null=True, blank=True, default=None)
 
     class Meta:
         ordering = ["key", "id"]
@@ -193,21 +210,14 @@ class Fact(models.Model):
         super().save(*args, **kwargs)
 
 
-class FactAction(models.TextChoices):
-    """What one change of a fact was (a fact version's action)."""
-
-    CREATED = "created", "Created"
-    CONFIRMED = "confirmed", "Confirmed"
-    UPDATED = "updated", "Updated"
-    SKIPPED = "skipped", "Skipped"
-    DELETED = "deleted", "Deleted"
-
-
 class FactVersion(models.Model):
-    """One change of a fact: what it said from `valid_from` on, and who or what wrote it.
+    """A superseded state of a fact: what it said from `valid_from` until its next version, and who
+    or what wrote it; or, with action `deleted`, the fact's end.
 
-    Written by the service in the change's own transaction (memory/history.py). `fact_id` is a plain
-    number, not a foreign key: a deleted fact keeps its history (its last version says `deleted`).
+    Written by the service in the change's own transaction, before the change (memory/history.py):
+    a fact's current state is its own row (Fact.change_*), so a create writes no version (as in
+    SQL:2011 system-versioned tables). Read every version, the current ones included, through
+    FactHistory. `fact_id` is a plain number, not a foreign key: a deleted fact keeps its history.
     The owner columns are copied so point-in-time reads apply the same isolation as current reads,
     and `user` is a foreign key so forgetting a person deletes their history with them.
     """
@@ -241,6 +251,45 @@ class FactVersion(models.Model):
             # Point-in-time reads: the latest version of an owner's key at a time.
             models.Index(fields=["scope_key", "key", "valid_from"], name="fact_version_owner_key"),
         ]
+
+    def __str__(self):
+        return f"{self.key} ({self.scope_key}) {self.action} at {self.valid_from:%Y-%m-%d %H:%M:%S}"
+
+
+FACT_HISTORY_VIEW = "memory_fact_history"
+
+
+class FactHistory(models.Model):
+    """Every version of every fact: the superseded ones (FactVersion rows) and each fact's current
+    one (its row), as one read-only database view (migration 0017).
+
+    A current version's id is the negative of its fact's id (`current` is true); once superseded,
+    that state is stored as a FactVersion with an id of its own.
+    """
+
+    fact_id = models.BigIntegerField()
+    action = models.CharField(max_length=16, choices=FactAction.choices)
+    key = models.CharField(max_length=255)
+    value = models.JSONField()
+    fact_type = models.CharField(max_length=32, choices=FactType.choices)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    scope_key = models.CharField(max_length=300)
+    user = models.ForeignKey(
+        MemoryUser, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    agent_id = models.CharField(max_length=128, blank=True)
+    session_id = models.CharField(max_length=128, blank=True)
+    confidence = models.FloatField()
+    source_episode_id = models.BigIntegerField(null=True, blank=True)
+    provenance = models.TextField(blank=True)
+    valid_from = models.DateTimeField()
+    current = models.BooleanField()
+
+    class Meta:
+        managed = False
+        db_table = FACT_HISTORY_VIEW
+        ordering = ["valid_from", "id"]
+        verbose_name_plural = "fact history"
 
     def __str__(self):
         return f"{self.key} ({self.scope_key}) {self.action} at {self.valid_from:%Y-%m-%d %H:%M:%S}"

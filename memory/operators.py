@@ -18,6 +18,7 @@ from .models import (
     DeletionRecord,
     Episode,
     Fact,
+    FactHistory,
     FactType,
     FactVersion,
     MemoryRelation,
@@ -81,8 +82,8 @@ class OperatorsMixin:
         return Procedure.objects.all()
 
     def fact_version_list(self):
-        """Every fact version (fact history, memory/history.py), of facts present and deleted."""
-        return FactVersion.objects.all()
+        """Every fact version (fact history, memory/history.py), of facts present and deleted, current ones included."""
+        return FactHistory.objects.all()
 
     def promotion_list(self):
         """The promotion ledger (memory/promotion.py)."""
@@ -180,7 +181,7 @@ class OperatorsMixin:
         }
         for chunk in chunks(ids):
             totals["facts"] += Fact.objects.filter(user__in=chunk).count()
-            totals["fact_versions"] += FactVersion.objects.filter(user__in=chunk).count()
+            totals["fact_versions"] += FactHistory.objects.filter(user__in=chunk).count()
             totals["episodes"] += Episode.objects.filter(user__in=chunk).count()
             totals["identities"] += ChannelIdentity.objects.filter(user__in=chunk).count()
             totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()

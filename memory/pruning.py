@@ -37,7 +37,7 @@ from django.utils import timezone
 from .access import access_counter
 from .conf import memory_settings
 from .history import record_deleted
-from .models import Episode, Fact, FactVersion, Procedure, RecallEvent, Scope, StoreItem
+from .models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
 from .owners import fact_owner_key, owner_key
 from .signals import prune_requested
 
@@ -184,12 +184,13 @@ def enforce_versions(fact):
 
 
 def trim_versions(fact_id, limit, *, dry_run=False):
-    """Delete the versions of one fact beyond its latest `limit`, in one statement; returns how many (would) go."""
-    versions = FactVersion.objects.filter(fact_id=fact_id)
+    """Delete the versions of one fact beyond its latest `limit` (its current one counts), in one
+    statement; returns how many (would) go."""
+    versions = FactHistory.objects.filter(fact_id=fact_id)
     if dry_run:
         return max(0, versions.count() - limit)
     keep = versions.order_by("-valid_from", "-id").values("pk")[:limit]
-    return versions.exclude(pk__in=keep).delete()[0]
+    return FactVersion.objects.filter(fact_id=fact_id).exclude(pk__in=keep).delete()[0]
 
 
 def _versions_over_limit(agent_id):
@@ -201,7 +202,7 @@ def _versions_over_limit(agent_id):
     known = [v for v in [limits["MAX_VERSIONS_PER_FACT"], *per_agent] if v is not None]
     if not known:
         return []
-    qs = FactVersion.objects.order_by().values("fact_id", "agent_id").annotate(n=Count("id"))
+    qs = FactHistory.objects.order_by().values("fact_id", "agent_id").annotate(n=Count("id"))
     if agent_id is not None:
         qs = qs.filter(scope=Scope.AGENT, agent_id=agent_id)
     over = []

@@ -28,7 +28,7 @@ from .backends.base import VERSION_TABLE
 from .buffers import WriteBuffer
 from .conf import memory_settings
 from .embeddings import from_blobs
-from .models import FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
+from .models import FACT_HISTORY_VIEW, FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
 from .validation import chunks
 
 logger = logging.getLogger("engram.memory")
@@ -172,11 +172,12 @@ def link_contradictions(fact_ids=None):
 
 
 _CREATED_AT = MemoryRelation._meta.get_field("created_at")
-# The version before v: the latest of the same fact earlier in (valid_from, id) order.
+# The version before v (a stored version, or a fact's current one): the latest stored version of the
+# same fact earlier in (valid_from, id) order.
 # The WHERE before ON CONFLICT also keeps SQLite from reading ON as a join's (its upsert rule).
 _CONTRADICTION_SQL = (
     f"INSERT INTO {MemoryRelation._meta.db_table} (source_id, target_id, target_version_id, relation, weight, created_at) "
-    f"SELECT d.id, NULL, p.id, %s, 1.0, %s FROM {VERSION_TABLE} v, {RecallDocument._meta.db_table} d, {VERSION_TABLE} p "
+    f"SELECT d.id, NULL, p.id, %s, 1.0, %s FROM {FACT_HISTORY_VIEW} v, {RecallDocument._meta.db_table} d, {VERSION_TABLE} p "
     "WHERE {where}v.action = %s AND d.kind = 'fact' AND d.item_id = v.fact_id AND p.id = ("
     f"SELECT q.id FROM {VERSION_TABLE} q WHERE q.fact_id = v.fact_id AND (q.valid_from < v.valid_from "
     "OR q.valid_from = v.valid_from AND q.id < v.id) ORDER BY q.valid_from DESC, q.id DESC LIMIT 1) "

@@ -29,9 +29,11 @@ identity, a user's canonical id, an agent's procedure name) belongs to another r
 Imports do not apply LIMITS (run `memory prune` after, if wanted). Consolidation run records are
 operational logs, not memory: neither exported nor cleared.
 
-Fact history (`fact_version` rows) came in the same format version: a file from before it has
-none, imports as before, and each imported fact without versions gets a `created` version valid
-from its `updated_at` (where its history starts). Promotions (`promotion`, unique per source) and
+Fact history came in the same format version: a fact row carries its current version (how its
+state came to be, `change_*`) and `fact_version` rows the states it superseded. A file from before
+history has no versions, and each fact's history starts with its row (`created`, valid from its
+`updated_at`); a file from before the current state moved onto the fact row lists it as the fact's
+latest version, which the import moves onto the fact. Promotions (`promotion`, unique per source) and
 the memory graph's edges (`relation`) came the same way. An edge names the memories it joins by kind
 and id (a `contradicts` edge's target is a fact version), never by recall document (a derived row):
 edges are inserted after every other row and pointed at the documents the imported items got. An
@@ -64,6 +66,7 @@ from .models import (
     ChannelIdentity,
     Episode,
     Fact,
+    FactAction,
     FactVersion,
     MemoryRelation,
     MemoryUser,
@@ -161,6 +164,8 @@ def _check_fact(row):
             return name, f"a {scope} fact {'needs' if name == wanted else 'cannot have'} {name}"
     if not row["key"].strip():
         return "key", "must not be blank"
+    if row.get("change_action") == FactAction.DELETED:
+        return "change_action", "a stored fact's current change cannot be a delete"
     return validation.problem_of(lambda: validation.check_unit_interval("confidence", row["confidence"]))
 
 
@@ -693,12 +698,15 @@ def import_(stream, *, dry_run=False, on_progress=None):
     from .backends import get_backend
 
     backend = get_backend()
+    new_facts = []
     with transaction.atomic(), backend.bulk_load():
         for lineno, data in _rows(stream, fingerprint=again):
             inserter = inserters[data["kind"]]
             if data["id"] in present[data["kind"]]:
                 continue
             inserter.add(data, lineno)
+            if data["kind"] == "fact":
+                new_facts.append(data["id"])
             if len(inserter.pending) >= _BATCH:
                 if inserter.kind.late:  # what its rows point at goes in first
                     for other in inserters.values():
@@ -710,9 +718,9 @@ def import_(stream, *, dry_run=False, on_progress=None):
         if again.digest() != fingerprint.digest():
             raise ImportRejected([(0, "(file)", "the file changed while it was imported; nothing was written")])
         _reset_sequences([kinds[name].model for name, n in added.items() if n])
-        if added.get("fact"):
-            # Facts from a file without history (an export from before it) start theirs here.
-            history.backfill()
+        if new_facts:
+            # A file from before a fact's current state lived on its row lists it as a version.
+            history.adopt_current_versions(new_facts)
     if added.get("fact"):
         backend.optimize()
     return report

@@ -221,12 +221,15 @@ class UsersMixin:
     def _merge_user_facts(self, source, target, now):
         # History moves with the facts: the source's versions (deleted facts' included) become the
         # target's, so a read as of before the merge by either id answers what that person held.
-        FactVersion.objects.filter(user=source).update(user=target, scope_key=owner_key(Scope.USER, user_id=target.pk))
-        # A key both held: the fact kept gets a version of the merge (the one dropped gets none: its
-        # key lives on under the target, and a `deleted` version would say it did not).
+        # A key both held: the fact kept gets a version of the merge.
         merge = SimpleNamespace(provenance=f"merge of memory user {source.pk}", source_episode_id=None)
         target_facts = {f.key: f for f in Fact.objects.select_for_update().filter(user=target)}
-        for fact in Fact.objects.select_for_update().filter(user=source, key__in=list(target_facts)):
+        clashing = list(Fact.objects.select_for_update().filter(user=source, key__in=list(target_facts)))
+        # Both facts' states so far stay in history (the one dropped ends without a `deleted`
+        # version); the one kept gets the merge as its current change.
+        history.supersede([f.pk for f in clashing] + [target_facts[f.key].pk for f in clashing])
+        FactVersion.objects.filter(user=source).update(user=target, scope_key=owner_key(Scope.USER, user_id=target.pk))
+        for fact in clashing:
             kept = target_facts[fact.key]
             if same_json(kept.value, fact.value):
                 Fact.objects.filter(pk=kept.pk).update(
@@ -234,19 +237,25 @@ class UsersMixin:
                     times_contradicted=F("times_contradicted") + fact.times_contradicted,
                     confidence=max(kept.confidence, fact.confidence),
                     access_count=F("access_count") + fact.access_count,
+                    updated_at=now,
+                    **history.change_columns(FactAction.CONFIRMED, merge),
                 )
                 fact.delete()
-                kept.confidence = max(kept.confidence, fact.confidence)
-                history.record(FactAction.CONFIRMED, kept, now, writer=merge)
             elif fact.updated_at > kept.updated_at:
                 kept.delete()
-                Fact.objects.filter(pk=fact.pk).update(user=target, times_contradicted=F("times_contradicted") + 1)
-                fact.user_id = target.pk
-                history.record(FactAction.UPDATED, fact, now, writer=merge)
+                Fact.objects.filter(pk=fact.pk).update(
+                    user=target,
+                    times_contradicted=F("times_contradicted") + 1,
+                    updated_at=now,
+                    **history.change_columns(FactAction.UPDATED, merge),
+                )
             else:
                 fact.delete()
-                Fact.objects.filter(pk=kept.pk).update(times_contradicted=F("times_contradicted") + 1)
-                history.record(FactAction.SKIPPED, kept, now, writer=merge)
+                Fact.objects.filter(pk=kept.pk).update(
+                    times_contradicted=F("times_contradicted") + 1,
+                    updated_at=now,
+                    **history.change_columns(FactAction.SKIPPED, merge),
+                )
         Fact.objects.filter(user=source).update(user=target)
 
     def count_conversation(self, user_id):

@@ -361,6 +361,8 @@ def field_checker(f):
     else:  # CharField, TextField
 
         def check(v):
+            if v is None and nullable:
+                return done(None)
             if not isinstance(v, str):
                 return done(None, "must be a string")
             if max_length and len(v) > max_length:

@@ -8,7 +8,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from memory.consolidation import BaseExtractor, ExtractedFact
-from memory.models import Fact, FactVersion, MemoryRelation, Promotion, Scope
+from memory.models import Fact, FactHistory, FactVersion, MemoryRelation, Promotion, Scope
 from memory.signals import flush_buffers
 
 pytestmark = pytest.mark.django_db
@@ -56,11 +56,11 @@ def test_only_staff_may_read(path, graph, django_user_model):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_nothing_can_be_deleted(api, graph, path):
-    counts = (FactVersion.objects.count(), Promotion.objects.count(), MemoryRelation.objects.count())
+    counts = (FactHistory.objects.count(), Promotion.objects.count(), MemoryRelation.objects.count())
     row = results(api.get(f"/api/v1/{path}/"))[0]
     assert api.delete(f"/api/v1/{path}/{row['id']}/").status_code in (404, 405)
     assert api.post(f"/api/v1/{path}/batch-delete/", {"ids": [row["id"]]}, format="json").status_code in (404, 405)
-    assert (FactVersion.objects.count(), Promotion.objects.count(), MemoryRelation.objects.count()) == counts
+    assert (FactHistory.objects.count(), Promotion.objects.count(), MemoryRelation.objects.count()) == counts
 
 
 def test_a_facts_history_with_filters(api, graph):
@@ -82,10 +82,17 @@ def test_a_facts_history_with_filters(api, graph):
     assert [v["value"] for v in by_bob] == ["Oslo"]
     one = api.get(f"/api/v1/fact-versions/{history[0]['id']}/").json()
     assert (one["fact_id"], one["scope_key"], one["value"]) == (city.pk, f"user:{ann.pk}", "Porto")
+    # The fact's current version is its row, listed under -<fact id> until a change supersedes it.
+    assert [(v["current"], v["id"]) for v in history] == [(False, history[0]["id"]), (True, -city.pk)]
+    assert api.get(f"/api/v1/fact-versions/{-city.pk}/").json()["value"] == "Lisbon"
+    current = results(api.get("/api/v1/fact-versions/", {"key": "city", "current": "true"}))
+    assert sorted(v["value"] for v in current) == ["Lisbon", "Oslo"]
+    bad = api.get("/api/v1/fact-versions/", {"current": "maybe"})
+    assert bad.status_code == 400 and "current" in bad.json()
     # A time range: nothing is valid from the future on, everything from yesterday on.
     later = (timezone.now() + timedelta(days=1)).isoformat()
     assert results(api.get("/api/v1/fact-versions/", {"valid_from_after": later})) == []
-    assert len(results(api.get("/api/v1/fact-versions/", {"valid_from_before": later}))) == FactVersion.objects.count()
+    assert len(results(api.get("/api/v1/fact-versions/", {"valid_from_before": later}))) == FactHistory.objects.count()
 
 
 def test_the_promotion_ledger_with_filters(api, graph):

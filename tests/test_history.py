@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.exceptions import InvalidMemoryArgument
-from memory.models import Fact, FactVersion
+from memory.models import Fact, FactHistory, FactVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -17,7 +17,21 @@ AGENT = "planner"
 
 
 def actions(fact_id):
-    return [(v.action, v.value) for v in FactVersion.objects.filter(fact_id=fact_id).order_by("valid_from", "id")]
+    return [(v.action, v.value) for v in FactHistory.objects.filter(fact_id=fact_id).order_by("valid_from", "id")]
+
+
+def test_a_create_stores_no_version_and_a_change_stores_the_state_it_replaced(service):
+    fact = service.set_fact("tea", "oolong", provenance="told").fact
+    assert not FactVersion.objects.exists()
+    [current] = service.fact_history(fact.pk)
+    assert (current.action, current.value, current.current, current.id) == ("created", "oolong", True, -fact.pk)
+    service.set_fact("tea", "green", provenance="changed")
+    [kept] = FactVersion.objects.all()
+    assert (kept.action, kept.value, kept.provenance) == ("created", "oolong", "told")
+    assert [(v.action, v.value, v.current) for v in service.fact_history(fact.pk)] == [
+        ("created", "oolong", False),
+        ("updated", "green", True),
+    ]
 
 
 def test_every_change_is_a_version(service, user_factory):
@@ -30,7 +44,7 @@ def test_every_change_is_a_version(service, user_factory):
     service.set_fact("city", "Faro", scope="user", user_id=ada.pk, overwrite=False, provenance="doubt")
     service.edit_fact(fact_id, value="Braga", confidence=0.7, fact_type="user_preference")
     assert service.delete_fact(fact_id)
-    versions = list(FactVersion.objects.filter(fact_id=fact_id).order_by("valid_from", "id"))
+    versions = list(FactHistory.objects.filter(fact_id=fact_id).order_by("valid_from", "id"))
     assert [(v.action, v.value) for v in versions] == [
         ("created", "Porto"),
         ("confirmed", "Porto"),
@@ -53,7 +67,7 @@ def test_batch_deletes_and_pruned_facts_leave_a_deleted_version(service, setting
     b = service.set_fact("b", 2).fact
     service.delete_facts([a.pk], actor="admin:root")
     assert actions(a.pk) == [("created", 1), ("deleted", 1)]
-    assert FactVersion.objects.get(fact_id=a.pk, action="deleted").provenance == "deleted by admin:root"
+    assert FactHistory.objects.get(fact_id=a.pk, action="deleted").provenance == "deleted by admin:root"
     settings.MEMORY = {"LIMITS": {"MAX_FACTS": 1}}
     service.set_fact("c", 3)  # evicts b, the older
     assert not Fact.objects.filter(pk=b.pk).exists()
@@ -65,7 +79,7 @@ def test_history_off_writes_no_versions_and_refuses_as_of(service, settings):
     fact = service.set_fact("a", 1).fact
     service.set_fact("a", 2)
     service.delete_fact(fact.pk)
-    assert not FactVersion.objects.exists()
+    assert not FactHistory.objects.exists()
     with pytest.raises(InvalidMemoryArgument) as raised:
         service.get_fact("a", as_of=timezone.now())
     assert raised.value.field == "as_of" and "FACT_HISTORY" in raised.value.message
@@ -170,13 +184,13 @@ def test_as_of_follows_merged_users(service, user_factory):
     service.set_fact("city", "Lisbon", scope="user", user_id=ada.pk)  # newer: kept
     before_merge = timezone.now()
     service.merge_users(old.pk, ada.pk)
-    assert set(FactVersion.objects.values_list("user_id", flat=True)) == {ada.pk}
+    assert set(FactHistory.objects.values_list("user_id", flat=True)) == {ada.pk}
     assert service.get_fact("pet", user_id=old.pk, as_of=before_merge).value == "cat"
     assert service.get_fact("pet", user_id=ada.pk, as_of=before_merge).value == "cat"
     assert service.get_fact("city", user_id=old.pk, as_of=timezone.now()).value == "Lisbon"
     kept = Fact.objects.get(key="city")
     assert actions(kept.pk)[-1] == ("skipped", "Lisbon")
-    assert FactVersion.objects.filter(fact_id=kept.pk).last().provenance == f"merge of memory user {old.pk}"
+    assert FactHistory.objects.filter(fact_id=kept.pk).last().provenance == f"merge of memory user {old.pk}"
 
 
 @pytest.mark.parametrize(
@@ -190,12 +204,12 @@ def test_as_of_follows_merged_users(service, user_factory):
 )
 def test_bad_as_of_is_refused_naming_the_field(service, as_of, problem):
     service.set_fact("a", 1)
-    before = list(FactVersion.objects.values_list("pk", "action"))
+    before = list(FactHistory.objects.values_list("pk", "action"))
     for read in (lambda: service.get_fact("a", as_of=as_of), lambda: service.search_facts("a", as_of=as_of)):
         with pytest.raises(InvalidMemoryArgument) as raised:
             read()
         assert raised.value.field == "as_of" and problem in raised.value.message
-    assert list(FactVersion.objects.values_list("pk", "action")) == before
+    assert list(FactHistory.objects.values_list("pk", "action")) == before
     assert Fact.objects.get().access_count == 0
 
 
@@ -264,7 +278,7 @@ def test_prune_trims_versions_over_the_limit(service, settings):
     settings.MEMORY = {"LIMITS": {"MAX_VERSIONS_PER_FACT": 2, "PER_AGENT": {AGENT: {"MAX_VERSIONS_PER_FACT": 1}}}}
     dry = service.prune(dry_run=True)
     assert dry.deleted["fact_versions"] == 3 + 1
-    assert FactVersion.objects.count() == 5 + 3 + 1
+    assert FactHistory.objects.count() == 5 + 3 + 1
     report = service.prune()
     assert report.deleted["fact_versions"] == 4
     assert [v.value for v in service.fact_history(kept.pk)] == [3, 4]
@@ -281,14 +295,14 @@ def test_export_import_keeps_versions_of_deleted_facts(service, user_factory):
     then = timezone.now()
     service.delete_fact(gone.pk)
     service.set_fact("tea", "oolong")
-    before = list(FactVersion.objects.order_by("pk").values())
+    before = list(FactHistory.objects.order_by("pk").values())
     out = io.StringIO()
     service.export_memories(out)
     service.clear_memories()
-    assert not FactVersion.objects.exists()
+    assert not FactHistory.objects.exists()
     report = service.import_memories(io.StringIO(out.getvalue()))
-    assert report.added["fact_version"] == 4
-    assert list(FactVersion.objects.order_by("pk").values()) == before
+    assert report.added["fact_version"] == 3  # Porto and Lisbon superseded, and the delete; tea's is its row
+    assert list(FactHistory.objects.order_by("pk").values()) == before
     assert service.get_fact("city", user_id=ada.pk, as_of=then).value == "Lisbon"
 
 
@@ -307,10 +321,46 @@ def test_an_export_from_before_history_imports_and_starts_it(service):
     assert (version.action, version.value, version.valid_from) == ("created", "oolong", fact.updated_at)
 
 
+def test_an_export_listing_current_states_as_versions_imports_to_the_same_history(service, user_factory):
+    """Files written before a fact's current state moved onto its row list it as its latest version."""
+    ada = user_factory("ada")
+    episode = service.start_episode(agent_id=AGENT, user_id=ada.pk)
+    service.set_fact("city", "Porto", scope="user", user_id=ada.pk, provenance="told")
+    service.set_fact("city", "Lisbon", scope="user", user_id=ada.pk, provenance="moved")
+    service.set_fact("city", "Lisbon", scope="user", user_id=ada.pk, source_episode_id=episode.pk, provenance="again")
+    service.set_fact("tea", "oolong")
+    before = [
+        (v.fact_id, v.action, v.value, v.source_episode_id, v.provenance, v.valid_from)
+        for v in FactHistory.objects.order_by("valid_from", "id")
+    ]
+    out = io.StringIO()
+    service.export_memories(out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    header, rows = lines[0], lines[1:]
+    columns = ("fact_id", "action", "key", "value", "fact_type", "scope", "user_id", "agent_id", "session_id")
+    current = [
+        {"kind": "fact_version", "id": 1000 + v.fact_id, **{c: getattr(v, c) for c in columns}}
+        | {"confidence": v.confidence, "source_episode_id": v.source_episode_id, "provenance": v.provenance}
+        | {"valid_from": v.valid_from.isoformat()}
+        for v in FactHistory.objects.filter(current=True)
+    ]
+    old_rows = [{k: v for k, v in row.items() if not k.startswith("change_")} for row in rows] + current
+    header["counts"]["fact_version"] += len(current)
+    service.clear_memories()
+    service.import_memories(io.StringIO("\n".join(json.dumps(r) for r in [header, *old_rows]) + "\n"))
+    after = [
+        (v.fact_id, v.action, v.value, v.source_episode_id, v.provenance, v.valid_from)
+        for v in FactHistory.objects.order_by("valid_from", "id")
+    ]
+    assert after == before
+    assert FactVersion.objects.count() == 2  # Porto and the first Lisbon: the latest of each fact is its row
+
+
 def test_an_import_refuses_a_bad_version_naming_line_and_field(service):
     from memory.exceptions import ImportRejected
 
     service.set_fact("tea", "oolong")
+    service.set_fact("tea", "green")
     out = io.StringIO()
     service.export_memories(out)
     lines = out.getvalue().splitlines()
@@ -322,7 +372,7 @@ def test_an_import_refuses_a_bad_version_naming_line_and_field(service):
     with pytest.raises(ImportRejected) as raised:
         service.import_memories(io.StringIO("\n".join(lines) + "\n"))
     assert raised.value.errors[0][:2] == (n + 1, "action")
-    assert not Fact.objects.exists() and not FactVersion.objects.exists()
+    assert not Fact.objects.exists() and not FactHistory.objects.exists()
 
 
 def test_forgetting_a_person_deletes_their_history(service, user_factory):
@@ -331,12 +381,12 @@ def test_forgetting_a_person_deletes_their_history(service, user_factory):
     service.delete_fact(gone.pk)  # already deleted: its versions still name ada
     service.set_fact("city", "Porto", scope="user", user_id=ada.pk)
     service.set_fact("city", "Lisbon", scope="user", user_id=bob.pk)
-    assert FactVersion.objects.filter(user=ada).count() == 3
+    assert FactHistory.objects.filter(user=ada).count() == 3
     result = service.delete_users([ada.pk], cascade=True)
     assert result.cascaded["fact_versions"] == 3
-    assert not FactVersion.objects.filter(scope_key=f"user:{ada.pk}").exists()
-    assert FactVersion.objects.filter(user=bob).count() == 1
-    assert not FactVersion.objects.filter(value="flu").exists()
+    assert not FactHistory.objects.filter(scope_key=f"user:{ada.pk}").exists()
+    assert FactHistory.objects.filter(user=bob).count() == 1
+    assert not FactHistory.objects.filter(value="flu").exists()
 
 
 def test_export_person_includes_their_history(service, user_factory):

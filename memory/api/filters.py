@@ -18,8 +18,8 @@ from ..models import (
     Episode,
     Fact,
     FactAction,
+    FactHistory,
     FactType,
-    FactVersion,
     MemoryRelation,
     MemoryUser,
     Procedure,
@@ -231,9 +231,11 @@ class FactVersionFilter(django_filters.FilterSet):
         field_name="valid_from", lookup_expr="lt", help_text="Versions valid from before this ISO 8601 time."
     )
 
+    current = StrictBooleanFilter(help_text="Only each fact's current version (true), or only superseded ones.")
+
     class Meta:
-        model = FactVersion
-        fields = ["fact", "user", "scope", "key", "action"]
+        model = FactHistory
+        fields = ["fact", "user", "scope", "key", "action", "current"]
 
 
 class PromotionFilter(django_filters.FilterSet):

@@ -8,7 +8,7 @@ from ..models import (
     ChannelIdentity,
     Episode,
     Fact,
-    FactVersion,
+    FactHistory,
     MemoryRelation,
     MemoryUser,
     Procedure,
@@ -138,8 +138,11 @@ class ProcedureSerializer(MemorySerializer):
 
 
 class FactVersionSerializer(MemorySerializer):
+    """A version of a fact; its current one (`current`, listed with the id -<fact id> until a change
+    supersedes it and it is kept under an id of its own) included."""
+
     class Meta:
-        model = FactVersion
+        model = FactHistory
         fields = [
             "id",
             "fact_id",
@@ -156,6 +159,7 @@ class FactVersionSerializer(MemorySerializer):
             "source_episode_id",
             "provenance",
             "valid_from",
+            "current",
         ]
         read_only_fields = fields
 

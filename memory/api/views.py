@@ -146,7 +146,8 @@ class StoreItemViewSet(MemoryViewSet):
 
 
 class FactVersionViewSet(MemoryReadViewSet):
-    """Fact history: one row per change of a fact (memory/history.py), of present and deleted facts.
+    """Fact history: one row per change of a fact (memory/history.py), of present and deleted facts;
+    a fact's current version (`current`) has the id -<fact id> until a change supersedes it.
 
     Read only. History is the record of what the memory held; deleting a version would make
     point-in-time reads (`as_of`) answer something that was never true. Versions go with their fact's

@@ -293,40 +293,32 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         found = self._facts(sql, [*params, fact.key])
         return found[0] if found else None
 
-    def update_fact(self, pk, changes, version=None):
+    def update_fact(self, pk, changes, supersede=False):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
 
-        `version`: (action, writer's source_episode_id, writer's provenance) of the history version
-        this write adds (fact history, memory/history.py), copied from the updated row; None for none.
+        `supersede`: first keep the state this write replaces as a history version (fact history,
+        memory/history.py), copied from the row in the database.
         """
         sql, params = fact_update_sql(changes)
         with connection.cursor() as cursor:
+            if supersede:
+                cursor.execute(_SUPERSEDE_SQL, [pk])
             cursor.execute(sql, [*params, pk])
-            if version is not None:
-                copy_fact_to_history(cursor, pk, version)
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
-    def insert_fact_if_absent(self, fact, version=None):
+    def insert_fact_if_absent(self, fact):
         """Insert `fact` unless its (owner, key) exists; True if inserted (its pk is then set).
 
         A user-scoped fact is stored under the user its `user_id` was merged into, if any, so a
-        stale id still writes to the surviving user without another round trip. `version`: as
-        update_fact's, added only when the fact was inserted.
+        stale id still writes to the surviving user without another round trip. A create adds no
+        history version: the row is its fact's current version.
         """
-        row = self._insert_fact_row(fact, version)
+        row = _FACT_INSERT(fact)
         if row is None:
             return False
         fact.pk, fact.user_id = row
         fact._state.adding = False
         return True
-
-    def _insert_fact_row(self, fact, version):
-        """(id, user_id) of the inserted row with its version added, or None if the key exists."""
-        row = _FACT_INSERT(fact)
-        if row is not None and version is not None:
-            with connection.cursor() as cursor:
-                copy_fact_to_history(cursor, row[0], version)
-        return row
 
     def insert_episode(self, episode):
         """Insert `episode` in one statement, under the surviving user of its `user_id` (a merge
@@ -357,8 +349,8 @@ def fact_update_sql(changes):
     return f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", params
 
 
-# ---- fact history: a version copies the fact's row as it stands, in the database (nothing is
-# read into Python); the writer's action, episode and provenance, and the version's start, are its own.
+# ---- fact history: a change first copies the state it supersedes, in the database (nothing is
+# read into Python): the fact's values, its current change's action and writer, valid from its updated_at.
 VERSION_TABLE = FactVersion._meta.db_table
 _VERSION_COLUMNS = ", ".join(
     _q(c)
@@ -370,26 +362,30 @@ _VERSION_COLUMNS = ", ".join(
 _COPIED = ", ".join(
     "{row}." + _q(c) for c in ("key", "value", "fact_type", "scope", "user_id", "agent_id", "session_id", "confidence")
 )
+# The writer of a fact's current state: the value's own, unless its change names one (Fact.change_provenance).
+CURRENT_EPISODE = (
+    "CASE WHEN {row}.change_provenance IS NULL THEN {row}.source_episode_id ELSE {row}.change_source_episode_id END"
+)
+CURRENT_PROVENANCE = "COALESCE({row}.change_provenance, {row}.provenance)"
 
 
-def version_copy_sql(row, valid_from, *, episode="%s", provenance="%s"):
+def version_copy_sql(row, *, action=None, valid_from=None, episode=None, provenance=None):
     """INSERT ... SELECT of a version of fact row `row` (an alias the caller's FROM names next).
 
-    The version's start, source episode and provenance are SQL (by default the writer's, as
-    parameters); parameters in order: the action, then those of `episode`, `provenance`, `valid_from`.
+    By default the version is the row's current state (its change's action and writer, valid from
+    its updated_at); each argument given instead is SQL, its parameters in this order: action,
+    episode, provenance, valid_from.
     """
     return (
         f"INSERT INTO {VERSION_TABLE} ({_VERSION_COLUMNS}) "
-        f"SELECT {row}.id, %s, {row}.scope_key, {_COPIED.format(row=row)}, {episode}, {provenance}, {valid_from} FROM "
+        f"SELECT {row}.id, {action or row + '.change_action'}, {row}.scope_key, {_COPIED.format(row=row)}, "
+        f"{episode or CURRENT_EPISODE.format(row=row)}, {provenance or CURRENT_PROVENANCE.format(row=row)}, "
+        f"{valid_from or row + '.updated_at'} FROM "
     )
 
 
-_COPY_FACT_SQL = version_copy_sql("f", "f.updated_at") + f"{FACT_TABLE} f WHERE f.id = %s"
-
-
-def copy_fact_to_history(cursor, fact_id, version):
-    """A version of the fact as its write left it, valid from its updated_at (`version` as update_fact's)."""
-    cursor.execute(_COPY_FACT_SQL, [*version, fact_id])
+SUPERSEDE_FROM = version_copy_sql("f") + f"{FACT_TABLE} f WHERE "
+_SUPERSEDE_SQL = SUPERSEDE_FROM + "f.id = %s"
 
 
 # The surviving user of the run's user: the recall triggers index the episode under its final owner.

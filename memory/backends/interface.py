@@ -23,12 +23,13 @@ class StorageBackend(Protocol):
     def owned_fact(self, fact, *, lock):
         """The stored fact with the owner and key of `fact`, or None; `lock` holds it to the commit."""
 
-    def insert_fact_if_absent(self, fact, version=None):
+    def insert_fact_if_absent(self, fact):
         """Insert `fact` unless its (owner, key) exists, under a merged user's survivor; True if inserted.
-        `version` (action, writer's source_episode_id, writer's provenance): add that history version."""
+        The row is the fact's current version: no history row."""
 
-    def update_fact(self, pk, changes, version=None):
-        """UPDATE one fact: column -> value, or -> (SQL over the old row, params); `version` as above."""
+    def update_fact(self, pk, changes, supersede=False):
+        """UPDATE one fact: column -> value, or -> (SQL over the old row, params); `supersede`: first
+        keep the state it replaces as a history version (copied in the database)."""
 
     def hold_user(self, user_id):
         """Keep the user from being merged away until the transaction ends (before a write by user id)."""

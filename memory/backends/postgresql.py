@@ -16,27 +16,22 @@ import time
 
 from django.db import connection
 
-from ..models import Fact
 from .base import (
-    FACT_INSERT_IF_ABSENT,
     FACT_TABLE,
-    SURVIVING_USER,
+    SUPERSEDE_FROM,
     USER_TABLE,
     WALK_OWNERS,
     MemoryBackend,
     fact_update_sql,
     indexable_words,
     selective_word,
-    version_copy_sql,
 )
 from .recall import DOC_TABLE
-from .rows import RowInsert
 from .store import postgresql_equality_is_exact, postgresql_field_equals
 
-# The fact written by the CTE "w", as its version; the fact's id and stored user come back.
-_VERSION_OF_W = f"{version_copy_sql('w', 'w.updated_at')} w"
-_FACT_ROW_INSERT = RowInsert(Fact, f"{FACT_INSERT_IF_ABSENT} RETURNING *", placeholders=SURVIVING_USER)
-_INSERT_WITH_VERSION = f"WITH w AS ({_FACT_ROW_INSERT.sql}) {_VERSION_OF_W} RETURNING fact_id, user_id"
+# The state a write replaces, kept as a version by the write's own statement (a CTE sees the row
+# as it was before the statement): one round trip, not two.
+_SUPERSEDED = f"WITH superseded AS ({SUPERSEDE_FROM}f.id = %s) "
 
 
 class PostgreSQLBackend(MemoryBackend):
@@ -67,20 +62,12 @@ class PostgreSQLBackend(MemoryBackend):
                     return
                 user_id = row[0]
 
-    # A write and the history version it adds in one statement (one round trip, not two).
-    def _insert_fact_row(self, fact, version):
-        if version is None:
-            return super()._insert_fact_row(fact, version)
-        with connection.cursor() as cursor:
-            cursor.execute(_INSERT_WITH_VERSION, [*_FACT_ROW_INSERT.params(fact), *version])
-            return cursor.fetchone()
-
-    def update_fact(self, pk, changes, version=None):
-        if version is None:
+    def update_fact(self, pk, changes, supersede=False):
+        if not supersede:
             return super().update_fact(pk, changes)
         sql, params = fact_update_sql(changes)
         with connection.cursor() as cursor:
-            cursor.execute(f"WITH w AS ({sql} RETURNING *) {_VERSION_OF_W}", [*params, pk, *version])
+            cursor.execute(_SUPERSEDED + sql, [pk, *params, pk])
 
     def optimize(self):
         _merge_pending("memory_fact_search_trgm")

@@ -433,6 +433,7 @@ class HistorySubcommand(Subcommand):
                 "fact_type": v.fact_type,
                 "provenance": v.provenance,
                 "episode": v.source_episode_id,
+                "current": v.current,
             }
             for v in versions
         ]
