@@ -1,4 +1,4 @@
-"""PostgreSQL backend: a pg_trgm GIN index serves substring search; jsonb matches procedures.
+"""PostgreSQL backend: a GIN index of owner and trigrams serves substring search; jsonb matches procedures.
 
 Search plans, chosen per query from a sample of the facts' texts (the planner's own statistics):
 - a selective word: the trigram index for that word alone, the other words checked on its rows;
@@ -70,7 +70,7 @@ class PostgreSQLBackend(MemoryBackend):
             cursor.execute(_SUPERSEDED + sql, [pk, *params, pk])
 
     def optimize(self):
-        _merge_pending("memory_fact_search_trgm")
+        _merge_pending("memory_fact_owner_search_trgm")
 
     def optimize_recall_index(self):
         _merge_pending("memory_recall_doc_tsv")
