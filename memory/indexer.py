@@ -30,6 +30,7 @@ import time
 from django.db import connection, transaction
 from django.db.models import Q
 
+from .backends.rows import held_rows
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from .models import PENDING_VECTOR, RecallDocument, StoreItem
@@ -61,7 +62,13 @@ def embed_documents(docs, model=RecallDocument):
     table = connection.ops.quote_name(model._meta.db_table)
     rows = [(to_blob(vector), doc_id, text) for (doc_id, text), vector in zip(docs, vectors)]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s", rows)
+        # Rows another transaction holds (a person being forgotten) keep no vector now: a later pass
+        # embeds them if they are still there. Waiting for them could deadlock (held_rows).
+        held = held_rows(model, [doc_id for _, doc_id, _ in rows])
+        cursor.executemany(
+            f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
+            [row for row in rows if row[1] in held],
+        )
         stored = max(cursor.rowcount, 0)
     if model is RecallDocument:
         link_similar([(doc_id, vector) for (doc_id, _), vector in zip(docs, vectors)])

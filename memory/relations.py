@@ -25,6 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .backends.base import VERSION_TABLE
+from .backends.rows import held_rows
 from .buffers import WriteBuffer
 from .conf import memory_settings
 from .embeddings import from_blobs
@@ -73,11 +74,10 @@ def link_similar(docs):
                 ]
         if edges:
             with transaction.atomic():
-                # Only between documents that still exist (one may have gone since the search).
-                alive = set(
-                    RecallDocument.objects.filter(pk__in={e.source_id for e in edges} | {e.target_id for e in edges})
-                    .values_list("id", flat=True)
-                    .order_by()
+                # Only between documents that still exist (one may have gone since the search) and
+                # that no other transaction is deleting: an edge's foreign keys would wait for it.
+                alive = held_rows(
+                    RecallDocument, {e.source_id for e in edges} | {e.target_id for e in edges}, lock="KEY SHARE"
                 )
                 edges = [e for e in edges if e.source_id in alive and e.target_id in alive]
                 MemoryRelation.objects.bulk_create(edges, ignore_conflicts=True)

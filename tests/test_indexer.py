@@ -224,3 +224,50 @@ def test_appending_a_message_embeds_only_the_piece_it_changes(settings, service)
     emb.document_texts.clear()
     service.add_message(episode.pk, "user", "message 30 mentions item30 today")
     assert emb.document_texts == [split_pieces(document.text + "\nuser: message 30 mentions item30 today", 20)[-1]]
+
+
+@pytest.mark.postgres
+def test_the_worker_skips_a_row_another_transaction_holds_instead_of_waiting(settings, service):
+    """PostgreSQL: forgetting a person deletes their documents (with their facts) while the worker may
+    be storing vectors; if the worker waited for a row the delete held while the delete waited for
+    one the worker had written, that was a deadlock (bench.merges, hybrid). The worker takes the
+    rows it can at once and leaves the others pending for a later pass."""
+    from django.db import connections, transaction
+
+    from memory.indexer import embed_documents
+
+    configure(settings, "TransactionCheckingEmbedding")
+    service.set_fact("drink", "green tea")
+    service.set_fact("food", "figs")
+    assert indexer.wait(30)
+    held, other = RecallDocument.objects.filter(kind="fact").order_by("id")
+    RecallDocument.objects.filter(pk__in=[held.pk, other.pk]).update(embedding=None)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        try:
+            with transaction.atomic():
+                list(RecallDocument.objects.select_for_update().filter(pk=held.pk))
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        result = []
+        writer = threading.Thread(
+            target=lambda: (result.append(embed_documents([(held.pk, held.text), (other.pk, other.text)])),
+                            connections.close_all())
+        )  # fmt: skip
+        writer.start()
+        writer.join(10)
+        assert not writer.is_alive(), "the worker waited for the held row"
+    finally:
+        release.set()
+        holder.join(10)
+    assert result == [1]
+    assert RecallDocument.objects.get(pk=other.pk).embedding is not None
+    assert RecallDocument.objects.get(pk=held.pk).embedding is None  # still pending: a later pass embeds it

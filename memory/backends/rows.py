@@ -87,6 +87,27 @@ def models_by_id(model, ids):
     return {item.pk: item for item in fetch_models(model, sql, ids)}
 
 
+def held_rows(model, ids, *, lock="UPDATE"):
+    """The ids of `model` rows among `ids` that exist, locked for the rest of the transaction.
+
+    PostgreSQL: FOR `lock` (UPDATE, KEY SHARE, ...) SKIP LOCKED, in id order, so a background writer
+    (the embedding worker) takes what it can at once and never waits behind a transaction that holds
+    a row, such as a delete of those rows that may wait in turn for one the writer already holds (a
+    deadlock). SQLite has no row locks: a write transaction holds the whole database, so every
+    existing row is held. Call inside a transaction.
+    """
+    ids = sorted(set(ids))
+    if not ids:
+        return set()
+    conn = connections[DEFAULT_DB_ALIAS]
+    sql = f"SELECT id FROM {model._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(ids))}) ORDER BY id"
+    if conn.features.has_select_for_update_skip_locked:
+        sql += f" FOR {lock} SKIP LOCKED"
+    with conn.cursor() as cursor:
+        cursor.execute(sql, ids)
+        return {row[0] for row in cursor.fetchall()}
+
+
 _CHUNK = 2000  # ids per statement: SQLite allows 32,766 parameters, PostgreSQL 65,535
 
 
