@@ -30,36 +30,24 @@ def test_0017_moves_each_facts_latest_version_onto_its_row():
         t = [t0 + datetime.timedelta(hours=h) for h in range(4)]
         city = OldFact.objects.create(key="city", value="Lisbon", scope="global", provenance="moved", confidence=0.9)
         tea = OldFact.objects.create(key="tea", value="oolong", scope="global", provenance="told")  # no history
+        pet = OldFact.objects.create(key="pet", value="dog", scope="global", provenance="said")
         OldFact.objects.filter(pk=city.pk).update(updated_at=t[2])
+        OldFact.objects.filter(pk=pet.pk).update(updated_at=t[3])  # written again while history was off
         common = {"key": "city", "scope": "global", "scope_key": "global", "fact_type": "world_knowledge"}
-        OldVersion.objects.create(
-            fact_id=city.pk,
-            action="created",
-            value="Porto",
-            confidence=0.5,
-            provenance="told",
-            valid_from=t[0],
-            **common,
-        )
-        OldVersion.objects.create(
-            fact_id=city.pk,
-            action="updated",
-            value="Lisbon",
-            confidence=0.9,
-            provenance="moved",
-            valid_from=t[1],
-            **common,
-        )
-        OldVersion.objects.create(  # a confirmation by another writer: the fact's current state
-            fact_id=city.pk, action="confirmed", value="Lisbon", confidence=0.95, provenance="again", valid_from=t[2],
-            source_episode_id=None, **common,
-        )  # fmt: skip
-        OldVersion.objects.create(  # a fact deleted long ago keeps its history untouched
-            fact_id=999, action="deleted", value="x", confidence=0.5, provenance="", valid_from=t[3], **common
-        )
+        for fact_id, action, value, confidence, provenance, when in [
+            (city.pk, "created", "Porto", 0.5, "told", t[0]),
+            (city.pk, "updated", "Lisbon", 0.9, "moved", t[1]),
+            (city.pk, "confirmed", "Lisbon", 0.95, "again", t[2]),  # by another writer: the current state
+            (999, "deleted", "x", 0.5, "", t[3]),  # a fact deleted long ago keeps its history untouched
+            (pet.pk, "created", "cat", 0.5, "said", t[0]),  # older than its row: not its current state
+        ]:
+            OldVersion.objects.create(
+                fact_id=fact_id, action=action, value=value, confidence=confidence, provenance=provenance,
+                valid_from=when, **common,
+            )  # fmt: skip
     finally:
         migrate()
-    assert FactVersion.objects.count() == 3  # Porto, the first Lisbon, the old delete
+    assert FactVersion.objects.count() == 4  # Porto, the first Lisbon, the old delete, the cat
     current = Fact.objects.get(pk=city.pk)
     assert (current.change_action, current.change_provenance, current.updated_at) == ("confirmed", "again", t[2])
     history = [(v.action, v.value, v.provenance, v.current) for v in FactHistory.objects.filter(fact_id=city.pk)]
@@ -70,3 +58,7 @@ def test_0017_moves_each_facts_latest_version_onto_its_row():
     ]
     [untouched] = FactHistory.objects.filter(fact_id=tea.pk)
     assert (untouched.action, untouched.provenance, untouched.current) == ("created", "told", True)
+    assert [(v.action, v.value, v.current) for v in FactHistory.objects.filter(fact_id=pet.pk)] == [
+        ("created", "cat", False),
+        ("created", "dog", True),  # what history did not see: the row as it stands, by its own writer
+    ]
