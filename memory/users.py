@@ -219,43 +219,35 @@ class UsersMixin:
         return target
 
     def _merge_user_facts(self, source, target, now):
-        # History moves with the facts: the source's versions (deleted facts' included) become the
-        # target's, so a read as of before the merge by either id answers what that person held.
-        # A key both held: the fact kept gets a version of the merge.
         merge = SimpleNamespace(provenance=f"merge of memory user {source.pk}", source_episode_id=None)
         target_facts = {f.key: f for f in Fact.objects.select_for_update().filter(user=target)}
         clashing = list(Fact.objects.select_for_update().filter(user=source, key__in=list(target_facts)))
-        # Both facts' states so far stay in history (the one dropped ends without a `deleted`
-        # version); the one kept gets the merge as its current change.
+        # A key both held: both facts' states so far stay in history (the one dropped ends without a
+        # `deleted` version: its key lives on); the one kept gets the merge as its current change.
         history.supersede([f.pk for f in clashing] + [target_facts[f.key].pk for f in clashing])
+        # History moves with the facts: the source's versions (deleted facts' included) become the
+        # target's, so a read as of before the merge by either id answers what that person held.
         FactVersion.objects.filter(user=source).update(user=target, scope_key=owner_key(Scope.USER, user_id=target.pk))
         for fact in clashing:
             kept = target_facts[fact.key]
             if same_json(kept.value, fact.value):
-                Fact.objects.filter(pk=kept.pk).update(
-                    times_confirmed=F("times_confirmed") + fact.times_confirmed + 1,
-                    times_contradicted=F("times_contradicted") + fact.times_contradicted,
-                    confidence=max(kept.confidence, fact.confidence),
-                    access_count=F("access_count") + fact.access_count,
-                    updated_at=now,
-                    **history.change_columns(FactAction.CONFIRMED, merge),
-                )
-                fact.delete()
+                action, survivor, dropped = FactAction.CONFIRMED, kept, fact
+                changes = {
+                    "times_confirmed": F("times_confirmed") + fact.times_confirmed + 1,
+                    "times_contradicted": F("times_contradicted") + fact.times_contradicted,
+                    "confidence": max(kept.confidence, fact.confidence),
+                    "access_count": F("access_count") + fact.access_count,
+                }
             elif fact.updated_at > kept.updated_at:
-                kept.delete()
-                Fact.objects.filter(pk=fact.pk).update(
-                    user=target,
-                    times_contradicted=F("times_contradicted") + 1,
-                    updated_at=now,
-                    **history.change_columns(FactAction.UPDATED, merge),
-                )
+                action, survivor, dropped = FactAction.UPDATED, fact, kept
+                changes = {"user": target, "times_contradicted": F("times_contradicted") + 1}
             else:
-                fact.delete()
-                Fact.objects.filter(pk=kept.pk).update(
-                    times_contradicted=F("times_contradicted") + 1,
-                    updated_at=now,
-                    **history.change_columns(FactAction.SKIPPED, merge),
-                )
+                action, survivor, dropped = FactAction.SKIPPED, kept, fact
+                changes = {"times_contradicted": F("times_contradicted") + 1}
+            dropped.delete()  # first: the survivor may take its owner and key
+            Fact.objects.filter(pk=survivor.pk).update(
+                updated_at=now, **changes, **history.change_columns(action, merge)
+            )
         Fact.objects.filter(user=source).update(user=target)
 
     def count_conversation(self, user_id):
