@@ -7,6 +7,11 @@ vector in one short transaction, only where the document still has that text and
 write changed it meanwhile: its own turn embeds the new text). Writers never wait for the model, and
 concurrent writers share its calls.
 
+The bundled model computes in a child process at the lowest CPU priority (memory/model_process.py),
+which uses the CPU the requests leave; a batch it is too slow for is embedded in the worker's own
+thread, at the priority of the requests. A worker that always ran below them (nice +10, as it once
+did) fell behind for good on a busy machine: vector recall missed writes for minutes.
+
 EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
 
@@ -110,20 +115,6 @@ def pending_count():
     return sum(model.objects.filter(PENDING_VECTOR).count() for model in MODELS)
 
 
-def _lower_priority():
-    """Run this thread at a lower CPU priority (Linux nice +10) than the requests of its process.
-
-    When writes arrive faster than the model embeds them, the worker is busy all the time and
-    would take its full share of the CPU from the requests it shares the machine with, whatever
-    its backlog. Behind them it uses the CPU they leave; a recall never waits for it (the keyword
-    leg finds a document without a vector).
-    """
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at the process's priority
-        pass
-
-
 class Indexer:
     """The process's embedding worker: a queue of committed (kind, item id)s and the thread that drains it."""
 
@@ -205,7 +196,6 @@ class Indexer:
     # ---- the worker
 
     def _run(self):
-        _lower_priority()
         pause = 0.0
         while True:
             with self._cond:

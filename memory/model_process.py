@@ -13,10 +13,17 @@ The vectors are the same: the same code and weights (memory/local_model.py) run 
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
 (pickles, between this package's own two ends only). It imports no Django and opens no database;
-it exits when its parent goes (its stdin closes). A child that fails to start, dies, or takes
-longer than ANSWER_SECONDS (a machine whose CPU the requests take: at its lower priority it would
-starve, and the vectors would never catch up) is logged and stopped, that batch is embedded in
-this process, and so are the batches of the next RETRY_SECONDS; then a new child is tried.
+it exits when its parent goes (its stdin closes), and says "ready" once its weights are loaded.
+
+At nice 19 the child gets only the CPU the requests leave, so on a machine they keep busy it falls
+behind, and the vectors with it (vector recall would lag by minutes). So each batch has an
+allowance (ANSWER_SECONDS, or twice what one busy core needs for its characters): a batch the child
+has not answered by then is embedded in this process, by the thread that asked (the embedding
+worker, at its requests' priority: the vectors are late, they take their share of the CPU now).
+The child finishes that batch in the CPU left over; its late answer is read and dropped before it
+is sent another, and until then, as while it loads its weights, batches are embedded here. A child
+that fails to start, dies or answers garbage is logged and stopped, and batches are embedded here
+for RETRY_SECONDS; then a new child is tried.
 """
 
 import logging
@@ -32,14 +39,14 @@ from pathlib import Path
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
-# A child at nice 19 gets little CPU when the requests take all of it: then its batches wait, and
-# the vectors with them. Past this, the batch is embedded in this process (and for RETRY_SECONDS),
-# where the worker thread shares the interpreter but keeps up. Per ANSWER_TEXTS texts (a worker's
-# batch; the model embeds 64 short texts in about a quarter of a second on one core here).
-ANSWER_SECONDS = 1.0
-ANSWER_TEXTS = 64
-STARTUP_SECONDS = 10.0  # more for a new child's first answer: it loads numpy and the weights first
+# A batch's allowance in the child: a quarter of a second (a fraction of the one second in which
+# vector recall should find a write), or twice what one busy core here needs for its text (the
+# model reads about 3,000 characters a second on one core of this 2-core machine, short texts or
+# 96-word pieces alike), so that a long sweep batch is not taken from an idle child.
+ANSWER_SECONDS = 0.25
+ANSWER_CHARS_PER_SECOND = 1500
 NICE = 19  # the lowest
+READY = ("ready", None)  # the child's first message: its weights are loaded
 
 
 class ModelProcess:
@@ -51,6 +58,9 @@ class ModelProcess:
         self._child = None
         self._pid = None
         self._failed_at = None
+        self._owed = 0  # messages the child will still send: its "ready", answers of batches it was too slow for
+        self._loading = False  # it has not said "ready" yet
+        self.embedded_here = 0  # batches embedded in this process because the child was behind
 
     @property
     def child_pid(self):
@@ -58,40 +68,73 @@ class ModelProcess:
         child = self._child
         return child.pid if child is not None and self._pid == os.getpid() and child.poll() is None else None
 
+    def start(self, timeout):
+        """Start the child if none runs and wait up to `timeout` s until it owes nothing; whether it does not."""
+        with self._lock:
+            try:
+                return self._caught_up(self._running(), timeout)
+            except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+                self._failed(exc)
+                return False
+
     def encode(self, texts, fallback):
         """The vectors of `texts` from the child; from `fallback(texts)` in this process when it cannot."""
+        texts = list(texts)
         with self._lock:
             if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
                 return fallback(texts)
             try:
-                child, new = self._running()
-                pickle.dump(list(texts), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                child = self._running()
+                if not self._caught_up(child, 0.0):  # loading its weights, or still on a batch it was late with
+                    self.embedded_here += 1
+                    return fallback(texts)
+                pickle.dump(texts, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
-                wait = ANSWER_SECONDS * max(1.0, len(texts) / ANSWER_TEXTS) + (STARTUP_SECONDS if new else 0.0)
-                ready, _, _ = select.select([child.stdout], [], [], wait)
-                if not ready:
-                    raise TimeoutError(f"no answer within {wait:.0f} s: the machine is busy")
+                allowance = max(ANSWER_SECONDS, 2.0 * sum(map(len, texts)) / ANSWER_CHARS_PER_SECOND)
+                ready, _, _ = select.select([child.stdout], [], [], allowance)
+                if not ready:  # the machine is busy: the child finishes in what the CPU leaves, unread
+                    self._owed += 1
+                    self.embedded_here += 1
+                    logger.debug("the embedding process is behind; %d texts embedded in this process", len(texts))
+                    return fallback(texts)
                 status, payload = pickle.load(child.stdout)
             except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
-                self._failed_at = time.monotonic()
-                self._stop()
-                logger.warning(
-                    "the embedding process failed (%s); embedding in this process, retrying in %.0f s",
-                    exc,
-                    RETRY_SECONDS,
-                )
+                self._failed(exc)
                 return fallback(texts)
             self._failed_at = None
         if status != "ok":  # the model itself refused these texts: as it would have in this process
             raise RuntimeError(f"the embedding process could not embed {len(texts)} texts: {payload}")
         return payload
 
+    def _caught_up(self, child, timeout):
+        """Read and drop what the child still owes, waiting up to `timeout` s; whether it owes nothing now."""
+        deadline = time.monotonic() + timeout
+        while self._owed:
+            ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return False
+            pickle.load(child.stdout)
+            self._owed, self._loading = self._owed - 1, False
+        return True
+
+    def _failed(self, exc):
+        self._failed_at = time.monotonic()
+        self._stop()
+        logger.warning(
+            "the embedding process failed (%s); embedding in this process, retrying in %.0f s", exc, RETRY_SECONDS
+        )
+
     def _running(self):
-        """(the child, whether it was started just now)."""
+        """The child, started now if none runs for this process."""
         if self._pid != os.getpid():  # a forked child: the pipes are its parent's to use
             self._child = None
-        if self._child is not None and self._child.poll() is None:
-            return self._child, False
+        if self._child is not None:
+            code = self._child.poll()
+            if code is None:
+                return self._child
+            if self._loading:  # it never loaded the model: starting it again would not either
+                raise ChildProcessError(f"it exited with code {code} before it was ready")
+            logger.warning("the embedding process exited with code %s; starting a new one", code)
         self._stop()
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         # OpenBLAS's idle threads spin before they sleep; at nice 19 a spinning thread still delays
@@ -107,10 +150,12 @@ class ModelProcess:
             env=env,
         )
         self._pid = os.getpid()
-        return self._child, True
+        self._owed, self._loading = 1, True  # it owes its "ready"
+        return self._child
 
     def _stop(self):
         child, self._child = self._child, None
+        self._owed = 0
         if child is None or self._pid != os.getpid():
             return
         try:
@@ -143,11 +188,20 @@ def model_process(folder):
 
 
 def serve(folder, source, sink):
-    """The child's loop: a list of texts in, ("ok", vectors) or ("error", message) out, until EOF."""
+    """The child's loop: "ready", then a list of texts in, ("ok", vectors) or ("error", message) out, until EOF."""
     from .local_model import MiniLM
 
+    def send(message):
+        try:
+            pickle.dump(message, sink, protocol=pickle.HIGHEST_PROTOCOL)
+            sink.flush()
+            return True
+        except BrokenPipeError:  # the parent went meanwhile (a late answer it no longer reads)
+            return False
+
     model = MiniLM(Path(folder))
-    while True:
+    ready = send(READY)
+    while ready:
         try:
             texts = pickle.load(source)
         except EOFError:
@@ -156,8 +210,7 @@ def serve(folder, source, sink):
             answer = ("ok", model.encode(texts))
         except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises it there)
             answer = ("error", f"{type(exc).__name__}: {exc}")
-        pickle.dump(answer, sink, protocol=pickle.HIGHEST_PROTOCOL)
-        sink.flush()
+        ready = send(answer)
 
 
 def main(argv):

@@ -168,17 +168,6 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
     assert [h.item.key for h in service.recall("locker number", types=("facts",), mode="vector", limit=1)] == ["locker"]
 
 
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are a POSIX feature")
-def test_the_worker_leaves_the_cpu_to_requests_first(settings):
-    """The worker runs at nice +10 against its process: when writes outpace the model, it takes the
-    CPU requests leave, not its full share of it."""
-    configure(settings, "TransactionCheckingEmbedding")
-    indexer.start()  # as a process's first request or write does
-    assert indexer.wait(30)
-    worker = next(t for t in threading.enumerate() if t.name == "engram-indexer")
-    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
-
-
 @pytest.mark.django_db
 def test_a_repeated_query_is_embedded_once(settings, service):
     """Query vectors are cached per text: a question asked again skips the model (bounded cache)."""
