@@ -134,6 +134,10 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
                     errors.append(error)
                 progress.advance(task)
         wall = time.perf_counter() - started
+        # Whether the vectors kept up: documents still waiting for the embedding worker when the last
+        # reply came (a backlog that grows with the run means vector recall misses recent messages).
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).json()
+        pending = (health.get("vectors") or {}).get("pending")
     finally:
         server.terminate()
         try:
@@ -151,6 +155,7 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
         "errors": len(errors),
         "first_errors": errors[:3],
         "wall_s": wall,
+        "vectors_pending": pending,
     }
 
 
@@ -183,7 +188,7 @@ def main(argv=None):
         results["errors"] = max(results["errors"], args.updates - sent)
     results["mode"], results["server"] = args.mode, args.server
     if args.json:
-        keys = ["updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors"]
+        keys = ["updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors", "vectors_pending"]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(
@@ -201,6 +206,7 @@ def main(argv=None):
     table.add_column("p95 ms", justify="right")
     table.add_column("max ms", justify="right")
     table.add_column("errors", justify="right")
+    table.add_column("vectors pending", justify="right")
     table.add_row(
         f"{results['updates']:,}",
         f"{results['per_s']:.1f}",
@@ -208,6 +214,7 @@ def main(argv=None):
         f"{results['p95_ms']:.1f}",
         f"{results['max_ms']:.1f}",
         str(results["errors"]),
+        str(results["vectors_pending"]),
     )
     console = Console()
     console.print(table)

@@ -102,6 +102,10 @@ DEFAULTS = {
     # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
     "EMBED_WAIT_MS": 50,
+    # How long a committed write's vector may take before its batch is embedded at the requests'
+    # priority instead of in the CPU they leave (memory/model_process.py): vector recall finds a
+    # write within about this much, however busy the machine, at the cost of the requests' CPU.
+    "EMBED_DUE_MS": 500,
     # Longer recall texts (long episodes) are embedded in pieces of at most this many words, each a
     # vector of its document: ~1.3 word pieces per English word keeps a piece within the 128 word
     # pieces the local model was trained on (memory.embeddings.split_pieces).

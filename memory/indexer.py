@@ -38,6 +38,7 @@ from django.db.models import Q
 from .backends.rows import held_rows
 from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
+from .model_process import vectors_due
 from .models import PENDING_VECTOR, RecallDocument, StoreItem
 from .relations import link_similar
 
@@ -121,6 +122,7 @@ class Indexer:
     def __init__(self):
         self._cond = threading.Condition()
         self._queue = {}  # kind -> set of item ids
+        self._since = None  # when the oldest queued item was committed (time.monotonic())
         self._thread = None
         self._pid = None
         self._sweep = True  # a new worker first embeds whatever an earlier process left pending
@@ -153,6 +155,8 @@ class Indexer:
     def _enqueue(self, kind, ids):
         with self._cond:
             was_empty = not self._queue
+            if was_empty:
+                self._since = time.monotonic()
             self._queue.setdefault(kind, set()).update(ids)
             self._start()
             # Wake the worker only when it has something new to decide: work after none (it waits for
@@ -207,10 +211,14 @@ class Indexer:
                 while self._queued() < int(memory_settings.EMBED_BATCH) and time.monotonic() < gather_until:
                     self._cond.wait(gather_until - time.monotonic())
                 work, self._queue = self._queue, {}
+                since, self._since = self._since, None
                 sweep, self._busy = self._sweep, True
             try:
-                self._drain(None if sweep else work)
                 if sweep:
+                    self._drain(None)
+                # Past its writes' due time, a batch is embedded at the requests' priority.
+                due = None if since is None else since + float(memory_settings.EMBED_DUE_MS) / 1000.0
+                with vectors_due(due):
                     self._drain(work)
                 pause = 0.0
                 with self._cond:
@@ -226,6 +234,8 @@ class Indexer:
                 with self._cond:  # put the work back, to retry after a pause
                     for kind, ids in work.items():
                         self._queue.setdefault(kind, set()).update(ids)
+                    if work:
+                        self._since = min(t for t in (since, self._since) if t is not None)
                     self._sweep = self._sweep or sweep
                 pause = min(MAX_PAUSE_SECONDS, max(1.0, pause * 2))
             finally:

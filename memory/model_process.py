@@ -17,15 +17,20 @@ it exits when its parent goes (its stdin closes), and says "ready" once its weig
 
 At nice 19 the child gets only the CPU the requests leave, so on a machine they keep busy it falls
 behind, and the vectors with it (vector recall would lag by minutes). So each batch has an
-allowance (ANSWER_SECONDS, or twice what one busy core needs for its characters): a batch the child
-has not answered by then is embedded in this process, by the thread that asked (the embedding
-worker, at its requests' priority: the vectors are late, they take their share of the CPU now).
-The child finishes that batch in the CPU left over; its late answer is read and dropped before it
-is sent another, and until then, as while it loads its weights, batches are embedded here. A child
-that fails to start, dies or answers garbage is logged and stopped, and batches are embedded here
-for RETRY_SECONDS; then a new child is tried.
+allowance: until its oldest write's due time (the embedding worker's batches: MEMORY["EMBED_DUE_MS"]
+after that write committed, see vectors_due), else ANSWER_SECONDS or twice what one busy core needs
+for its characters. A batch the child has not answered by then is late, and goes to a second child, the catch-up child, which runs at
+the parent's priority with one BLAS thread (started the first time a batch is late): the vectors
+take their share of the CPU now. Not the worker's own thread: there the model would hold the
+interpreter the requests of the process need (bench.webhook, SQLite, hybrid: 27 updates/s with
+late batches embedded in the worker's thread). The background child finishes a late batch in the
+CPU left over; its late answer is read and dropped before it is sent another, and until then, as
+while it loads its weights, batches go straight to the catch-up child. A child that fails to
+start, dies or answers garbage is logged and stopped, and its batches are embedded by the next in
+line (the catch-up child, then this process) for RETRY_SECONDS; then a new child is tried.
 """
 
+import contextvars
 import logging
 import os
 import pickle
@@ -34,26 +39,42 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
-# A batch's allowance in the child: a quarter of a second (a fraction of the one second in which
+# A batch's allowance in the background child: a quarter of a second (a fraction of the one second in which
 # vector recall should find a write), or twice what one busy core here needs for its text (the
 # model reads about 3,000 characters a second on one core of this 2-core machine, short texts or
 # 96-word pieces alike), so that a long sweep batch is not taken from an idle child.
 ANSWER_SECONDS = 0.25
 ANSWER_CHARS_PER_SECOND = 1500
-NICE = 19  # the lowest
+NICE = 19  # the background child's: the lowest
+CATCH_UP_SECONDS = 30.0  # the catch-up child's allowance: it runs at the requests' priority; only a hung one misses it
 READY = ("ready", None)  # the child's first message: its weights are loaded
+_due = contextvars.ContextVar("engram_vectors_due", default=None)
+
+
+@contextmanager
+def vectors_due(at):
+    """Within this block, a batch is late at time.monotonic() `at` (its oldest write's due time): the
+    background child gets only until then, and a batch already late goes straight to the catch-up child."""
+    token = _due.set(at)
+    try:
+        yield
+    finally:
+        _due.reset(token)
 
 
 class ModelProcess:
-    """A child process running MiniLM(folder).encode for this process (one call at a time)."""
+    """A child process running MiniLM(folder).encode for this process (one call at a time): in the
+    background (nice 19, a short allowance) or to catch up (the parent's priority, a long one)."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, catch_up=False):
         self._folder = str(folder)
+        self.catch_up = catch_up
         self._lock = threading.Lock()
         self._child = None
         self._pid = None
@@ -85,17 +106,24 @@ class ModelProcess:
                 return fallback(texts)
             try:
                 child = self._running()
-                if not self._caught_up(child, 0.0):  # loading its weights, or still on a batch it was late with
+                allowance = max(
+                    CATCH_UP_SECONDS if self.catch_up else ANSWER_SECONDS,
+                    2.0 * sum(map(len, texts)) / ANSWER_CHARS_PER_SECOND,
+                )
+                due = None if self.catch_up else _due.get()
+                if due is not None:  # the writes' own deadline, however long the batch
+                    allowance = due - time.monotonic()
+                # Loading its weights, still on a batch it was late with, or the batch is late already.
+                if allowance <= 0 or not self._caught_up(child, 0.0):
                     self.embedded_here += 1
                     return fallback(texts)
                 pickle.dump(texts, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
-                allowance = max(ANSWER_SECONDS, 2.0 * sum(map(len, texts)) / ANSWER_CHARS_PER_SECOND)
                 ready, _, _ = select.select([child.stdout], [], [], allowance)
                 if not ready:  # the machine is busy: the child finishes in what the CPU leaves, unread
                     self._owed += 1
                     self.embedded_here += 1
-                    logger.debug("the embedding process is behind; %d texts embedded in this process", len(texts))
+                    logger.debug("the embedding process is behind; %d texts embedded elsewhere", len(texts))
                     return fallback(texts)
                 status, payload = pickle.load(child.stdout)
             except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
@@ -140,11 +168,13 @@ class ModelProcess:
         # OpenBLAS's idle threads spin before they sleep; at nice 19 a spinning thread still delays
         # every wake-up of the other processes (a PostgreSQL round trip is one): sleep at once.
         env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+        if self.catch_up:  # at the requests' priority: one core's worth of CPU at most
+            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         # The package this module is in, importable in the child whatever the parent's sys.path.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
         self._child = subprocess.Popen(
-            [sys.executable, "-m", __name__, self._folder],
+            [sys.executable, "-m", __name__, self._folder] + ([] if self.catch_up else ["--background"]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -178,12 +208,12 @@ _shared = {}
 _shared_lock = threading.Lock()
 
 
-def model_process(folder):
+def model_process(folder, catch_up=False):
     """The process-wide ModelProcess of these weights: an embedder built again (settings changed) reuses it."""
-    key = str(folder)
+    key = (str(folder), catch_up)
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = ModelProcess(key)
+            _shared[key] = ModelProcess(key[0], catch_up=catch_up)
         return _shared[key]
 
 
@@ -214,10 +244,11 @@ def serve(folder, source, sink):
 
 
 def main(argv):
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, NICE)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at the parent's priority
-        pass
+    if "--background" in argv:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, NICE)
+        except (AttributeError, OSError):  # not Linux, or not allowed: run at the parent's priority
+            pass
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers may reach the parent's pipe
     serve(argv[0], source, sink)
