@@ -3,6 +3,7 @@
 import json
 
 from django.contrib import admin, messages
+from django.db.models.fields.json import KT
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -198,6 +199,10 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
         if match is not None and match.url_name and match.url_name.endswith("_changelist"):
             # The list shows none of the large JSON columns; leave them in the database.
             episodes = episodes.defer("trigger_input", "conversation", "actions", "final_output")
+            # Shown when there is no summary; read in the database, not by loading the conversation.
+            episodes = episodes.annotate(
+                first_role=KT("conversation__0__role"), first_message=KT("conversation__0__content")
+            )
         return episodes
 
     def lookup_allowed(self, lookup, value, request=None):
@@ -212,7 +217,11 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
 
     @admin.display(description="summary")
     def short_summary(self, obj):
-        return truncate(obj.summary, 80)
+        if obj.summary:
+            return truncate(obj.summary, 80)
+        # A workflow's episode records its conversation, not a summary of it: its first message.
+        first = getattr(obj, "first_message", None)
+        return truncate(f"{obj.first_role}: {first}", 80) if first else ""
 
     @admin.display(description="duration", ordering="duration_ms")
     def duration(self, obj):

@@ -82,8 +82,19 @@ def test_other_tabs_show_their_columns(staff_client, service, user_factory):
     service.record_procedure_use(proc.pk, success=True)
     service.record_procedure_use(proc.pk, success=False)
 
+    # A workflow's episode records its conversation and no summary: the list shows its first message.
+    service.record_episode(
+        started_at=episode.started_at,
+        agent_id="planner",
+        success=True,
+        conversation=[
+            {"role": "user", "content": "is the terrace open tonight?"},
+            {"role": "assistant", "content": "Yes"},
+        ],
+    )
     html = staff_client.get("/memories/memory/episode/").content.decode()
     assert "planner" in html and "telegram" in html and "booked a table" in html and " ms<" in html
+    assert "user: is the terrace open tonight?" in html
     html = staff_client.get("/memories/memory/procedure/").content.decode()
     assert "weather" in html and "Tool sequence" in html and "50%" in html
     html = staff_client.get(USERS).content.decode()
