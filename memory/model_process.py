@@ -15,23 +15,19 @@ The child reads lists of texts from its stdin and answers with their vectors on 
 (pickles, between this package's own two ends only). It imports no Django and opens no database;
 it exits when its parent goes (its stdin closes), and says "ready" once its weights are loaded.
 
-At nice 19 the child gets only the CPU the requests leave, so on a machine they keep busy it
-starves, and the vectors with it (vector recall would lag by minutes). So each batch has an
-allowance: until its oldest write is due (the embedding worker's batches: MEMORY["EMBED_DUE_MS"]
-after that write committed, see vectors_due), and past that, three times what the child needs for
-its characters at the best pace it has shown (at least ANSWER_SECONDS). A batch the child has not
-answered by then goes to a second child, the catch-up child, which runs at the parent's priority
-with one BLAS thread (started the first time one is late): starved vectors take their share of the
-CPU now. A child that keeps its pace keeps its batches, late or not: a burst of writes faster than
-the model (bench.facts) is embedded in the CPU the writer leaves, not taken from the writer
-(catching up there cost a quarter of the sets and caught up no sooner). Not the worker's own
-thread: there the model would hold the interpreter the requests of the process need
-(bench.webhook, SQLite, hybrid: 27 updates/s with late batches embedded in the worker's thread).
-The background child finishes a batch taken from it in the CPU left over; its late answer is read
-and dropped before it is sent another, and until then, as while it loads its weights, batches go
-straight to the catch-up child. A child that fails to start, dies or answers garbage is logged and
-stopped, and its batches are embedded by the next in line (the catch-up child, then this process)
-for RETRY_SECONDS; then a new child is tried.
+At nice 19 the child gets only the CPU the requests leave, so on a machine they keep busy it falls
+behind, and the vectors with it (vector recall would lag by minutes). So each batch has an
+allowance: until its oldest write's due time (the embedding worker's batches: MEMORY["EMBED_DUE_MS"]
+after that write committed, see vectors_due), else ANSWER_SECONDS or twice what one busy core needs
+for its characters. A batch the child has not answered by then is late, and goes to a second child, the catch-up child, which runs at
+the parent's priority with one BLAS thread (started the first time a batch is late): the vectors
+take their share of the CPU now. Not the worker's own thread: there the model would hold the
+interpreter the requests of the process need (bench.webhook, SQLite, hybrid: 27 updates/s with
+late batches embedded in the worker's thread). The background child finishes a late batch in the
+CPU left over; its late answer is read and dropped before it is sent another, and until then, as
+while it loads its weights, batches go straight to the catch-up child. A child that fails to
+start, dies or answers garbage is logged and stopped, and its batches are embedded by the next in
+line (the catch-up child, then this process) for RETRY_SECONDS; then a new child is tried.
 """
 
 import contextvars
@@ -49,12 +45,12 @@ from pathlib import Path
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
-# A batch's least allowance, and the pace assumed before the child has answered one: about a
-# quarter of a batch's chars per second on one busy core of this 2-core machine (the model reads
-# about 3,000 a second there), so that a long sweep batch is not taken from a child loading up.
+# A batch's allowance in the background child: a quarter of a second (a fraction of the one second in which
+# vector recall should find a write), or twice what one busy core here needs for its text (the
+# model reads about 3,000 characters a second on one core of this 2-core machine, short texts or
+# 96-word pieces alike), so that a long sweep batch is not taken from an idle child.
 ANSWER_SECONDS = 0.25
 ANSWER_CHARS_PER_SECOND = 1500
-STARVED = 3.0  # a child this many times slower than its own best pace is starved of CPU
 NICE = 19  # the background child's: the lowest
 CATCH_UP_SECONDS = 30.0  # the catch-up child's allowance: it runs at the requests' priority; only a hung one misses it
 READY = ("ready", None)  # the child's first message: its weights are loaded
@@ -63,8 +59,8 @@ _due = contextvars.ContextVar("engram_vectors_due", default=None)
 
 @contextmanager
 def vectors_due(at):
-    """Within this block, the batches' oldest write is due at time.monotonic() `at`: the background
-    child may take until then, and past it only as long as it keeps its pace."""
+    """Within this block, a batch is late at time.monotonic() `at` (its oldest write's due time): the
+    background child gets only until then, and a batch already late goes straight to the catch-up child."""
     token = _due.set(at)
     try:
         yield
@@ -86,7 +82,6 @@ class ModelProcess:
         self._owed = 0  # messages the child will still send: its "ready", answers of batches it was too slow for
         self._loading = False  # it has not said "ready" yet
         self.embedded_here = 0  # batches embedded in this process because the child was behind
-        self._pace = None  # the most characters a second the child has embedded
 
     @property
     def child_pid(self):
@@ -111,20 +106,17 @@ class ModelProcess:
                 return fallback(texts)
             try:
                 child = self._running()
-                if not self._caught_up(child, 0.0):  # loading its weights, or still on a batch taken from it
+                allowance = max(
+                    CATCH_UP_SECONDS if self.catch_up else ANSWER_SECONDS,
+                    2.0 * sum(map(len, texts)) / ANSWER_CHARS_PER_SECOND,
+                )
+                due = None if self.catch_up else _due.get()
+                if due is not None:  # the writes' own deadline, however long the batch
+                    allowance = due - time.monotonic()
+                # Loading its weights, still on a batch it was late with, or the batch is late already.
+                if allowance <= 0 or not self._caught_up(child, 0.0):
                     self.embedded_here += 1
                     return fallback(texts)
-                chars = sum(map(len, texts))
-                sent = time.monotonic()
-                allowance = max(ANSWER_SECONDS, 2.0 * chars / ANSWER_CHARS_PER_SECOND)
-                if self.catch_up:
-                    allowance = max(CATCH_UP_SECONDS, allowance)
-                else:
-                    if self._pace:
-                        allowance = max(ANSWER_SECONDS, STARVED * chars / self._pace)
-                    due = _due.get()
-                    if due is not None:  # not due yet: until it is
-                        allowance = max(allowance, due - sent)
                 pickle.dump(texts, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
                 ready, _, _ = select.select([child.stdout], [], [], allowance)
@@ -134,7 +126,6 @@ class ModelProcess:
                     logger.debug("the embedding process is behind; %d texts embedded elsewhere", len(texts))
                     return fallback(texts)
                 status, payload = pickle.load(child.stdout)
-                self._pace = max(self._pace or 0.0, chars / max(time.monotonic() - sent, 1e-3))
             except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
                 self._failed(exc)
                 return fallback(texts)
