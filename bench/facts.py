@@ -243,6 +243,7 @@ def main(argv=None):
     results["fact_history"] = args.fact_history
     if args.json:
         keys = ["n", "mode", "fact_history", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
+        keys += ["vectors_caught_up_ms"] if args.mode == "hybrid" else []  # after the last set
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(
