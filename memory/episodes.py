@@ -11,6 +11,15 @@ from .exceptions import InvalidMemoryArgument, MemoryNotFound
 from .models import Episode, RecallKind
 from .validation import check_json, check_limit, check_user_id, clean_text
 
+# duration_ms is a positive integer column (at most 2**31 - 1 on PostgreSQL, about 24.8 days): a run
+# recorded long after it started (a conversation imported with its own dates) keeps that ceiling
+# rather than failing to be written.
+MAX_DURATION_MS = 2**31 - 1
+
+
+def duration_ms(started_at, ended_at):
+    return min(MAX_DURATION_MS, max(0, int((ended_at - started_at).total_seconds() * 1000)))
+
 
 class EpisodesMixin:
     """Episodes: started and appended to as a run goes, or recorded whole when it ends; part of MemoryService."""
@@ -70,7 +79,7 @@ class EpisodesMixin:
         with transaction.atomic():
             episode = self._locked_episode(episode_id)
             episode.ended_at = timezone.now()
-            episode.duration_ms = max(0, int((episode.ended_at - episode.started_at).total_seconds() * 1000))
+            episode.duration_ms = duration_ms(episode.started_at, episode.ended_at)
             episode.success = success
             episode.final_output = final_output
             episode.error = clean_text("error", error, required=False)
@@ -136,7 +145,7 @@ class EpisodesMixin:
         )
         ended_at = timezone.now()
         episode.ended_at = ended_at
-        episode.duration_ms = max(0, int((ended_at - started_at).total_seconds() * 1000))
+        episode.duration_ms = duration_ms(started_at, ended_at)
         episode.user_id = user_id
         with transaction.atomic():
             if user_id is not None:

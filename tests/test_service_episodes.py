@@ -189,3 +189,11 @@ def test_concurrent_appends_are_all_kept(service, run_in_threads):
         assert [m["content"] for m in stored.conversation if m["content"].startswith(f"{n}-")] == [
             f"{n}-{i}" for i in range(5)
         ]
+
+
+def test_a_run_recorded_long_after_it_started_keeps_the_longest_duration_the_column_holds(service):
+    """An imported conversation keeps its own date: its duration is capped, not an overflow (PostgreSQL)."""
+    started = datetime.datetime(2023, 5, 8, 13, 56, tzinfo=datetime.UTC)
+    episode = service.record_episode(started_at=started, agent_id="bot", conversation=[], success=True)
+    episode = Episode.objects.get(pk=episode.pk)
+    assert (episode.started_at, episode.duration_ms) == (started, 2**31 - 1)
