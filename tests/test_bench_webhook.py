@@ -27,7 +27,8 @@ def test_webhook_benchmark_prints_one_json_object(server):
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout
     result = json.loads(lines[0])
-    assert set(result) == {"updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors"}
+    assert set(result) == {"updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors", "vectors_pending"}
+    assert result["vectors_pending"] >= 0 and (result["mode"] == "hybrid" or result["vectors_pending"] == 0)
     assert result["server"] == server
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]
