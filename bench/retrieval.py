@@ -5,8 +5,9 @@
     python -m bench.retrieval --dataset locomo PATH --folds 5 [--grid KEY=JSON_LIST ...]
 
 Every dialog turn of a conversation becomes one episode of one agent (one agent per conversation),
-written through MemoryService into a scratch database (start_episode with the speaker, turn id and
-session date in trigger_input and the session in session_id; add_message(speaker, text)). Every
+written through MemoryService into a scratch database (record_episode with started_at = the turn's
+session date, the speaker, turn id and date in trigger_input, the session in session_id, and the
+message (speaker, text) as its conversation). Every
 question is then asked through MemoryService.recall(types=["episodes"], limit=50) in each mode, and
 recall@k is LoCoMo's: the share of a question's gold evidence turn ids among the top k, averaged
 over questions. Evidence ids that name no turn of the conversation are skipped; a question left with
@@ -22,6 +23,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -122,8 +124,37 @@ def _progress(console):
     )
 
 
+# A turn's time as the data sets write it: LoCoMo's session date ("1:56 pm on 8 May, 2023"), or ISO 8601.
+TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%d %B, %Y", "%d %B %Y")
+
+
+def turn_time(text):
+    """The turn's time as an aware datetime (UTC when it names no zone), or None when it cannot be read."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        for form in TIME_FORMATS:
+            try:
+                when = datetime.strptime(text, form)
+                break
+            except ValueError:
+                continue
+        else:
+            return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def store(conversations, progress):
-    """Write every turn as an episode and wait for the embedding worker. Returns ({episode id: turn id}, seconds)."""
+    """Write every turn as an episode and wait for the embedding worker. Returns ({episode id: turn id}, seconds).
+
+    Each turn is recorded as a finished episode of one message that started at the turn's time (its
+    session's date), so that the episode is dated as the conversation was; a turn without a readable
+    time is dated now."""
+    from django.utils import timezone
+
     from memory.service import MemoryService
 
     service = MemoryService()
@@ -134,13 +165,15 @@ def store(conversations, progress):
     for conv in conversations:
         agent = f"bench-{conv.id}"
         for turn in conv.turns:
-            episode = service.start_episode(
+            episode = service.record_episode(
+                started_at=turn_time(turn.time) or timezone.now(),
                 agent_id=agent,
                 session_id=f"{conv.id}:{turn.session}" if turn.session else "",
                 trigger_type="dialog",
                 trigger_input={"turn_id": turn.id, "speaker": turn.speaker, "time": turn.time},
+                conversation=[{"role": turn.speaker, "content": turn.text}],
+                success=True,
             )
-            service.add_message(episode.pk, turn.speaker, turn.text)
             turn_of[episode.pk] = turn.id
             progress.advance(task)
     store_s = time.perf_counter() - started

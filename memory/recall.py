@@ -5,7 +5,9 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 1. Candidates: the RECALL_CANDIDATES best keyword matches among the viewer's owners (SQLite FTS5
    BM25 / PostgreSQL ts_rank normalized by length, over any word of the query, stop words dropped)
    and, with an embedder, the RECALL_CANDIDATES nearest vectors of those owners (exact cosine scan
-   of the in-process index).
+   of the in-process index). An episode's document is its date in words ("8 May 2023", from
+   started_at in UTC), then its summary and messages (migration 0019): a question naming a month, a
+   year or a day finds the episodes of that time, whose own words seldom say when they were said.
 2. Fusion (RECALL_FUSION "standardized", the default): each leg's scores are standardized over that
    leg's own candidate list, z = (score - mean) / std, and clipped at 0; relevance is the sum of
    the legs' z (one leg in "keyword" or "vector" mode). There is no weight to fit: a leg counts

@@ -62,3 +62,29 @@ def test_0017_moves_each_facts_latest_version_onto_its_row():
         ("created", "cat", False),
         ("created", "dog", True),  # what history did not see: the row as it stands, by its own writer
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0019_dates_every_episode_document_and_back():
+    """0019 rewrites the documents of episodes written before it with their date first (and clears
+    their vectors, for the worker to embed again); going back restores the undated text."""
+    from memory.models import RecallDocument
+
+    def texts():
+        return {d.item_id: (d.text, d.embedding is None) for d in RecallDocument.objects.filter(kind="episode")}
+
+    apps = migrate(("memory", "0018_fact_owner_search_index"))
+    try:
+        Episode = apps.get_model("memory", "Episode")
+        old = Episode.objects.create(agent_id="bot", conversation=[{"role": "user", "content": "I like tea."}])
+        Episode.objects.filter(pk=old.pk).update(started_at=datetime.datetime(2023, 5, 8, 23, 30, tzinfo=datetime.UTC))
+        RecallDocument.objects.filter(kind="episode", item_id=old.pk).update(embedding=b"\0" * 16)
+        [(undated, cleared)] = texts().values()
+        assert not cleared
+        migrate(("memory", "0019_episode_date_in_recall_text"))
+        assert texts() == {old.pk: ("8 May 2023\nuser: I like tea.", True)}  # 23:30 UTC: the UTC date
+        migrate(("memory", "0018_fact_owner_search_index"))
+        assert texts() == {old.pk: (undated, True)}
+        assert undated.strip() == "user: I like tea."
+    finally:
+        migrate()

@@ -5,6 +5,8 @@ each vector: equal texts, equal vectors), so they need no model; tests/test_reca
 covers the real local model when the `embeddings` extra is installed.
 """
 
+from datetime import UTC, datetime
+
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -283,7 +285,10 @@ def test_episode_and_procedure_edits_update_both_indexes(service, fake_embedder)
     service.add_message(episode.pk, "assistant", "I will resend the receipt")
     service.complete_episode(episode.pk, success=True, summary="resent a receipt")
     doc.refresh_from_db()
-    assert doc.text == "resent a receipt\nuser: the invoice is late\nassistant: I will resend the receipt"
+    started = Episode.objects.get(pk=episode.pk).started_at.astimezone(UTC)  # the date first (migration 0019)
+    assert doc.text == (
+        f"{started.day} {started:%B %Y}\nresent a receipt\nuser: the invoice is late\nassistant: I will resend the receipt"
+    )
     assert bytes(doc.embedding) != first
     assert fts_rows("receipt") == [doc.pk]
 
@@ -509,6 +514,24 @@ def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only,
     settings.MEMORY = {**settings.MEMORY, "RECALL_BARE_QUESTION_WEIGHT": 1.0}  # asking counts in full
     hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
     assert [h.id for h in hits][:2] == [ids[0], ids[1]]
+
+
+def test_a_question_naming_a_month_finds_the_episode_of_that_month(service, keyword_only):
+    """An episode's recall text begins with its date in words (migration 0019): the words that answer
+    seldom say when, the episode's time does."""
+    for day, text in [
+        (datetime(2023, 5, 8, 13, 56, tzinfo=UTC), "I started an internship at an engineering firm"),
+        (datetime(2023, 6, 27, 10, 37, tzinfo=UTC), "I started volunteering at an animal shelter"),
+    ]:
+        service.record_episode(
+            started_at=day, agent_id="bot", conversation=[{"role": "Jolene", "content": text}], success=True
+        )
+    assert "shelter" in service.recall("what did Jolene start in June 2023?", agent_id="bot")[0].text
+    may = service.recall("what did Jolene start in May 2023?", agent_id="bot")[0]
+    assert "internship" in may.text
+    assert RecallDocument.objects.get(kind="episode", item_id=may.id).text == (
+        "8 May 2023\nJolene: I started an internship at an engineering firm"
+    )
 
 
 def test_vector_blob_round_trip():
