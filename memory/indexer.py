@@ -8,9 +8,10 @@ write changed it meanwhile: its own turn embeds the new text). Writers never wai
 concurrent writers share its calls.
 
 The bundled model computes in a child process at the lowest CPU priority (memory/model_process.py),
-which uses the CPU the requests leave; a batch it is too slow for is embedded in the worker's own
-thread, at the priority of the requests. A worker that always ran below them (nice +10, as it once
-did) fell behind for good on a busy machine: vector recall missed writes for minutes.
+which uses the CPU the requests leave; a batch still unanswered when its oldest write is due
+(MEMORY["EMBED_DUE_MS"] after that commit) goes to a second child at the requests' priority. The
+worker itself runs at the requests' priority: one that ran below them (nice +10, as it once did)
+fell behind for good on a busy machine, and vector recall missed writes for minutes.
 
 EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
