@@ -101,7 +101,7 @@ def _local_class():
             if self.process is None or not texts:
                 return self._model.encode(texts).tolist()
             catch_up = lambda late: self.catch_up.encode(late, self._model.encode)  # noqa: E731
-            return np.asarray(self.process.encode(texts, catch_up)).tolist()
+            return self.process.encode(texts, catch_up).tolist()
 
         def embed_query(self, text):
             return self._model.encode([text])[0].tolist()

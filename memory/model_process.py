@@ -19,15 +19,16 @@ At nice 19 the child gets only the CPU the requests leave, so on a machine they 
 behind, and the vectors with it (vector recall would lag by minutes). So each batch has an
 allowance: until its oldest write's due time (the embedding worker's batches: MEMORY["EMBED_DUE_MS"]
 after that write committed, see vectors_due), else ANSWER_SECONDS or twice what one busy core needs
-for its characters. A batch the child has not answered by then is late, and goes to a second child, the catch-up child, which runs at
-the parent's priority with one BLAS thread (started the first time a batch is late): the vectors
-take their share of the CPU now. Not the worker's own thread: there the model would hold the
-interpreter the requests of the process need (bench.webhook, SQLite, hybrid: 27 updates/s with
-late batches embedded in the worker's thread). The background child finishes a late batch in the
-CPU left over; its late answer is read and dropped before it is sent another, and until then, as
-while it loads its weights, batches go straight to the catch-up child. A child that fails to
-start, dies or answers garbage is logged and stopped, and its batches are embedded by the next in
-line (the catch-up child, then this process) for RETRY_SECONDS; then a new child is tried.
+for its characters. A batch the child has not answered by then is late, and goes to a second
+child, the catch-up child, which runs at the parent's priority with one BLAS thread (started the
+first time a batch is late): the vectors take their share of the CPU now. Not the worker's own
+thread: there the model would hold the interpreter the requests of the process need
+(bench.webhook, SQLite, hybrid: 27 updates/s with late batches embedded in the worker's thread).
+The background child finishes a late batch in the CPU left over; its late answer is read and
+dropped before it is sent another, and until then, as while it loads its weights, batches go
+straight to the catch-up child. A child that fails to start, dies or answers garbage is logged and
+stopped, and its batches are embedded by the next in line (the catch-up child, then this process)
+for RETRY_SECONDS; then a new child is tried.
 """
 
 import contextvars
@@ -45,22 +46,24 @@ from pathlib import Path
 logger = logging.getLogger("engram.memory")
 
 RETRY_SECONDS = 60.0
-# A batch's allowance in the background child: a quarter of a second (a fraction of the one second in which
-# vector recall should find a write), or twice what one busy core here needs for its text (the
-# model reads about 3,000 characters a second on one core of this 2-core machine, short texts or
+# A batch's allowance in the background child: a quarter of a second (a fraction of the one second
+# in which vector recall should find a write), or twice what one busy core here needs for its text
+# (the model reads about 3,000 characters a second on one core of this 2-core machine, short texts or
 # 96-word pieces alike), so that a long sweep batch is not taken from an idle child.
 ANSWER_SECONDS = 0.25
 ANSWER_CHARS_PER_SECOND = 1500
 NICE = 19  # the background child's: the lowest
-CATCH_UP_SECONDS = 30.0  # the catch-up child's allowance: it runs at the requests' priority; only a hung one misses it
+# The catch-up child's allowance: it runs at the requests' priority; only a hung one misses it.
+CATCH_UP_SECONDS = 30.0
 READY = ("ready", None)  # the child's first message: its weights are loaded
 _due = contextvars.ContextVar("engram_vectors_due", default=None)
 
 
 @contextmanager
 def vectors_due(at):
-    """Within this block, a batch is late at time.monotonic() `at` (its oldest write's due time): the
-    background child gets only until then, and a batch already late goes straight to the catch-up child."""
+    """Within this block, a batch is late at time.monotonic() `at` (its oldest write's due time):
+    the background child gets only until then, and a batch already late goes straight to the
+    catch-up child."""
     token = _due.set(at)
     try:
         yield
@@ -81,7 +84,6 @@ class ModelProcess:
         self._failed_at = None
         self._owed = 0  # messages the child will still send: its "ready", answers of batches it was too slow for
         self._loading = False  # it has not said "ready" yet
-        self.embedded_here = 0  # batches embedded in this process because the child was behind
 
     @property
     def child_pid(self):
@@ -115,14 +117,12 @@ class ModelProcess:
                     allowance = due - time.monotonic()
                 # Loading its weights, still on a batch it was late with, or the batch is late already.
                 if allowance <= 0 or not self._caught_up(child, 0.0):
-                    self.embedded_here += 1
                     return fallback(texts)
                 pickle.dump(texts, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
                 ready, _, _ = select.select([child.stdout], [], [], allowance)
                 if not ready:  # the machine is busy: the child finishes in what the CPU leaves, unread
                     self._owed += 1
-                    self.embedded_here += 1
                     logger.debug("the embedding process is behind; %d texts embedded elsewhere", len(texts))
                     return fallback(texts)
                 status, payload = pickle.load(child.stdout)
