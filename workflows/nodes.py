@@ -293,9 +293,7 @@ def _record_episode(service, state, context, user, errors):
     conversation = storable(
         [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
     )
-    # No summary: one made from these messages would repeat their words in the episode's recall
-    # document, so each would count twice for the keyword leg and be embedded twice (the demo's
-    # summary doubled the text the model reads per update). The admin lists the first message.
+    who = user.get("display_name") or user.get("canonical_id") or "someone"
     return service.record_episode(
         started_at=started_at,
         agent_id=context.agent_id,
@@ -309,7 +307,15 @@ def _record_episode(service, state, context, user, errors):
         final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
+        summary=storable(
+            f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"
+        ),
     )
+
+
+def _short(text, size=120):
+    text = " ".join((text or "").split())
+    return text if len(text) <= size else text[: size - 1] + "…"
 
 
 register(
