@@ -120,6 +120,16 @@ class Episode(models.Model):
     def __str__(self):
         return f"Episode {self.pk} ({self.trigger_type or 'run'})"
 
+    @property
+    def gist(self):
+        """The episode in one line: its summary, else its first message and first reply.
+
+        A workflow's run records its conversation and leaves the summary to whoever can write one (a
+        person, a consolidating model): a summary derived from the messages would repeat them in the
+        episode's recall text, counting each word twice and doubling what the model embeds.
+        """
+        return episode_gist(self.summary, self.conversation)
+
 
 class FactAction(models.TextChoices):
     """What one change of a fact was (a fact version's action)."""
@@ -625,3 +635,24 @@ class MemoryRelation(models.Model):
 
     def __str__(self):
         return f"{self.source_id} {self.relation} {self.target_id}"
+
+
+def episode_gist(summary, conversation):
+    """An episode's summary, else "said '<first message>'; replied '<first reply>'" (Episode.gist)."""
+    if summary:
+        return summary
+    said = replied = ""
+    for message in conversation or []:
+        if not isinstance(message, dict):
+            continue
+        content = " ".join(str(message.get("content") or "").split())
+        if message.get("role") == "assistant":
+            replied = replied or content
+        else:
+            said = said or content
+    parts = [f"said {_brief(said)!r}" if said else "", f"replied {_brief(replied)!r}" if replied else ""]
+    return "; ".join(p for p in parts if p)
+
+
+def _brief(text, size=120):
+    return text if len(text) <= size else text[: size - 1] + "…"

@@ -56,7 +56,7 @@ class UserContext:
             recent_episodes=[
                 {
                     "id": e.pk,
-                    "summary": e.summary,
+                    "summary": e.gist,
                     "success": e.success,
                     "started_at": e.started_at.isoformat(),
                     "trigger_type": e.trigger_type,

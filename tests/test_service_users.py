@@ -330,6 +330,19 @@ def test_user_context(service, user_factory):
     assert "extra" not in data
 
 
+def test_user_context_shows_an_episode_without_summary_by_its_conversation(service, user_factory):
+    """A workflow's run records its messages and no summary; the context still says what it was about."""
+    ann = user_factory("ann", channel="telegram")
+    service.record_episode(
+        started_at=timezone.now(),
+        success=True,
+        user_id=ann.pk,
+        conversation=[{"role": "user", "content": "I  moved to\nLisbon"}, {"role": "assistant", "content": "Noted."}],
+    )
+    for context in (service.user_context(ann.pk), service.identify("telegram", "ann").context):
+        assert context.recent_episodes[0]["summary"] == "said 'I moved to Lisbon'; replied 'Noted.'"
+
+
 def test_user_context_is_at_most_four_queries(service, user_factory, django_assert_max_num_queries):
     ann = user_factory()
     service.set_fact("language", "pt", scope="user", user_id=ann.pk, fact_type="user_preference")

@@ -4,7 +4,7 @@ import pytest
 from django.db import DatabaseError, connection
 from langchain_core.messages import HumanMessage
 
-from memory.models import Episode, Fact, MemoryUser
+from memory.models import Episode, Fact, MemoryUser, RecallDocument
 from workflows.fake_telegram import telegram_update
 from workflows.nodes import build_identify_user, build_recall, build_remember
 from workflows.registry import BuildContext
@@ -243,7 +243,12 @@ def test_remember_records_the_runs_episode(ada):
     assert episode.actions[0]["tool"] == "remember"
     assert episode.success is True and episode.final_output == {"reply": "Noted."}
     assert episode.ended_at >= episode.started_at and episode.duration_ms is not None
-    assert "my name is Ada" in episode.summary
+    # The run's conversation is recorded once: no summary repeating it in the recall text, and the
+    # one-line gist the recall node and user context show is read from the messages.
+    assert episode.summary == ""
+    assert episode.gist == "said 'my name is Ada'; replied 'Noted.'"
+    document = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
+    assert document.text.count("my name is Ada") == 1
 
 
 def test_remember_bad_fact_is_reported_failed_and_the_others_written(ada):

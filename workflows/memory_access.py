@@ -81,7 +81,7 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
         recalled.episodes = [
             {
                 "id": e.pk,
-                "summary": e.summary,
+                "summary": e.gist,
                 "success": e.success,
                 "started_at": e.started_at.isoformat(),
             }

@@ -293,7 +293,8 @@ def _record_episode(service, state, context, user, errors):
     conversation = storable(
         [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
     )
-    who = user.get("display_name") or user.get("canonical_id") or "someone"
+    # No summary: one derived from the messages would repeat them in the recall text (Episode.gist
+    # shows the run in one line wherever a summary is wanted).
     return service.record_episode(
         started_at=started_at,
         agent_id=context.agent_id,
@@ -307,15 +308,7 @@ def _record_episode(service, state, context, user, errors):
         final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
-        summary=storable(
-            f"{who} said {_short(text)!r}; replied {_short(reply)!r}" if reply else f"{who} said {_short(text)!r}"
-        ),
     )
-
-
-def _short(text, size=120):
-    text = " ".join((text or "").split())
-    return text if len(text) <= size else text[: size - 1] + "…"
 
 
 register(

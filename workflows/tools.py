@@ -262,7 +262,7 @@ def make_list_memories_tool(config, *, bound=None):
                 ]
             elif kind == "episode":
                 lines += [
-                    f"[episode:{e.pk} {e.trigger_type or 'general'}] ({e.started_at:%Y-%m-%d}) {clean_line(e.summary or '(no summary)')}"
+                    f"[episode:{e.pk} {e.trigger_type or 'general'}] ({e.started_at:%Y-%m-%d}) {clean_line(e.gist or '(no summary)')}"
                     for e in items
                 ]
             else:

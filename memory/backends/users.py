@@ -10,13 +10,19 @@ from functools import cache
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from ..models import ChannelIdentity, Episode, Fact, MemoryUser
+from ..models import ChannelIdentity, Episode, Fact, MemoryUser, episode_gist
 from .rows import Columns, fetch_rows
 
 ContextUser = namedtuple("ContextUser", "pk canonical_id display_name total_conversations")
 ContextIdentity = namedtuple("ContextIdentity", "channel external_id")
 ContextFact = namedtuple("ContextFact", "key value fact_type confidence")
-ContextEpisode = namedtuple("ContextEpisode", "pk summary success started_at trigger_type")
+
+
+class ContextEpisode(namedtuple("ContextEpisode", "pk summary success started_at trigger_type conversation")):
+    @property
+    def gist(self):
+        return episode_gist(self.summary, self.conversation)
+
 
 _USERS = MemoryUser._meta.db_table
 _IDENTITIES = ChannelIdentity._meta.db_table
@@ -46,9 +52,9 @@ _FACTS_SQL = (
     f'SELECT "key", value, fact_type, confidence, COUNT(*) OVER () FROM {_FACTS} '
     'WHERE user_id = %s ORDER BY confidence DESC, "key" LIMIT %s'
 )
-_EPISODE_COLUMNS = Columns(_fields(Episode, "id", "summary", "success", "started_at", "trigger_type"))
+_EPISODE_COLUMNS = Columns(_fields(Episode, "id", "summary", "success", "started_at", "trigger_type", "conversation"))
 _EPISODES_SQL = (
-    f"SELECT id, summary, success, started_at, trigger_type, COUNT(*) OVER () FROM {_EPISODES} "
+    f"SELECT id, summary, success, started_at, trigger_type, conversation, COUNT(*) OVER () FROM {_EPISODES} "
     "WHERE user_id = %s ORDER BY started_at DESC, id DESC LIMIT %s"
 )
 
@@ -86,4 +92,4 @@ class UserSQL:
     def context_episodes(self, user_id, limit):
         """([ContextEpisode], total) of a user's episodes, newest first."""
         rows = fetch_rows(_EPISODES_SQL, [user_id, limit], _EPISODE_COLUMNS)
-        return [ContextEpisode(*row[:5]) for row in rows], rows[0][5] if rows else 0
+        return [ContextEpisode(*row[:6]) for row in rows], rows[0][6] if rows else 0
