@@ -6,7 +6,10 @@ new embedding or owner, and each such document is stamped with that generation (
 a recall the service reads the generations of the viewer's owners (one query, shared with resolving
 the viewer) and hands them to `sync`, which loads only the documents stamped after what this process
 last saw. Writers of one owner are serialised by that counter row, so generation order is commit
-order. Documents that left an owner (deleted or moved; counted in `removed`) stay in its matrix as
+order. Requests of one process read their generations at different times: one that read before
+another synced newer ones hands `sync` an older generation than the index has. That is checked
+against the database (one query), not taken for a restored database, which rebuilds the owner (a
+million documents: 15-20 s, which every concurrent recall waited for). Documents that left an owner (deleted or moved; counted in `removed`) stay in its matrix as
 stale rows until many have gone, then the owner is reloaded: recall checks every candidate against
 the database, so a stale row can cost a candidate slot, never return a hidden or deleted item.
 
@@ -29,6 +32,7 @@ from .conf import memory_settings, on_memory_settings_changed
 from .embeddings import from_blobs
 
 _DOC_TABLE = "memory_recall_doc"
+_SCOPE_TABLE = "memory_recall_scope"
 _FETCH = 10_000
 # Reload an owner once this share of its rows (and at least _RELOAD_MIN rows) are known stale.
 _RELOAD_SHARE = 0.2
@@ -226,8 +230,12 @@ class VectorIndex:
                 if matrix is None:
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 if generation < matrix.generation or removed < matrix.removed:
-                    # The counters went back (the database was restored or rebuilt): start over.
-                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                    # Counters older than the index's: most often read by a request before another one
+                    # of this process synced newer ones (its own read is stale, the index is not), else
+                    # the database was restored or rebuilt. Asked again, the database tells which.
+                    generation, removed = _counters(owner)
+                    if generation < matrix.generation or removed < matrix.removed:  # went back: start over
+                        matrix = self.owners[owner] = OwnerMatrix(self.dimension)
                 gone = removed - matrix.removed
                 if matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
                     matrix = self.owners[owner] = OwnerMatrix(self.dimension)
@@ -284,6 +292,14 @@ class VectorIndex:
                 if matrix is not None:
                     result.update(matrix.cosines(doc_ids, query))
         return result
+
+
+def _counters(owner):
+    """The owner's (generation, removed) as the database has them now; (0, 0) for an owner without a row."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT generation, removed FROM {_SCOPE_TABLE} WHERE owner = %s", [owner])
+        row = cursor.fetchone()
+    return (row[0] or 0, row[1] or 0) if row else (0, 0)
 
 
 _index_lock = threading.Lock()

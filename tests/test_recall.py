@@ -351,6 +351,30 @@ def test_another_processes_write_is_seen_through_the_generation(service, fake_em
     assert fact.pk != other.pk
 
 
+def test_a_recall_that_read_an_older_generation_does_not_rebuild_the_index(service, fake_embedder):
+    """Two requests of a process recall at once: the one that read its generations first syncs after the
+    other has loaded newer ones. Its older generation is a stale read, not a restored database: the
+    index keeps what it has instead of reloading the owner (at a million documents that took 20 s)."""
+    from memory.embeddings import get_embedder
+    from memory.models import RecallScope
+    from memory.vectors import get_vector_index
+
+    service.set_fact("a", "alpha", scope="global")
+    before = RecallScope.objects.get(owner="global")
+    service.set_fact("b", "beta", scope="global")
+    service.recall("alpha", mode="vector")  # loads the index at the newer generation
+    index = get_vector_index(get_embedder().dimension)
+    matrix = index.owners["global"]
+    assert index.sync({"global": (before.generation, before.removed)}) == 0  # the late reader's sync
+    assert index.owners["global"] is matrix and matrix.size == 2
+
+    # The database's counters really went back (restored, rebuilt): that owner is loaded afresh.
+    RecallScope.objects.filter(owner="global").update(generation=before.generation)
+    RecallDocument.objects.filter(kind="fact", item_id=service.get_fact("b").pk).delete()
+    assert index.sync({"global": (before.generation, before.removed)}) == 1
+    assert index.owners["global"] is not matrix
+
+
 def test_model_change_is_refused_until_reindexed(service, fake_embedder, settings):
     service.set_fact("drink", "espresso", scope="global")
     record = EmbeddingModelRecord.objects.get()
