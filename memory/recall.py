@@ -8,15 +8,22 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    of the in-process index). An episode's document is its date in words ("8 May 2023", from
    started_at in UTC), then its summary and messages (migration 0019): a question naming a month, a
    year or a day finds the episodes of that time, whose own words seldom say when they were said.
-2. Fusion (RECALL_FUSION "standardized", the default): each leg's scores are standardized over that
-   leg's own candidate list, z = (score - mean) / std, and clipped at 0; relevance is the sum of
-   the legs' z (one leg in "keyword" or "vector" mode). There is no weight to fit: a leg counts
-   per query by how far its candidate stands out from the rest of its list, so a leg that has
-   little to say (a long query matching many documents by common words; vectors all about equally
-   close) spreads thin, and a leg with a clear winner decides. Below its list's mean a document
-   gets nothing from that leg (it is no evidence for it). A list whose scores are all equal (one
-   keyword match, say) gives each of its documents 1 (one standard deviation: a match the leg
-   cannot rank). Documents below both means keep their order, and a positive score, by TIE_BREAK x
+2. Fusion (RECALL_FUSION "standardized", the default): each leg's scores are standardized,
+   z = (score - mean) / std, and clipped at 0; relevance is the sum of the legs' z (one leg in
+   "keyword" or "vector" mode). There is no weight to fit: a leg counts per query by how far its
+   candidate stands out from the rest, so a leg that has little to say (a long query matching many
+   documents by common words; vectors all about equally close) spreads thin, and a leg with a
+   clear winner decides. Below the mean a document gets nothing from that leg (it is no evidence
+   for it). The keyword leg is standardized over its own list: BM25 scores only the documents
+   that share a word with the query, and a document without one has no score (not a low one). A
+   cosine is defined for every document, so the vector leg is standardized over the cosines of
+   every document being ranked (both legs' candidates and their session neighbours, step 3), not
+   over its own list: that list is the top RECALL_CANDIDATES of the leg, whose mean and spread
+   depend on that depth and on the store's size, and against it only the very first few stood
+   out; against the documents at hand a cosine counts by how far it stands above what the
+   question's other candidates get (LoCoMo, offline copy: hybrid r@5 +0.7; bench/README.md). A
+   list whose scores are all equal (one keyword match, say) gives each of its documents 1 (one
+   standard deviation: a match the leg cannot rank). Documents below both means keep their order, and a positive score, by TIE_BREAK x
    their raw scores. The older "weighted" fusion, w * (bm25 / best bm25) ** p + (1 - w) * cosine
    (w = RECALL_KEYWORD_WEIGHT 0.6, p = RECALL_KEYWORD_POWER 2), was fitted on LoCoMo, where words
    matter most, and falls below its own vector leg on dialog data where meaning matters more; it
@@ -25,10 +32,19 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    episodes one before, one after, two before and two after it in the same session (a conversation
    stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
    relevance among the session's candidates (sessions are about something).
-4. Hygiene: an episode that only asks (its whole text is questions: ends with "?", no "." or "!")
-   says what someone wanted to know, not what is so: its own relevance is multiplied by
-   RECALL_BARE_QUESTION_WEIGHT (1/2), after context, so it still lends its full relevance to the
-   turn that answers it. On LoCoMo bare questions are 2% of the turns and 0.2% of the evidence.
+4. Hygiene: what an episode asks says what someone wanted to know, not what is so. An episode's
+   asking share a is the share of its sentences that are questions (its "?" among its ".", "!"
+   and "?"; an unended last sentence is one more); its own relevance is multiplied by
+   1 - (1 - q) a, q = RECALL_BARE_QUESTION_WEIGHT (1/2): a bare question (a = 1) counts q, a turn
+   that only states counts in full, "Wow, congrats! How did it go?" (a = 1/2) in between. This is
+   applied after context, so an asking turn still lends its full relevance to its neighbours; and
+   what it loses, (1 - q) a x its fused relevance, goes to the turn after it in its session, the
+   answer (a question is evidence of where the answer is, not of itself). In a conversation a turn
+   that ends by asking hands the word to the other speaker, and what it says before its question
+   is mostly an echo of what it reacts to: on LoCoMo turns ending with "?" are 25% of all turns
+   but 12% of the evidence, and filled 30% of the hybrid top 10. One constant, q, the same as for
+   bare questions (an asking sentence is worth half a stating one), with no new one: the share
+   comes from the text, and the answer gets exactly what the question gave up.
 5. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
    b = RECALL_BOOST_WEIGHT; importance is a fact's confidence, a procedure's smoothed success rate,
    0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS) (seed 001's formula).
@@ -263,7 +279,7 @@ class Recaller:
         if mode in ("hybrid", "keyword") and self.terms:
             keyword = dict(self.backend.recall_keyword(self.terms, owner_names, depth))
         self._lap("keyword")
-        vector, index, vector_list = {}, None, []
+        vector, index = {}, None
         if mode in ("hybrid", "vector"):
             index = get_vector_index(embedder.dimension)
             index.sync({o: (g, rm) for o, _, g, rm in owners})
@@ -272,7 +288,6 @@ class Recaller:
             self._lap("embed")
             self.embed_ms = self.timings["embed"]
             vector = dict(index.search(owner_names, query_vector, depth))
-            vector_list = list(vector.values())  # the leg's own list, before cosines of others join it
             missing = [d for d in keyword if d not in vector]
             if missing:
                 vector.update(index.cosines(owner_names, missing, query_vector))
@@ -282,8 +297,10 @@ class Recaller:
         candidates = set(keyword) | set(vector)
         weights = [float(x) for x in memory_settings.RECALL_CONTEXT_WEIGHTS]
         session_weight = float(memory_settings.RECALL_SESSION_WEIGHT)
+        question_weight = float(memory_settings.RECALL_BARE_QUESTION_WEIGHT)
         around = {}
-        if candidates and RecallKind.EPISODE in self.kinds and (any(weights) or session_weight):
+        context = any(weights) or session_weight or question_weight < 1
+        if candidates and RecallKind.EPISODE in self.kinds and context:
             # Episodes around the candidates in their sessions: context for them, and candidates
             # themselves (the turn that answers often shares no word with the question).
             around = _relations(self.backend.recall_neighbours(sorted(candidates)))
@@ -304,7 +321,7 @@ class Recaller:
             if outside:
                 vector.update(index.cosines(owner_names, outside, query_vector))
         best_keyword = max(keyword.values(), default=0.0) or 1.0
-        fused = _fuse(fusion, mode, rows, keyword, best_keyword, vector, vector_list)
+        fused = _fuse(fusion, mode, rows, keyword, best_keyword, vector)
         ranked = dict(fused)
         session_best = {}
         for doc_id, (session, _) in around.items():
@@ -317,14 +334,16 @@ class Recaller:
                     + sum(wt * fused.get(n, 0.0) for wt, n in zip(weights, near) if wt and n is not None)
                     + session_weight * session_best[session]
                 )
+                before = near[0]
+                if before in fused and rows[before][6]:
+                    # What the turn before loses for asking (step 4) goes to this turn, its answer.
+                    ranked[doc_id] += (1.0 - question_weight) * rows[before][6] * fused[before]
         now = timezone.now().timestamp()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
-        question_weight = float(memory_settings.RECALL_BARE_QUESTION_WEIGHT)
         scored = []
         for doc_id, rel in ranked.items():
-            _kind, _item_id, _owner, importance, item_time, references, bare_question = rows[doc_id]
-            if bare_question:
-                rel *= question_weight
+            _kind, _item_id, _owner, importance, item_time, references, asking = rows[doc_id]
+            rel *= 1.0 - (1.0 - question_weight) * asking
             scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = scored[: self.limit]
@@ -412,16 +431,18 @@ def _fusion():
     return fusion
 
 
-def _fuse(fusion, mode, rows, keyword, best, vector, vector_list):
+def _fuse(fusion, mode, rows, keyword, best, vector):
     """{document: relevance} of the candidates `rows` from the legs' scores (module docstring, step 2);
-    `best` is the best keyword score (1 when there is none)."""
+    `best` is the best keyword score (1 when there is none); `vector` holds the cosine of every
+    candidate that has a vector."""
     use_keyword, use_vector = mode in ("hybrid", "keyword"), mode in ("hybrid", "vector")
     if fusion == "weighted":
         w = float(memory_settings.RECALL_KEYWORD_WEIGHT) if mode == "hybrid" else (1.0 if use_keyword else 0.0)
         power = float(memory_settings.RECALL_KEYWORD_POWER)
         return {d: w * (keyword.get(d, 0.0) / best) ** power + (1.0 - w) * max(vector.get(d, 0.0), 0.0) for d in rows}
     keyword_z = _standardizer(keyword.values()) if use_keyword else None
-    vector_z = _standardizer(vector_list) if use_vector else None
+    # The cosines of every document ranked (not only of the vector leg's own list): see step 2.
+    vector_z = _standardizer(max(vector[d], 0.0) for d in rows if d in vector) if use_vector else None
     fused = {}
     for d in rows:
         kw = keyword.get(d, 0.0) if use_keyword else 0.0

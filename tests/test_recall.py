@@ -540,6 +540,70 @@ def test_session_neighbours_lift_the_answer_to_a_question(service, keyword_only,
     assert [h.id for h in hits][:2] == [ids[0], ids[1]]
 
 
+def test_an_episode_counts_by_the_share_of_it_that_asks(service, keyword_only):
+    """recall_documents gives each episode the share of its sentences that are questions (an unended
+    last sentence counts as one): what is asked is weak evidence of what is so; facts ask nothing."""
+    texts = {
+        "bare": "did you visit the lighthouse museum?",
+        "half": "Wow, congrats on the lighthouse museum! How did it go?",
+        "states": "We visited the lighthouse museum. It was great!",
+        "unended": "How was the lighthouse museum? loved the pics",
+    }
+    ids = {}
+    for name, text in texts.items():
+        e = service.start_episode(agent_id="bot", session_id=name)
+        service.add_message(e.pk, "Ann", text)
+        ids[name] = RecallDocument.objects.get(kind="episode", item_id=e.pk).pk
+    service.set_fact("museum", "which museum? the lighthouse one", scope="agent", agent_id="bot")
+    fact = RecallDocument.objects.get(kind="fact").pk
+    backend = get_backend()
+    rows = backend.recall_documents([*ids.values(), fact], [("agent:bot", 1)], ["episode", "fact"], None)
+    asking = {name: rows[doc][6] for name, doc in ids.items()}
+    assert asking == {"bare": 1.0, "half": 0.5, "states": 0.0, "unended": 0.5}
+    assert rows[fact][6] == 0.0
+
+
+def test_what_a_question_gives_up_goes_to_its_answer(service, keyword_only, settings):
+    """A turn that half asks keeps 1 - (1 - q) / 2 of its relevance (q = RECALL_BARE_QUESTION_WEIGHT);
+    the turn after it, which shares no word with the question, gets the rest: (1 - q) / 2. Context
+    weights are off here, so nothing else lifts the answer."""
+    settings.MEMORY = {**settings.MEMORY, "RECALL_CONTEXT_WEIGHTS": (0, 0, 0, 0), "RECALL_SESSION_WEIGHT": 0}
+    ids = []
+    for speaker, text in [
+        ("Ann", "I love old buildings. Did you see the lighthouse museum?"),
+        ("Bob", "honestly it was the best afternoon of my summer"),
+        ("Ann", "what did you cook this week?"),
+        ("Bob", "just pasta"),
+    ]:
+        e = service.start_episode(agent_id="bot", session_id="chat-1")
+        service.add_message(e.pk, speaker, text)
+        ids.append(e.pk)
+    hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
+    assert [h.id for h in hits][:2] == [ids[0], ids[1]]
+    assert hits[1].score == pytest.approx(hits[0].score * 0.25 / 0.75, rel=0.01)
+
+    settings.MEMORY = {**settings.MEMORY, "RECALL_BARE_QUESTION_WEIGHT": 1.0}  # asking counts in full
+    hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
+    assert ids[1] not in [h.id for h in hits]  # nothing lifts the answer now
+
+
+def test_the_vector_leg_is_standardized_over_every_document_ranked():
+    """The vector leg's z uses the cosines of all the documents being ranked, not of its own list
+    only: a cosine counts by how far it stands above what the question's other candidates get."""
+    import math
+
+    from memory.recall import TIE_BREAK, _fuse
+
+    cosines = {1: 0.9, 2: 0.5, 3: 0.1, 4: 0.1}
+    rows = dict.fromkeys(cosines)
+    fused = _fuse("standardized", "vector", rows, {}, 1.0, cosines)
+    mean = sum(cosines.values()) / 4
+    std = math.sqrt(sum((c - mean) ** 2 for c in cosines.values()) / 4)
+    assert fused[1] == pytest.approx((0.9 - mean) / std + TIE_BREAK * 0.9)
+    assert fused[2] == pytest.approx((0.5 - mean) / std + TIE_BREAK * 0.5)
+    assert fused[3] == pytest.approx(TIE_BREAK * 0.1)  # below the mean: nothing from the leg
+
+
 def test_a_question_naming_a_month_finds_the_episode_of_that_month(service, keyword_only):
     """An episode's recall text begins with its date in words (migration 0019): the words that answer
     seldom say when, the episode's time does."""

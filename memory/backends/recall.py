@@ -67,8 +67,10 @@ class RecallSQL:
         out. A conversation without an identified person may hold anyone's words (a run whose user
         could not be identified), so it is never shown to a person; the agent alone still sees it.
         Returns {id: (kind, item_id, owner, importance, item time in Unix seconds, reference_count,
-        bare question)}: an episode whose whole text is one or more questions (ends with "?", no "."
-        or "!"), weak evidence of anything (memory/recall.py).
+        asking)}: for an episode, the share of its sentences that are questions (its "?" among its
+        ".", "!" and "?", an unended last sentence counting as one more), 1 for a bare question, 0 for
+        a text that only states; 0 for facts and procedures. What is asked is weak evidence of what
+        is so (memory/recall.py, step 4).
         """
         if not doc_ids:
             return {}
@@ -84,17 +86,19 @@ class RecallSQL:
         sql = (
             f"WITH viewer_owners(k, r) AS (VALUES {values}) "
             f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count, "
-            "(d.kind = 'episode' AND rtrim(d.text) LIKE %s AND d.text NOT LIKE %s AND d.text NOT LIKE %s) "
+            "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(d.text, %s, '')) ELSE 0 END, "
+            "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(replace(replace(d.text, %s, ''), %s, ''), %s, '')) "
+            "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END "
             f"FROM {DOC_TABLE} d JOIN viewer_owners o ON o.k = d.owner "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
             "WHERE g.shadow_key = d.shadow_key AND g.kind = d.kind AND g.active AND go.r < o.r))"
         )
-        pairs = 2 * len(owners)  # the bare-question patterns follow the viewer's owners (WITH), before WHERE's
-        params = [*params[:pairs], "%?", "%.%", "%!%", *params[pairs:]]
+        pairs = 2 * len(owners)  # the sentence marks follow the viewer's owners (WITH), before WHERE's
+        params = [*params[:pairs], "?", "?", ".", "!", "%?", "%.", "%!", *params[pairs:]]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return {row[0]: (*row[1:7], bool(row[7])) for row in cursor.fetchall()}
+            return {row[0]: (*row[1:7], row[7] / row[8] if row[7] else 0.0) for row in cursor.fetchall()}
 
     def recall_neighbours(self, doc_ids):
         """For episode documents: {doc id: (session id, [doc ids one before, one after, two before, two after])}.
