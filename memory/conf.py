@@ -129,7 +129,9 @@ DEFAULTS = {
     # (same session, agent and user) added to an episode's; and of the session's best candidate.
     "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
     "RECALL_SESSION_WEIGHT": 0.4,
-    # An episode that only asks questions is weak evidence: its relevance counts this share.
+    # What asking is worth against stating: an episode's relevance counts 1 - (1 - this) x its share
+    # of sentences that are questions (a bare question: this share); what it gives up goes to the
+    # turn after it, its answer (memory/recall.py, step 4).
     "RECALL_BARE_QUESTION_WEIGHT": 0.5,
     # Share of the final score that importance, recency and references decide (the rest is relevance).
     "RECALL_BOOST_WEIGHT": 0.1,
