@@ -173,12 +173,18 @@ def vector_lag(service, probes=40, load_per_s=50):
                 if any(h.id == write.fact.pk for h in hits):
                     break
                 if time.perf_counter() - committed > 30:
+                    import traceback
+
                     from memory.indexer import indexer
 
+                    # Where the embedding worker is (what it waits for), for the one who reads this.
+                    frame = sys._current_frames().get(indexer._thread.ident)
+                    where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)"
                     raise RuntimeError(
                         f"probe {n} never reached vector recall ({indexer.failures} failed batches; "
                         f"last: {indexer.last_error or 'none'}; {service.pending_vectors()} pending; "
-                        f"queue {indexer._queue}, busy {indexer._busy}, alive {indexer._thread.is_alive()})"
+                        f"queue {indexer._queue}, busy {indexer._busy}, alive {indexer._thread.is_alive()}); "
+                        f"the embedding worker is at:\n{where}"
                     )
                 time.sleep(0.01)
             lags.append((time.perf_counter() - committed) * 1000.0)
