@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Cast, Concat
 
-from .text import fact_search_text
+from .text import clip, fact_search_text
 
 
 class Scope(models.TextChoices):
@@ -650,9 +650,5 @@ def episode_gist(summary, conversation):
             replied = replied or content
         else:
             said = said or content
-    parts = [f"said {_brief(said)!r}" if said else "", f"replied {_brief(replied)!r}" if replied else ""]
+    parts = [f"said {clip(said, 120)!r}" if said else "", f"replied {clip(replied, 120)!r}" if replied else ""]
     return "; ".join(p for p in parts if p)
-
-
-def _brief(text, size=120):
-    return text if len(text) <= size else text[: size - 1] + "…"

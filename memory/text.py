@@ -122,3 +122,8 @@ def keyword_terms(query, limit=32):
     words = [w.lower() for w in _WORD.findall(query)]
     kept = [w for w in words if w not in STOPWORDS] or words
     return list(dict.fromkeys(kept))[:limit]
+
+
+def clip(text, size):
+    """`text` cut to at most `size` characters, ending with "…" where it was cut."""
+    return text if len(text) <= size else text[: size - 1] + "…"

@@ -9,9 +9,10 @@ last saw. Writers of one owner are serialised by that counter row, so generation
 order. Requests of one process read their generations at different times: one that read before
 another synced newer ones hands `sync` an older generation than the index has. That is checked
 against the database (one query), not taken for a restored database, which rebuilds the owner (a
-million documents: 15-20 s, which every concurrent recall waited for). Documents that left an owner (deleted or moved; counted in `removed`) stay in its matrix as
-stale rows until many have gone, then the owner is reloaded: recall checks every candidate against
-the database, so a stale row can cost a candidate slot, never return a hidden or deleted item.
+million documents: 15-20 s, which every concurrent recall waited for). Documents that left an
+owner (deleted or moved; counted in `removed`) stay in its matrix as stale rows until many have
+gone, then the owner is reloaded: recall checks every candidate against the database, so a stale
+row can cost a candidate slot, never return a hidden or deleted item.
 
 The scan: an owner of up to EXACT_ROWS documents is scanned exactly (one float32 matrix-vector
 product, then a partial sort). A larger one is too big for that (1M x 384 float32 is 1.5 GB: one
@@ -32,7 +33,6 @@ from .conf import memory_settings, on_memory_settings_changed
 from .embeddings import from_blobs
 
 _DOC_TABLE = "memory_recall_doc"
-_SCOPE_TABLE = "memory_recall_scope"
 _FETCH = 10_000
 # Reload an owner once this share of its rows (and at least _RELOAD_MIN rows) are known stale.
 _RELOAD_SHARE = 0.2
@@ -296,10 +296,9 @@ class VectorIndex:
 
 def _counters(owner):
     """The owner's (generation, removed) as the database has them now; (0, 0) for an owner without a row."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT generation, removed FROM {_SCOPE_TABLE} WHERE owner = %s", [owner])
-        row = cursor.fetchone()
-    return (row[0] or 0, row[1] or 0) if row else (0, 0)
+    from .models import RecallScope
+
+    return RecallScope.objects.filter(owner=owner).values_list("generation", "removed").first() or (0, 0)
 
 
 _index_lock = threading.Lock()

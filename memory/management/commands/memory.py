@@ -23,13 +23,13 @@ from rich.table import Table
 
 from memory.exceptions import ImportRejected, MemoryServiceError
 from memory.service import MemoryService
+from memory.text import clip
 
 BAND_STYLE = {"green": "green", "yellow": "yellow", "red": "red", "unknown": "dim"}
 
 
 def _short(value, width=60):
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return clip(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), width)
 
 
 def _when(value):
