@@ -21,6 +21,7 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
+from .filebytes import count_in_files
 from .models import (
     ChannelIdentity,
     Episode,
@@ -187,14 +188,13 @@ def _column_traces(cursor, table, column, needles, user_ids):
 
 
 def file_traces(path, needles):
-    """Traces of the needles (case-insensitive) in a SQLite file and its WAL, read as raw bytes."""
+    """Traces of the needles (case-insensitive) in a SQLite file and its WAL, read as raw bytes (by a
+    child process: see memory/filebytes.py for why this one must not open the files itself)."""
+    files = [Path(path), Path(f"{path}-wal")]
+    counts = count_in_files(files, needles)
     traces = []
-    for candidate in (Path(path), Path(f"{path}-wal")):
-        if not candidate.exists():
-            continue
-        data = candidate.read_bytes().lower()
-        for needle in needles:
-            hits = data.count(needle.lower().encode("utf-8"))
+    for candidate in files:
+        for needle, hits in counts.get(str(candidate), {}).items():
             if hits:
                 traces.append((str(candidate.name), f"{hits} occurrence(s) of {needle!r} in the file's bytes"))
     return traces

@@ -8,12 +8,15 @@ files and their WAL. Transactional: the deletion must really commit, and the fil
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from memory.filebytes import count_in_files
 from memory.models import DeletionRecord, Fact, MemoryUser
 from workflows.checkpointer import checkpoint_path
 from workflows.reminders import schedule_reminder
@@ -81,9 +84,9 @@ def test_forget_a_person_leaves_no_trace(person, admin_client):
     assert cascaded["merged_users"] == 1 and cascaded["facts"] >= 3 and cascaded["episodes"] == 3
     assert verify(person).startswith("0 traces")
     if connection.vendor == "sqlite":
-        for path in sqlite_files():
-            data = path.read_bytes().lower()
-            assert STEM not in data and SECRET.encode() not in data and b"zelda@example.org" not in data, path.name
+        needles = [STEM.decode(), SECRET, "zelda@example.org"]
+        for path, counts in count_in_files(sqlite_files(), needles).items():
+            assert not any(counts.values()), (path, counts)
     [record] = DeletionRecord.objects.all()
     assert record.actor == "api:admin" and record.kind == "memory users" and record.ids == [person["id"]]
     assert (
@@ -98,6 +101,22 @@ def test_verify_erasure_finds_a_planted_trace(person, service):
     with pytest.raises(CommandError) as failed:
         verify(person)
     assert failed.value.returncode == 1
+
+
+def test_verify_erasure_leaves_this_processs_sqlite_connections_their_locks(person):
+    """Reading the database file's bytes in this process would drop its SQLite locks (they are POSIX
+    locks of the process): another process closing its connection would then delete the WAL under ours."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite files only")
+    with pytest.raises(CommandError):
+        verify(person)
+    database = connection.settings_dict["NAME"]
+    wal = Path(f"{database}-wal")
+    assert wal.exists()
+    other = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT 1 FROM sqlite_master'); c.close()"
+    subprocess.run([sys.executable, "-c", other, database], check=True)
+    assert wal.exists(), "another process took this one's open connections for gone"
+    assert Fact.objects.filter(user_id=person["id"]).exists()
 
 
 def test_deleting_a_person_in_the_admin_keeps_their_name_out_of_the_admin_log(person, admin_client):
