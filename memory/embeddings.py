@@ -15,6 +15,7 @@ different configured model is refused with EmbeddingModelChanged until `memory r
 import importlib.util
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -161,7 +162,7 @@ class Embedder:
         appended) come from a bounded cache; the others are embedded together in one model call.
         """
         words = int(memory_settings.EMBED_PIECE_WORDS)
-        split = [split_pieces(text, words) for text in texts]
+        split = [split_pieces(without_date_line(text), words) for text in texts]
         found = {}
         for piece in {piece for pieces in split for piece in pieces}:
             vector = _piece_cache.get((self.model, piece))
@@ -202,6 +203,22 @@ class Embedder:
             done.set_result(vector)
             return done
         return _query_pool().submit(self.query, text)
+
+
+# An episode's recall document begins with its date in words (migration 0019), e.g. "8 May 2023".
+_DATE_LINE = re.compile(
+    r"\A\d{1,2} (?:January|February|March|April|May|June|July|August|September|October|November|December) \d{4}\n"
+)
+
+
+def without_date_line(text):
+    """The text the model reads: a recall document without an episode's leading date line.
+
+    The date is there for the keyword leg (a question naming a month or a year); to the model every
+    episode of a day reads alike there, which pulls all their vectors the same way and blurs what
+    sets one apart. LoCoMo through bench.retrieval (hybrid, same session): r@10 78.9 -> 79.6.
+    """
+    return _DATE_LINE.sub("", text, count=1)
 
 
 def split_pieces(text, words):

@@ -3,6 +3,7 @@
 Transactional tests: the worker embeds only what has committed, on its own connection.
 """
 
+import datetime
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from conftest import database_url
 from django.utils import timezone
 
-from memory.embeddings import split_pieces
+from memory.embeddings import split_pieces, without_date_line
 from memory.indexer import Indexer, indexer
 from memory.models import RecallDocument, StoreItem
 from memory.vectors import reset_vector_index
@@ -209,10 +210,34 @@ def test_appending_a_message_embeds_only_the_piece_it_changes(settings, service)
     for i in range(30):
         service.add_message(episode.pk, "user", f"message {i} mentions item{i} today")
     document = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
-    assert len(bytes(document.embedding)) == 4 * emb.SIZE * len(split_pieces(document.text, 20)) > 4 * emb.SIZE
+    assert (
+        len(bytes(document.embedding))
+        == 4 * emb.SIZE * len(split_pieces(without_date_line(document.text), 20))
+        > 4 * emb.SIZE
+    )
     emb.document_texts.clear()
     service.add_message(episode.pk, "user", "message 30 mentions item30 today")
-    assert emb.document_texts == [split_pieces(document.text + "\nuser: message 30 mentions item30 today", 20)[-1]]
+    longer = without_date_line(document.text) + "\nuser: message 30 mentions item30 today"
+    assert emb.document_texts == [split_pieces(longer, 20)[-1]]
+
+
+@pytest.mark.django_db
+def test_the_model_reads_an_episode_without_its_date_line(settings, service):
+    """The date is for the keyword leg; every episode of a day would share it in its vector."""
+    from memory.embeddings import reset_embedder
+
+    configure(settings, "DocumentCountingEmbedding")
+    settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline"}
+    reset_embedder()
+    emb.document_texts.clear()
+    when = datetime.datetime(2023, 5, 8, 12, tzinfo=datetime.UTC)
+    episode = service.record_episode(
+        agent_id="bot", started_at=when, conversation=[{"role": "user", "content": "8 May 2023 was fun"}], success=True
+    )
+    document = RecallDocument.objects.get(kind="episode", item_id=episode.pk)
+    assert document.text == "8 May 2023\nuser: 8 May 2023 was fun" and document.embedding is not None
+    assert emb.document_texts == ["user: 8 May 2023 was fun"]  # a date the text itself says stays
+    assert service.recall("May 2023", agent_id="bot", mode="keyword").hits[0].id == episode.pk
 
 
 @pytest.mark.postgres
