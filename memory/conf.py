@@ -129,6 +129,10 @@ DEFAULTS = {
     # (same session, agent and user) added to an episode's; and of the session's best candidate.
     "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
     "RECALL_SESSION_WEIGHT": 0.4,
+    # An episode's relevance x (its length / the median length of the episodes ranked) ** this: what
+    # a longer turn says is more likely to hold what is asked for (memory/recall.py, step 4). Chosen
+    # by 5-fold cross-validation on LoCoMo among 0, 1/4 and 1/2 (bench/README.md); 0 turns it off.
+    "RECALL_LENGTH_EXPONENT": 0.25,
     # What asking is worth against stating: an episode's relevance counts 1 - (1 - this) x its share
     # of sentences that are questions (a bare question: this share); what it gives up goes to the
     # turn after it, its answer (memory/recall.py, step 4).

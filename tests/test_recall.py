@@ -567,7 +567,12 @@ def test_what_a_question_gives_up_goes_to_its_answer(service, keyword_only, sett
     """A turn that half asks keeps 1 - (1 - q) / 2 of its relevance (q = RECALL_BARE_QUESTION_WEIGHT);
     the turn after it, which shares no word with the question, gets the rest: (1 - q) / 2. Context
     weights are off here, so nothing else lifts the answer."""
-    settings.MEMORY = {**settings.MEMORY, "RECALL_CONTEXT_WEIGHTS": (0, 0, 0, 0), "RECALL_SESSION_WEIGHT": 0}
+    settings.MEMORY = {
+        **settings.MEMORY,
+        "RECALL_CONTEXT_WEIGHTS": (0, 0, 0, 0),
+        "RECALL_SESSION_WEIGHT": 0,
+        "RECALL_LENGTH_EXPONENT": 0,
+    }
     ids = []
     for speaker, text in [
         ("Ann", "I love old buildings. Did you see the lighthouse museum?"),
@@ -585,6 +590,37 @@ def test_what_a_question_gives_up_goes_to_its_answer(service, keyword_only, sett
     settings.MEMORY = {**settings.MEMORY, "RECALL_BARE_QUESTION_WEIGHT": 1.0}  # asking counts in full
     hits = service.recall("lighthouse museum", agent_id="bot", types=["episodes"])
     assert ids[1] not in [h.id for h in hits]  # nothing lifts the answer now
+
+
+def test_an_episode_counts_by_a_quarter_power_of_its_length_and_a_fact_keeps_its_score(service, keyword_only, settings):
+    """A turn that says more is likelier to hold what is asked for: an episode's relevance is scaled
+    by (its length / the median episode length) ** RECALL_LENGTH_EXPONENT; facts are not scaled."""
+    settings.MEMORY = {**settings.MEMORY, "RECALL_CONTEXT_WEIGHTS": (0, 0, 0, 0), "RECALL_SESSION_WEIGHT": 0}
+    texts = [
+        "the lighthouse museum",
+        "we spent the afternoon at the lighthouse museum, where the keeper showed us the lamp room",
+        "the lighthouse museum was shut on Monday, so we walked along the harbour wall instead and "
+        "ate chips by the boats until the rain came in from the sea",
+    ]
+    ids = [
+        service.record_episode(
+            agent_id="bot", started_at=timezone.now(), conversation=[{"role": "user", "content": t}], success=True
+        ).pk
+        for t in texts
+    ]
+    fact = service.set_fact("museum", "the lighthouse museum opens at nine", scope="agent", agent_id="bot").fact
+    length = {d.item_id: len(d.text) for d in RecallDocument.objects.filter(kind="episode", item_id__in=ids)}
+
+    def scores(exponent):
+        settings.MEMORY = {**settings.MEMORY, "RECALL_LENGTH_EXPONENT": exponent}
+        return {(h.kind, h.id): h.score for h in service.recall("lighthouse museum", agent_id="bot")}
+
+    flat, scaled = scores(0), scores(0.25)
+    median = sorted(length.values())[1]
+    for episode_id in ids:
+        factor = (length[episode_id] / median) ** 0.25
+        assert scaled[("episode", episode_id)] == pytest.approx(flat[("episode", episode_id)] * factor)
+    assert scaled[("fact", fact.pk)] == pytest.approx(flat[("fact", fact.pk)])
 
 
 def test_the_vector_leg_is_standardized_over_every_document_ranked():

@@ -67,10 +67,10 @@ class RecallSQL:
         out. A conversation without an identified person may hold anyone's words (a run whose user
         could not be identified), so it is never shown to a person; the agent alone still sees it.
         Returns {id: (kind, item_id, owner, importance, item time in Unix seconds, reference_count,
-        asking)}: for an episode, the share of its sentences that are questions (its "?" among its
-        ".", "!" and "?", an unended last sentence counting as one more), 1 for a bare question, 0 for
-        a text that only states; 0 for facts and procedures. What is asked is weak evidence of what
-        is so (memory/recall.py, step 4).
+        asking, length)}: asking is, for an episode, the share of its sentences that are questions (its
+        "?" among its ".", "!" and "?", an unended last sentence counting as one more), 1 for a bare
+        question, 0 for a text that only states; 0 for facts and procedures. What is asked is weak
+        evidence of what is so (memory/recall.py, step 4). length is the document's in characters.
         """
         if not doc_ids:
             return {}
@@ -88,7 +88,7 @@ class RecallSQL:
             f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count, "
             "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(d.text, %s, '')) ELSE 0 END, "
             "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(replace(replace(d.text, %s, ''), %s, ''), %s, '')) "
-            "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END "
+            "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END, length(d.text) "
             f"FROM {DOC_TABLE} d JOIN viewer_owners o ON o.k = d.owner "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
@@ -98,7 +98,7 @@ class RecallSQL:
         params = [*params[:pairs], "?", "?", ".", "!", "%?", "%.", "%!", *params[pairs:]]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return {row[0]: (*row[1:7], row[7] / row[8] if row[7] else 0.0) for row in cursor.fetchall()}
+            return {row[0]: (*row[1:7], row[7] / row[8] if row[7] else 0.0, row[9]) for row in cursor.fetchall()}
 
     def recall_neighbours(self, doc_ids):
         """For episode documents: {doc id: (session id, [doc ids one before, one after, two before, two after])}.
