@@ -20,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,15 +58,21 @@ def start_server(port, workers, kind="wsgi"):
     else:
         command = ["gunicorn", "--workers", str(workers), "--threads", str(THREADS_PER_WORKER)]
         command += ["--bind", f"127.0.0.1:{port}", "config.wsgi:application"]
+    # Its log goes to a file, not a pipe: nothing reads a pipe during the run, and a server that
+    # fills one (64 KB) blocks in its next write to it, in the middle of a request.
+    log = tempfile.TemporaryFile("w+")
     server = subprocess.Popen(
-        [sys.executable, "-m", *command],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", *command], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True
     )
+    server.log = log
     return server
+
+
+def server_log(server, tail=2000):
+    """The last `tail` characters the server wrote to its stderr."""
+    server.log.seek(0)
+    text = server.log.read()
+    return text if tail is None else text[-tail:]
 
 
 def wait_until_serving(server, port, timeout=60):
@@ -74,7 +81,7 @@ def wait_until_serving(server, port, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read()[-2000:]}")
+            raise RuntimeError(f"the server exited: {server_log(server)}")
         try:
             httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
             return
@@ -145,6 +152,8 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        log_chars = len(server_log(server, tail=None))
+        server.log.close()
     latencies.sort()
     return {
         "updates": updates,
@@ -156,6 +165,7 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
         "first_errors": errors[:3],
         "wall_s": wall,
         "vectors_pending": pending,
+        "server_log_chars": log_chars,  # what the server wrote to stderr (a log that grows per update costs)
     }
 
 
@@ -188,7 +198,17 @@ def main(argv=None):
         results["errors"] = max(results["errors"], args.updates - sent)
     results["mode"], results["server"] = args.mode, args.server
     if args.json:
-        keys = ["updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors", "vectors_pending"]
+        keys = [
+            "updates",
+            "mode",
+            "server",
+            "per_s",
+            "p50_ms",
+            "p95_ms",
+            "errors",
+            "vectors_pending",
+            "server_log_chars",
+        ]
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
     table = Table(
@@ -224,6 +244,7 @@ def main(argv=None):
     )
     for error in results["first_errors"]:
         console.print(f"[red]error:[/] {error}")
+    console.print(f"The server wrote {results['server_log_chars']:,} characters to its log.")
     console.print(machine_reference())
     return 0
 
