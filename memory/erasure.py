@@ -94,7 +94,16 @@ def scrub_after_commit():
         try:
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA incremental_vacuum")  # freed pages back to the file system
-                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # old page images out of the WAL
+                # Old page images out of the WAL. It waits (the busy timeout) for readers of older
+                # frames; if one is still reading then, the WAL keeps its frames and busy is 1.
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                busy, frames, _copied = cursor.fetchone()
+            if busy:
+                logger.warning(
+                    "erasure: a reader kept the database's WAL (%s frames) from being truncated; "
+                    "memory verify-erasure shows what is left in it",
+                    frames,
+                )
         except Exception:  # noqa: BLE001  (the deletion stands; verify-erasure shows what is left)
             logger.exception("erasure: could not truncate the database's WAL")
 

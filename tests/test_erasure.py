@@ -8,6 +8,8 @@ files and their WAL. Transactional: the deletion must really commit, and the fil
 
 import io
 import json
+import logging
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +119,28 @@ def test_verify_erasure_leaves_this_processs_sqlite_connections_their_locks(pers
     subprocess.run([sys.executable, "-c", other, database], check=True)
     assert wal.exists(), "another process took this one's open connections for gone"
     assert Fact.objects.filter(user_id=person["id"]).exists()
+
+
+def test_an_erasure_whose_wal_a_reader_holds_says_so(person, service, caplog):
+    """A reader of older frames keeps the WAL from being truncated after the commit: that is logged,
+    not passed over in silence (the words may still be in the -wal file)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite files only")
+    reader = sqlite3.connect(connection.settings_dict["NAME"])
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM memory_fact").fetchone()  # a snapshot from before the delete
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout = 200")  # the checkpoint waits this long for the reader
+    try:
+        with caplog.at_level(logging.WARNING, logger="memory.erasure"):
+            service.delete_users([person["id"]], cascade=True)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 30000")
+        reader.rollback()
+        reader.close()
+    assert "a reader kept the database's WAL" in caplog.text
+    assert not MemoryUser.objects.filter(pk=person["id"]).exists()  # the deletion stands
 
 
 def test_deleting_a_person_in_the_admin_keeps_their_name_out_of_the_admin_log(person, admin_client):
