@@ -351,7 +351,7 @@ class Recaller:
         now = timezone.now().timestamp()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
         exponent = float(memory_settings.RECALL_LENGTH_EXPONENT)
-        lengths = sorted(rows[d][7] for d in ranked if rows[d][0] == RecallKind.EPISODE)
+        lengths = sorted(rows[d][7] for d in ranked if rows[d][0] == RecallKind.EPISODE) if exponent else []
         typical = max(lengths[len(lengths) // 2], 1) if lengths else 1
         scored = []
         for doc_id, rel in ranked.items():

@@ -70,7 +70,8 @@ class RecallSQL:
         asking, length)}: asking is, for an episode, the share of its sentences that are questions (its
         "?" among its ".", "!" and "?", an unended last sentence counting as one more), 1 for a bare
         question, 0 for a text that only states; 0 for facts and procedures. What is asked is weak
-        evidence of what is so (memory/recall.py, step 4). length is the document's in characters.
+        evidence of what is so (memory/recall.py, step 4). length: an episode document's, in
+        characters (0 for facts and procedures).
         """
         if not doc_ids:
             return {}
@@ -88,7 +89,8 @@ class RecallSQL:
             f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count, "
             "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(d.text, %s, '')) ELSE 0 END, "
             "CASE WHEN d.kind = 'episode' THEN length(d.text) - length(replace(replace(replace(d.text, %s, ''), %s, ''), %s, '')) "
-            "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END, length(d.text) "
+            "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END, "
+            "CASE WHEN d.kind = 'episode' THEN length(d.text) ELSE 0 END "
             f"FROM {DOC_TABLE} d JOIN viewer_owners o ON o.k = d.owner "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
