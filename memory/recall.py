@@ -351,14 +351,16 @@ class Recaller:
         now = timezone.now().timestamp()
         b = float(memory_settings.RECALL_BOOST_WEIGHT)
         exponent = float(memory_settings.RECALL_LENGTH_EXPONENT)
-        lengths = sorted(rows[d][7] for d in ranked if rows[d][0] == RecallKind.EPISODE) if exponent else []
-        typical = max(lengths[len(lengths) // 2], 1) if lengths else 1
+        episode = RecallKind.EPISODE.value  # a plain str: compared once per candidate
+        lengths = sorted(row[7] for row in rows.values() if row[0] == episode) if exponent else []
+        # (length / median) ** exponent, as length ** exponent x this
+        per_length = max(lengths[len(lengths) // 2], 1) ** -exponent if lengths else 0.0
         scored = []
         for doc_id, rel in ranked.items():
             kind, _item_id, _owner, importance, item_time, references, asking, length = rows[doc_id]
             rel *= 1.0 - (1.0 - question_weight) * asking
-            if kind == RecallKind.EPISODE and exponent:
-                rel *= (max(length, 1) / typical) ** exponent
+            if per_length and kind == episode:
+                rel *= max(length, 1) ** exponent * per_length
             scored.append((rel * (1.0 - b + b * boost(importance, item_time, references, now)), doc_id))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = scored[: self.limit]
