@@ -143,6 +143,29 @@ def test_an_erasure_whose_wal_a_reader_holds_says_so(person, service, caplog):
     assert not MemoryUser.objects.filter(pk=person["id"]).exists()  # the deletion stands
 
 
+def test_an_erasure_whose_checkpoint_wal_a_reader_holds_says_so(person, service, caplog):
+    """The same for the SQLite checkpoint store: a reader of its older frames is logged, not ignored."""
+    from workflows.checkpointer import checkpointer_kind, get_checkpointer
+
+    if checkpointer_kind() != "sqlite":
+        pytest.skip("SQLite checkpoints only")
+    saver = get_checkpointer()
+    reader = sqlite3.connect(checkpoint_path())
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM checkpoints").fetchone()  # a snapshot from before the delete
+    with saver.lock:
+        saver.conn.execute("PRAGMA busy_timeout = 200")
+    try:
+        with caplog.at_level(logging.WARNING, logger="engram.workflows"):
+            service.delete_users([person["id"]], cascade=True)
+    finally:
+        with saver.lock:
+            saver.conn.execute("PRAGMA busy_timeout = 30000")
+        reader.rollback()
+        reader.close()
+    assert "checkpoints: a reader kept the WAL" in caplog.text
+
+
 def test_deleting_a_person_in_the_admin_keeps_their_name_out_of_the_admin_log(person, admin_client):
     from django.contrib.admin.models import LogEntry
 

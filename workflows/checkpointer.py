@@ -122,9 +122,12 @@ def scrub_sqlite_files():
         return
     try:
         with saver.lock:  # the saver's own lock: one statement at a time on its connection
-            saver.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, frames, _copied = saver.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     except sqlite3.Error:
         logger.exception("checkpoints: could not truncate the WAL after an erasure")
+        return
+    if busy:  # a reader of older frames kept them (memory/erasure.py does the same for the memory tables)
+        logger.warning("checkpoints: a reader kept the WAL (%s frames) from being truncated after an erasure", frames)
 
 
 def keep_newest_checkpoints(thread_id, checkpoint_ids):
