@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -21,7 +22,9 @@ def scratch_django(database_url=None, mode=None):
     """
     sys.path.insert(0, str(REPO / "platform"))
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
+    # A background thread (a WAL checkpointer, say) can write a file while the folder is being
+    # removed, between the listing and the rmdir: removal is retried below instead of failing the run.
+    with tempfile.TemporaryDirectory(prefix="engram-bench-", ignore_cleanup_errors=True) as tmp:
         os.environ["ENGRAM_DATA_DIR"] = tmp
         pg_admin = None
         if database_url:
@@ -64,6 +67,11 @@ def scratch_django(database_url=None, mode=None):
 
                 with psycopg.connect(pg_admin[0], autocommit=True) as conn:
                     conn.execute(f'DROP DATABASE IF EXISTS "{pg_admin[1]}" WITH (FORCE)')
+    for _ in range(10):
+        if not os.path.exists(tmp):
+            break
+        time.sleep(0.2)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def add_scratch_arguments(parser, *, seed=True, json_help="print exactly one JSON object"):
