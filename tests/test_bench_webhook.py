@@ -27,7 +27,18 @@ def test_webhook_benchmark_prints_one_json_object(server):
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout
     result = json.loads(lines[0])
-    assert set(result) == {"updates", "mode", "server", "per_s", "p50_ms", "p95_ms", "errors", "vectors_pending"}
+    assert set(result) == {
+        "updates",
+        "mode",
+        "server",
+        "per_s",
+        "p50_ms",
+        "p95_ms",
+        "errors",
+        "vectors_pending",
+        "server_log_chars",
+    }
+    assert result["server_log_chars"] > 0  # gunicorn's start-up lines at least: the log was read back
     assert result["vectors_pending"] >= 0 and (result["mode"] == "hybrid" or result["vectors_pending"] == 0)
     assert result["server"] == server
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
