@@ -24,10 +24,11 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    question's other candidates get (LoCoMo, offline copy: hybrid r@5 +0.7; bench/README.md). A
    list whose scores are all equal (one keyword match, say) gives each of its documents 1 (one
    standard deviation: a match the leg cannot rank). Documents below both means keep their order,
-   and a positive score, by TIE_BREAK x their raw scores. The older "weighted" fusion, w * (bm25 / best bm25) ** p + (1 - w) * cosine
-   (w = RECALL_KEYWORD_WEIGHT 0.6, p = RECALL_KEYWORD_POWER 2), was fitted on LoCoMo, where words
-   matter most, and falls below its own vector leg on dialog data where meaning matters more; it
-   stays as a setting for comparison. bench/README.md has both, cross-validated.
+   and a positive score, by TIE_BREAK x their raw scores. The older "weighted" fusion,
+   w * (bm25 / best bm25) ** p + (1 - w) * cosine (w = RECALL_KEYWORD_WEIGHT 0.6,
+   p = RECALL_KEYWORD_POWER 2), was fitted on LoCoMo, where words matter most, and falls below its
+   own vector leg on dialog data where meaning matters more; it stays as a setting for comparison.
+   bench/README.md has both, cross-validated.
 3. Session context: an episode's relevance gains RECALL_CONTEXT_WEIGHTS of the relevance of the
    episodes one before, one after, two before and two after it in the same session (a conversation
    stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
