@@ -10,7 +10,7 @@ and so that appending messages to a long episode changes only its last embedded 
 
 The episode triggers of migration 0006 are written again with the new text, and every existing
 episode document takes it; their vectors are cleared, and the embedding worker (or `memory reindex
---missing-only`) embeds them again. Day and month come from started_at in UTC, in English, on both
+--missing`) embeds them again. Day and month come from started_at in UTC, in English, on both
 databases, so the same episode reads the same on either.
 """
 

@@ -2,7 +2,7 @@
 leading date line (memory.embeddings.without_date_line; the keyword leg still matches the date).
 
 Only vectors are cleared; the texts stay. The embedding worker embeds the pending documents when a
-process starts (or `memory reindex --missing-only` does), and until then the keyword leg finds them.
+process starts (or `memory reindex --missing` does), and until then the keyword leg finds them.
 Backwards the same: vectors are cleared and embedded again by the code of that time.
 """
 
