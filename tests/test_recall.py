@@ -719,3 +719,37 @@ def test_an_unknown_fusion_is_refused_by_name(service, concept_embedder, setting
     settings.MEMORY = {**settings.MEMORY, "RECALL_FUSION": "average"}
     with pytest.raises(ImproperlyConfigured, match="RECALL_FUSION"):
         service.recall("tea", agent_id="bot", mode="hybrid")
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's planner without statistics")
+def test_recall_reads_its_candidates_by_primary_key_on_an_unanalyzed_sqlite_database(service, keyword_only):
+    """Without ANALYZE, SQLite took the owner or kind index for the candidate check and the session
+    neighbours, and so read every document of the owner (or every episode) on every recall: 10 ms of a
+    15 ms recall at 100,000 documents (bench/README.md). Each must look its candidates up by id."""
+    for i in range(30):
+        service.set_fact(f"tea_{i}", f"green tea number {i}", scope="agent", agent_id="helper")
+        service.record_episode(
+            started_at=timezone.now(),
+            agent_id="helper",
+            session_id="s1",
+            conversation=[{"role": "user", "content": f"I drink green tea {i}"}],
+            success=True,
+        )
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        hits = service.recall("green tea", agent_id="helper", limit=5)
+    assert len(hits) == 5
+    # The candidate check and the session neighbours.
+    checked = [(sql, params) for sql, params in captured if "viewer_owners(k, r)" in sql or "e.session_id, (" in sql]
+    assert len(checked) == 2, [sql[:60] for sql, _ in captured]
+    with connection.cursor() as cursor:
+        for sql, params in checked:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            plan = [row[-1] for row in cursor.fetchall()]
+            reads = [step for step in plan if step.startswith(("SCAN d", "SEARCH d"))]
+            assert reads == ["SEARCH d USING INTEGER PRIMARY KEY (rowid=?)"], plan
