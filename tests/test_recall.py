@@ -747,9 +747,11 @@ def test_recall_reads_its_candidates_by_primary_key_on_an_unanalyzed_sqlite_data
     # The candidate check and the session neighbours.
     checked = [(sql, params) for sql, params in captured if "viewer_owners(k, r)" in sql or "e.session_id, (" in sql]
     assert len(checked) == 2, [sql[:60] for sql, _ in captured]
+    # (With statistics SQLite may rightly scan a table this small; bench.recall_latency, which
+    # analyzes 100,000 documents, covers that case.)
     with connection.cursor() as cursor:
         for sql, params in checked:
             cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
             plan = [row[-1] for row in cursor.fetchall()]
-            reads = [step for step in plan if step.startswith(("SCAN d", "SEARCH d"))]
+            reads = [step for step in plan if step.startswith(("SCAN d", "SEARCH d", "BLOOM FILTER ON d"))]
             assert reads == ["SEARCH d USING INTEGER PRIMARY KEY (rowid=?)"], plan

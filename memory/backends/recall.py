@@ -130,15 +130,17 @@ class RecallSQL:
             )
             return f"(SELECT n.id FROM {DOC_TABLE} n WHERE n.kind = 'episode' AND n.item_id = {episode})"
 
-        # The asked ids first, each document by its primary key (CROSS JOIN fixes that order in
-        # SQLite): with "d.id IN (...)", SQLite without statistics read every episode's document
-        # through the (kind, item_id) index to find the few hundred asked for.
+        # The asked documents by primary key: SQLite without statistics (no ANALYZE has run) took the
+        # (kind, item_id) index for "kind = 'episode'" instead and read every episode's document to
+        # find the few hundred asked for; a unary + keeps that term off any index (SQLite's documented
+        # way). A VALUES list joined first did no better: with statistics, SQLite scanned the whole
+        # table to build a Bloom filter for the join.
+        kind = "+d.kind" if connection.vendor == "sqlite" else "d.kind"
         sql = (
-            f"WITH wanted(id) AS (VALUES {', '.join(['(%s)'] * len(doc_ids))}) "
             f"SELECT d.id, e.session_id, {neighbour(True, 0)}, {neighbour(False, 0)}, "
             f"{neighbour(True, 1)}, {neighbour(False, 1)} "
-            f"FROM wanted w CROSS JOIN {DOC_TABLE} d JOIN {EPISODE_TABLE} e ON e.id = d.item_id "
-            "WHERE d.id = w.id AND d.kind = 'episode' AND e.session_id <> ''"
+            f"FROM {DOC_TABLE} d JOIN {EPISODE_TABLE} e ON e.id = d.item_id "
+            f"WHERE {kind} = 'episode' AND e.session_id <> '' AND d.id IN ({', '.join(['%s'] * len(doc_ids))})"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, list(doc_ids))
