@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .scratch import REPO, machine_reference, scratch_django
+from .scratch import REPO, gather_statistics, machine_reference, scratch_django
 
 DIMENSION = 384
 VOCABULARY = 20_000
@@ -246,7 +246,6 @@ def main(argv=None):
     figures = {}
     with scratch_django(args.database_url):
         from django.conf import settings
-        from django.db import connection
 
         from memory.conf import memory_settings
         from memory.embeddings import configured_mode, get_embedder
@@ -275,8 +274,7 @@ def main(argv=None):
                 started = time.perf_counter()
                 grow(built, size, rng, vocab, probs, progress)
                 service.optimize_recall_index()
-                with connection.cursor() as cursor:
-                    cursor.execute("ANALYZE")
+                gather_statistics()
                 build_s = time.perf_counter() - started
                 built = size
                 result = measure(service, queries, ("keyword", "hybrid"), progress, f"{size:,}")

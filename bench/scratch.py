@@ -95,6 +95,20 @@ def add_mode_argument(parser):
     )
 
 
+def gather_statistics():
+    """After a bulk load, the planner statistics a live store of this database would have by now.
+
+    PostgreSQL's autovacuum analyzes a table that grew, so a benchmark runs ANALYZE there. Nothing
+    analyzes a SQLite store (Engram runs no ANALYZE or PRAGMA optimize), so SQLite is measured
+    without statistics, as users run it: an ANALYZE here once hid a plan that read every document
+    of an owner on each recall (bench/README.md, recall latency)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+
+
 def machine_reference():
     """A line saying how fast this machine runs Python: seconds for a fixed loop of 10 million additions.
 
