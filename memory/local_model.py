@@ -42,6 +42,20 @@ def _gelu_(x):
     return x
 
 
+def _linear(x, weight, bias):
+    """x @ weight.T + bias over the last axis, with `weight` (out x in) as the model stores it.
+
+    Computed as (weight @ x.T).T: OpenBLAS multiplies token rows by the weight as stored faster
+    than by a transposed copy (x @ W): for the 384 x 1536 layer and 10 rows, 233 against 390 us.
+    `python -m bench.embedder`: 72.5-74.9 documents/s against 64.5, the same vectors. One question
+    stays at about 9.6 ms: it is bound by reading the six layers' 42 MB of weights, not by the
+    arithmetic. The result is a transposed view; callers that reshape it get a contiguous copy."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = (weight @ rows.T).T
+    out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 def _layer_norm(x, weight, bias, eps=1e-12):
     mean = x.mean(axis=-1, keepdims=True)
     centred = x - mean
@@ -69,13 +83,13 @@ class MiniLM:
         for i in range(6):
             p = f"encoder.layer.{i}."
 
-            def dense(name, p=p):  # weights transposed once, for x @ W
-                return np.ascontiguousarray(w[p + name + ".weight"].T), w[p + name + ".bias"]
+            def dense(name, p=p):  # weights as stored: (out x in), for _linear
+                return np.ascontiguousarray(w[p + name + ".weight"]), w[p + name + ".bias"]
 
             q, k, v = (dense(f"attention.self.{n}") for n in ("query", "key", "value"))
             self.layers.append(
                 {
-                    "qkv": (np.concatenate([q[0], k[0], v[0]], axis=1), np.concatenate([q[1], k[1], v[1]])),
+                    "qkv": (np.concatenate([q[0], k[0], v[0]], axis=0), np.concatenate([q[1], k[1], v[1]])),
                     "attention_out": dense("attention.output.dense"),
                     "attention_norm": (
                         w[p + "attention.output.LayerNorm.weight"],
@@ -111,10 +125,8 @@ class MiniLM:
         out = np.empty_like(rows)
         (w_in, b_in), (w_out, b_out) = layer["intermediate"], layer["out"]
         for start in range(0, len(rows), FEED_FORWARD_ROWS):
-            block = rows[start : start + FEED_FORWARD_ROWS] @ w_in
-            block += b_in
-            out[start : start + FEED_FORWARD_ROWS] = _gelu_(block) @ w_out
-        out += b_out
+            block = _linear(rows[start : start + FEED_FORWARD_ROWS], w_in, b_in)
+            out[start : start + FEED_FORWARD_ROWS] = _linear(_gelu_(block), w_out, b_out)
         return out.reshape(x.shape)
 
     def _forward(self, ids, mask):
@@ -126,7 +138,7 @@ class MiniLM:
         key_bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
         scale = np.float32(1.0 / np.sqrt(width))
         for layer in self.layers:
-            qkv = x @ layer["qkv"][0] + layer["qkv"][1]
+            qkv = _linear(x, *layer["qkv"])
             q, k, v = (
                 qkv[..., j * self.dimension : (j + 1) * self.dimension]
                 .reshape(batch, length, heads, width)
@@ -138,7 +150,7 @@ class MiniLM:
             weights = np.exp(scores)
             weights /= weights.sum(axis=-1, keepdims=True)
             context = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, length, self.dimension)
-            attended = context @ layer["attention_out"][0] + layer["attention_out"][1]
+            attended = _linear(context, *layer["attention_out"])
             x = _layer_norm(x + attended, *layer["attention_norm"])
             x = _layer_norm(x + self._feed_forward(x, layer), *layer["out_norm"])
         # Mean over the real tokens, then unit length (the model's Pooling and Normalize modules).
