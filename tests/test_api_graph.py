@@ -95,6 +95,17 @@ def test_a_facts_history_with_filters(api, graph):
     assert len(results(api.get("/api/v1/fact-versions/", {"valid_from_before": later}))) == FactHistory.objects.count()
 
 
+def test_a_time_with_any_utc_offset_filters_the_history_and_one_out_of_range_is_refused(api, graph):
+    """ISO 8601 allows offsets PostgreSQL does not (up to 24 hours against 15:59): the time is
+    compared in UTC, and one that leaves the calendar in UTC is a 400 naming the filter."""
+    everything = FactHistory.objects.count()
+    far_west = (timezone.now() - timedelta(days=1)).astimezone(timezone.get_fixed_timezone(-(20 * 60 + 19)))
+    assert len(results(api.get("/api/v1/fact-versions/", {"valid_from_after": far_west.isoformat()}))) == everything
+    assert results(api.get("/api/v1/fact-versions/", {"valid_from_before": "0103-12-08T20:57:43-20:19"})) == []
+    bad = api.get("/api/v1/fact-versions/", {"valid_from_after": "0001-01-01T00:00:00+05:00"})
+    assert bad.status_code == 400 and "valid_from_after" in bad.json()
+
+
 def test_the_promotion_ledger_with_filters(api, graph):
     ann = graph["ann"]
     ledger = Promotion.objects.get()
