@@ -62,7 +62,6 @@ def fill(n, rng, progress, label):
 
 
 def prepare_store():
-
     from memory.service import MemoryService
 
     MemoryService().optimize_search_index()

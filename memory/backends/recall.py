@@ -19,6 +19,15 @@ _EPOCH = {
 }
 
 
+def _off_index(column):
+    """`column` in a WHERE term that SQLite must not serve from an index. Without statistics (nothing
+    runs ANALYZE on a SQLite store) SQLite took the (kind, item_id) index for a test on the kind and
+    read every document of that kind to find the few hundred asked for by id. A unary + keeps a term
+    off any index (SQLite's documented way); PostgreSQL plans by its statistics and has no + for text.
+    """
+    return f"+{column}" if connection.vendor == "sqlite" else column
+
+
 class RecallSQL:
     """Mixed into MemoryBackend: the recall queries both databases share."""
 
@@ -77,8 +86,12 @@ class RecallSQL:
             return {}
         values = ", ".join(["(%s, %s)"] * len(owners))
         params = [p for owner, rank in owners for p in (owner, rank)]
-        where = ["o.k = d.owner", f"d.id IN ({', '.join(['%s'] * len(doc_ids))})"]
-        params += doc_ids
+        where = [
+            "o.k = d.owner",
+            f"d.id IN ({', '.join(['%s'] * len(doc_ids))})",
+            f"{_off_index('d.kind')} IN ({', '.join(['%s'] * len(kinds))})",
+        ]
+        params += [*doc_ids, *kinds]
         if min_confidence:
             where.append("(d.kind <> 'fact' OR d.importance >= %s)")
             params.append(min_confidence)
@@ -92,10 +105,10 @@ class RecallSQL:
             "+ CASE WHEN rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s OR rtrim(d.text) LIKE %s THEN 0 ELSE 1 END ELSE 0 END, "
             "CASE WHEN d.kind = 'episode' THEN length(d.text) ELSE 0 END "
             # The candidates by primary key, then their owner among the viewer's: CROSS JOIN makes
-            # SQLite read d first. Joined the other way, or with the kinds in the WHERE clause (they
-            # are filtered below instead), SQLite without statistics (no ANALYZE has run) read every
-            # document of the owner, or of the kind, through an index to find the few hundred asked
-            # for: at 100,000 documents, 10 ms of a 15 ms recall. PostgreSQL plans it alike either way.
+            # SQLite read d first. Joined the other way, SQLite without statistics (no ANALYZE has
+            # run) read every document of the owner through the owner index to find the few hundred
+            # asked for: at 100,000 documents, 10 ms of a 15 ms recall. PostgreSQL plans it alike
+            # either way.
             f"FROM {DOC_TABLE} d CROSS JOIN viewer_owners o "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
@@ -105,9 +118,7 @@ class RecallSQL:
         params = [*params[:pairs], "?", "?", ".", "!", "%?", "%.", "%!", *params[pairs:]]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        kinds = set(kinds)
-        return {row[0]: (*row[1:7], row[7] / row[8] if row[7] else 0.0, row[9]) for row in rows if row[1] in kinds}
+            return {row[0]: (*row[1:7], row[7] / row[8] if row[7] else 0.0, row[9]) for row in cursor.fetchall()}
 
     def recall_neighbours(self, doc_ids):
         """For episode documents: {doc id: (session id, [doc ids one before, one after, two before, two after])}.
@@ -130,17 +141,14 @@ class RecallSQL:
             )
             return f"(SELECT n.id FROM {DOC_TABLE} n WHERE n.kind = 'episode' AND n.item_id = {episode})"
 
-        # The asked documents by primary key: SQLite without statistics (no ANALYZE has run) took the
-        # (kind, item_id) index for "kind = 'episode'" instead and read every episode's document to
-        # find the few hundred asked for; a unary + keeps that term off any index (SQLite's documented
-        # way). A VALUES list joined first did no better: with statistics, SQLite scanned the whole
-        # table to build a Bloom filter for the join.
-        kind = "+d.kind" if connection.vendor == "sqlite" else "d.kind"
+        # The asked documents by primary key, the kind test kept off the index (_off_index). A
+        # VALUES list joined first did no better: with statistics, SQLite scanned the whole table to
+        # build a Bloom filter for the join.
         sql = (
             f"SELECT d.id, e.session_id, {neighbour(True, 0)}, {neighbour(False, 0)}, "
             f"{neighbour(True, 1)}, {neighbour(False, 1)} "
             f"FROM {DOC_TABLE} d JOIN {EPISODE_TABLE} e ON e.id = d.item_id "
-            f"WHERE {kind} = 'episode' AND e.session_id <> '' AND d.id IN ({', '.join(['%s'] * len(doc_ids))})"
+            f"WHERE {_off_index('d.kind')} = 'episode' AND e.session_id <> '' AND d.id IN ({', '.join(['%s'] * len(doc_ids))})"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, list(doc_ids))
