@@ -375,6 +375,38 @@ def test_a_recall_that_read_an_older_generation_does_not_rebuild_the_index(servi
     assert index.owners["global"] is not matrix
 
 
+def test_owners_behind_by_different_generations_load_together_each_its_own_new_documents(service, fake_embedder):
+    """One sync of several owners (a recall's viewer, the embedding worker's batch) loads them in one
+    statement: each owner gets exactly the documents stamped after what the index has of it."""
+    from memory.embeddings import get_embedder
+    from memory.models import RecallScope
+    from memory.vectors import VectorIndex
+
+    user = MemoryUser.objects.create(canonical_id="t:1")
+
+    def states():
+        return {o: (g, r) for o, g, r in RecallScope.objects.values_list("owner", "generation", "removed")}
+
+    def doc_ids(owner):
+        return set(RecallDocument.objects.filter(owner=owner).values_list("id", flat=True))
+
+    service.set_fact("a", "alpha", scope="global")
+    service.set_fact("b", "beta", scope="agent", agent_id="helper")
+    index = VectorIndex(get_embedder().dimension)  # not the process's, which the writes' links have synced
+    assert index.sync(states()) == 2
+    service.set_fact("c", "gamma", scope="global")
+    for key in ("d", "e", "f"):
+        service.set_fact(key, key * 3, scope="user", user_id=user.pk)  # a new owner
+    b = service.set_fact("b", "beta changed", scope="agent", agent_id="helper").fact  # a loaded document's new vector
+    assert index.sync(states()) == 5
+    for owner in states():
+        matrix = index.owners[owner]
+        assert set(matrix.row_of) == doc_ids(owner) and matrix.size - matrix.stale == len(doc_ids(owner))
+    [(hit, cosine)] = index.search(list(states()), get_embedder().query("world knowledge b beta changed"), 1)
+    assert hit == RecallDocument.objects.get(kind="fact", item_id=b.pk).pk and cosine > 0.99
+    assert index.sync(states()) == 0  # all caught up: nothing read
+
+
 def test_model_change_is_refused_until_reindexed(service, fake_embedder, settings):
     service.set_fact("drink", "espresso", scope="global")
     record = EmbeddingModelRecord.objects.get()
