@@ -29,8 +29,8 @@ import operator
 import threading
 
 import numpy as np
-from django.db import connection
 
+from .backends.rows import fetch_in_chunks
 from .conf import memory_settings, on_memory_settings_changed
 from .embeddings import from_blobs
 
@@ -278,21 +278,17 @@ class VectorIndex:
             expected += generation - since
         if group:
             groups.append(group)
-        with connection.cursor() as cursor:
-            for owners in groups:
-                where = " OR ".join(["(owner = %s AND vector_seq > %s)"] * len(owners))
-                cursor.execute(
-                    f"SELECT owner, id, embedding FROM {_DOC_TABLE} WHERE {where} ORDER BY owner, vector_seq, id",
-                    [value for owner in owners for value in (owner, behind[owner][1])],
-                )
-                while True:
-                    rows = cursor.fetchmany(_FETCH)
-                    if not rows:
-                        break
-                    for owner, owned in itertools.groupby(rows, key=operator.itemgetter(0)):
-                        owned = list(owned)
-                        behind[owner][0].apply([r[1] for r in owned], [r[2] for r in owned])
-                    loaded += len(rows)
+        for owners in groups:
+            where = " OR ".join(["(owner = %s AND vector_seq > %s)"] * len(owners))
+            for rows in fetch_in_chunks(
+                f"SELECT owner, id, embedding FROM {_DOC_TABLE} WHERE {where} ORDER BY owner, vector_seq, id",
+                [value for owner in owners for value in (owner, behind[owner][1])],
+                _FETCH,
+            ):
+                for owner, owned in itertools.groupby(rows, key=operator.itemgetter(0)):
+                    owned = list(owned)
+                    behind[owner][0].apply([r[1] for r in owned], [r[2] for r in owned])
+                loaded += len(rows)
         return loaded
 
     def search(self, owners, query, n):

@@ -199,3 +199,26 @@ class RowInsert:
             else:
                 params.append(field.get_db_prep_save(value, conn))
         return params
+
+
+def fetch_in_chunks(sql, params, size):
+    """The rows of one SELECT, `size` at a time, with binary columns (bytea) as raw bytes.
+
+    On PostgreSQL through a psycopg cursor of its own that asks for binary results: Django's cursor
+    reads them as text, where a stored vector travels and is decoded as hex, twice its size (loading
+    100,000 vectors: 1.8 s that way, 0.5 s this way). That cursor bypasses Django's execute wrappers.
+    """
+    conn = connections[DEFAULT_DB_ALIAS]
+    if conn.vendor != "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            while rows := cursor.fetchmany(size):
+                yield rows
+        return
+    import psycopg
+
+    conn.ensure_connection()
+    with psycopg.Cursor(conn.connection) as cursor:
+        cursor.execute(sql, params, binary=True)
+        while rows := cursor.fetchmany(size):
+            yield rows
