@@ -143,3 +143,26 @@ def test_recall_statements_find_a_viewers_documents_only(backend, service, user_
         service.set_fact("more", "x", scope=Scope.GLOBAL)
     backend.optimize()
     assert backend.get_fact("more", Viewer()).value == "x"
+
+
+def test_rows_read_in_chunks_bring_stored_bytes_back_as_written_and_errors_as_djangos(db):
+    """fetch_in_chunks (the vector index's loads): on PostgreSQL a cursor of its own with binary
+    results; the bytes come back as stored, and a failing statement raises Django's DatabaseError
+    (what the callers catch), which rolls back the atomic block around it as Django's cursor would."""
+    from django.db import DatabaseError
+
+    from memory.backends.rows import fetch_in_chunks
+    from memory.models import RecallDocument
+
+    blobs = [bytes(range(256)) * 6, b"\x00" * 1536, bytes(1536)]
+    for i, blob in enumerate(blobs):
+        Fact.objects.create(key=f"k{i}", value="v", scope=Scope.GLOBAL, search_text=f"k{i} v")
+        RecallDocument.objects.filter(kind="fact", item_id=Fact.objects.get(key=f"k{i}").pk).update(embedding=blob)
+    sql = "SELECT id, embedding FROM memory_recall_doc WHERE kind = %s ORDER BY id"
+    chunks = list(fetch_in_chunks(sql, ["fact"], 2))
+    assert [len(chunk) for chunk in chunks] == [2, 1]
+    assert [bytes(row[1]) for chunk in chunks for row in chunk] == blobs
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Fact.objects.create(key="gone", value="v", scope=Scope.GLOBAL, search_text="gone v")
+        list(fetch_in_chunks("SELECT no_such_column FROM memory_recall_doc", [], 10))
+    assert sorted(Fact.objects.values_list("key", flat=True)) == ["k0", "k1", "k2"]  # rolled back, usable

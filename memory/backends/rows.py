@@ -206,7 +206,8 @@ def fetch_in_chunks(sql, params, size):
 
     On PostgreSQL through a psycopg cursor of its own that asks for binary results: Django's cursor
     reads them as text, where a stored vector travels and is decoded as hex, twice its size (loading
-    100,000 vectors: 1.8 s that way, 0.5 s this way). That cursor bypasses Django's execute wrappers.
+    100,000 vectors: 1.8 s that way, 0.5 s this way). That cursor bypasses Django's execute wrappers;
+    its errors are Django's all the same (wrap_database_errors), as callers catch those.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     if conn.vendor != "postgresql":
@@ -218,7 +219,7 @@ def fetch_in_chunks(sql, params, size):
     import psycopg
 
     conn.ensure_connection()
-    with psycopg.Cursor(conn.connection) as cursor:
+    with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
         cursor.execute(sql, params, binary=True)
         while rows := cursor.fetchmany(size):
             yield rows
