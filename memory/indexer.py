@@ -13,6 +13,10 @@ which uses the CPU the requests leave; a batch still unanswered when its oldest 
 worker itself runs at the requests' priority: one that ran below them (nice +10, as it once did)
 fell behind for good on a busy machine, and vector recall missed writes for minutes.
 
+The `similar` edges of what it embedded (memory/relations.py) wait until no more writes wait for it
+(at most LINK_AFTER_SECONDS): a link loads each document's owner into this process's vector index,
+and between the batches of a burst of writes those loads held up the writers of the process.
+
 EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
 
@@ -41,19 +45,24 @@ from .conf import memory_settings
 from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from .model_process import vectors_due
 from .models import PENDING_VECTOR, RecallDocument, StoreItem
-from .relations import link_similar
+from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
 
 MAX_PAUSE_SECONDS = 60.0
+# The `similar` edges of what the worker embedded wait until no more writes wait for it, at most this
+# long and this many documents (memory/relations.py; Indexer._link_when_quiet).
+LINK_AFTER_SECONDS = 5.0
+LINK_MAX_WAITING = 4096
 STORE = "store"  # the queue's kind of EngramStore items (their own table); other kinds are recall documents
 MODELS = (RecallDocument, StoreItem)  # where pending texts wait for a vector
 
 
-def embed_documents(docs, model=RecallDocument):
+def embed_documents(docs, model=RecallDocument, *, link=True):
     """Embed (row id, text) pairs of `model` and store the vectors of those whose text is unchanged; how many stored.
 
     Never call inside a transaction: the model call happens here, the writes in one short transaction.
+    `link`: also link recall documents to their closest ones now (the worker links later, in bulk).
     """
     from .recall import model_guard
 
@@ -77,7 +86,7 @@ def embed_documents(docs, model=RecallDocument):
             [row for row in rows if row[1] in held],
         )
         stored = max(cursor.rowcount, 0)
-    if model is RecallDocument:
+    if link and model is RecallDocument:
         link_similar([(doc_id, vector) for (doc_id, _), vector in zip(docs, vectors)])
     return stored
 
@@ -128,6 +137,8 @@ class Indexer:
         self._pid = None
         self._sweep = True  # a new worker first embeds whatever an earlier process left pending
         self._busy = False
+        self._unlinked = set()  # recall documents the worker embedded and has not linked yet (its thread's own)
+        self._unlinked_since = None
         self.failures = 0
         self.last_error = ""
         self.embedded = 0
@@ -177,7 +188,7 @@ class Indexer:
         if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             return
         if self._pid is not None and self._pid != os.getpid():  # a forked child: the thread stayed behind
-            self._queue, self._busy, self._sweep = {}, False, True
+            self._queue, self._busy, self._sweep, self._unlinked = {}, False, True, set()
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="engram-indexer", daemon=True)
         self._thread.start()
@@ -221,6 +232,7 @@ class Indexer:
                 due = None if since is None else since + float(memory_settings.EMBED_DUE_MS) / 1000.0
                 with vectors_due(due):
                     self._drain(work)
+                self._link_when_quiet()
                 pause = 0.0
                 with self._cond:
                     self._sweep = self._sweep and not sweep
@@ -264,7 +276,8 @@ class Indexer:
             docs = pending_documents(kind_items=work, limit=batch)
             if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
                 return
-            self.embedded += embed_documents(docs)
+            self.embedded += embed_documents(docs, link=False)
+            self._note_unlinked(docs)
             if len(docs) < batch:
                 return
             last = docs
@@ -272,7 +285,34 @@ class Indexer:
     def _embed_rows(self, model, ids, batch):
         for start in range(0, len(ids), batch):
             docs = pending_documents(model, ids=ids[start : start + batch], limit=batch)
-            self.embedded += embed_documents(docs, model)
+            self.embedded += embed_documents(docs, model, link=False)
+            if model is RecallDocument:
+                self._note_unlinked(docs)
+
+    def _note_unlinked(self, docs):
+        if docs and not self._unlinked:
+            self._unlinked_since = time.monotonic()
+        self._unlinked.update(doc_id for doc_id, _ in docs)
+
+    def _link_when_quiet(self):
+        """Link what the worker embedded once no more writes wait for it (or the oldest has waited
+        LINK_AFTER_SECONDS, or LINK_MAX_WAITING documents wait), all in one pass.
+
+        A link loads the vectors of each document's owner into this process's index, which the
+        process's requests share the interpreter with: during a burst of writes, links between the
+        worker's batches held up the writers (bench.facts), so a burst is linked after it.
+        """
+        if not self._unlinked:
+            return
+        with self._cond:
+            quiet = not self._queue
+        waited = time.monotonic() - self._unlinked_since
+        if not (quiet or waited >= LINK_AFTER_SECONDS or len(self._unlinked) >= LINK_MAX_WAITING):
+            return
+        ids, self._unlinked = sorted(self._unlinked), set()
+        embedder = get_embedder()
+        if embedder is not None:
+            link_similar_ids(ids, embedder.dimension)
 
 
 indexer = Indexer()

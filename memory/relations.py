@@ -1,8 +1,9 @@
 """The memory graph (seed 001's memory_relations): edges between recall documents, off the write path.
 
-- `similar`: when the embedding worker has stored vectors (after the writes committed, in its own
-  short transaction), it links each document to its RELATIONS["SIMILAR_TOP"] closest documents of
-  the same owner whose cosine is at least RELATIONS["SIMILAR_MIN_COSINE"]; the weight is the cosine.
+- `similar`: once the embedding worker has stored vectors (after the writes committed, in its own
+  short transaction) and no more writes wait for it (memory/indexer.py: a burst is linked after it,
+  within seconds), it links each document to its RELATIONS["SIMILAR_TOP"] closest documents of the
+  same owner whose cosine is at least RELATIONS["SIMILAR_MIN_COSINE"]; the weight is the cosine.
   Same owner only, so an edge never joins two people's memories.
 - `supports`: consolidation links each fact it wrote to the episode it was distilled from (weight 1),
   in the consolidation's own transaction.
@@ -87,10 +88,9 @@ def link_similar(docs):
         return 0
 
 
-def relink_similar(doc_ids, dimension, *, batch_size=256, progress=None):
-    """Rebuild the `similar` edges of these documents from their stored vectors (after a reindex);
-    returns the edges written. `progress(done, total)` after each batch."""
-    MemoryRelation.objects.filter(relation=Relation.SIMILAR, source_id__in=doc_ids).delete()
+def link_similar_ids(doc_ids, dimension, *, batch_size=256, progress=None):
+    """`similar` edges of these documents from the vectors they have stored now (a document without
+    one is skipped); returns the edges written. `progress(done, total)` after each batch."""
     written = 0
     for start in range(0, len(doc_ids), batch_size):
         rows = RecallDocument.objects.filter(pk__in=doc_ids[start : start + batch_size], embedding__isnull=False)
@@ -99,6 +99,13 @@ def relink_similar(doc_ids, dimension, *, batch_size=256, progress=None):
         if progress:
             progress(min(start + batch_size, len(doc_ids)), len(doc_ids))
     return written
+
+
+def relink_similar(doc_ids, dimension, *, batch_size=256, progress=None):
+    """Rebuild the `similar` edges of these documents from their stored vectors (after a reindex);
+    returns the edges written. `progress(done, total)` after each batch."""
+    MemoryRelation.objects.filter(relation=Relation.SIMILAR, source_id__in=doc_ids).delete()
+    return link_similar_ids(doc_ids, dimension, batch_size=batch_size, progress=progress)
 
 
 def link_supports(fact_episode_pairs):

@@ -1,8 +1,9 @@
 """Embedders for the embedding worker's tests, importable by dotted path (also from a second process).
 
 Each wraps LangChain's DeterministicFakeEmbedding (a real `Embeddings`): one refuses to run inside a
-database transaction, one raises while a switch is on, one blocks until released. ConceptEmbedding
-knows a few synonyms (for the tests of how recall fuses its two legs).
+database transaction, one raises while a switch is on, one blocks until released (also as
+ConceptEmbedding). ConceptEmbedding knows a few synonyms (for the tests of how recall fuses its two
+legs).
 """
 
 import threading
@@ -102,3 +103,11 @@ class ConceptEmbedding(Embeddings):
 
     def embed_query(self, text):
         return self._embed(text)
+
+
+class BlockingConceptEmbedding(ConceptEmbedding):
+    """ConceptEmbedding that blocks document embeddings until `released` is set."""
+
+    def embed_documents(self, texts):
+        released.wait()
+        return super().embed_documents(texts)

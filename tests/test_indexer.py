@@ -285,3 +285,21 @@ def test_the_worker_skips_a_row_another_transaction_holds_instead_of_waiting(set
     assert result == [1]
     assert RecallDocument.objects.get(pk=other.pk).embedding is not None
     assert RecallDocument.objects.get(pk=held.pk).embedding is None  # still pending: a later pass embeds it
+
+
+def test_a_burst_of_writes_is_linked_after_it_each_to_its_closest_of_the_whole_burst(settings, service):
+    """The worker links what it embedded once no more writes wait for it: a document embedded while
+    the rest of the burst was still queued is linked to the documents written after it too."""
+    from memory.models import MemoryRelation, Relation
+
+    configure(settings, "BlockingConceptEmbedding")  # the three texts are alike
+    emb.released.clear()
+    first = service.set_fact("a", "green tea every morning", scope="global").fact
+    time.sleep(0.5)  # the worker has taken the first write alone and hangs in the model
+    later = [service.set_fact(key, "green tea every morning", scope="global").fact for key in ("b", "c")]
+    emb.released.set()
+    assert service.wait_for_vectors(timeout=30)
+    docs = dict(RecallDocument.objects.filter(kind="fact").values_list("item_id", "id"))
+    similar = set(MemoryRelation.objects.filter(relation=Relation.SIMILAR).values_list("source_id", "target_id"))
+    assert {(docs[first.pk], docs[fact.pk]) for fact in later} <= similar
+    assert {(docs[fact.pk], docs[first.pk]) for fact in later} <= similar
