@@ -15,7 +15,8 @@ fell behind for good on a busy machine, and vector recall missed writes for minu
 
 The `similar` edges of what it embedded (memory/relations.py) wait until no more writes wait for it
 (at most LINK_AFTER_SECONDS): a link loads each document's owner into this process's vector index,
-and between the batches of a burst of writes those loads held up the writers of the process.
+and between the batches of a burst of writes those loads held up the writers of the process. Edges a
+killed process had not written yet are hints lost, not memories: `memory reindex` rebuilds them.
 
 EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
