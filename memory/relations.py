@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .backends.base import VERSION_TABLE
-from .backends.rows import held_rows
+from .backends.rows import fetch_in_chunks, held_rows
 from .buffers import WriteBuffer
 from .conf import memory_settings
 from .embeddings import from_blobs
@@ -93,8 +93,15 @@ def link_similar_ids(doc_ids, dimension, *, batch_size=256, progress=None):
     one is skipped); returns the edges written. `progress(done, total)` after each batch."""
     written = 0
     for start in range(0, len(doc_ids), batch_size):
-        rows = RecallDocument.objects.filter(pk__in=doc_ids[start : start + batch_size], embedding__isnull=False)
-        docs = [(pk, from_blobs([blob], dimension)) for pk, blob in rows.values_list("id", "embedding")]
+        chunk = doc_ids[start : start + batch_size]
+        # Vectors as binary results on PostgreSQL (fetch_in_chunks), as the vector index reads them.
+        sql = (
+            f"SELECT id, embedding FROM {RecallDocument._meta.db_table} "
+            f"WHERE id IN ({', '.join(['%s'] * len(chunk))}) AND embedding IS NOT NULL"
+        )
+        docs = [
+            (pk, from_blobs([blob], dimension)) for rows in fetch_in_chunks(sql, chunk, batch_size) for pk, blob in rows
+        ]
         written += link_similar(docs)
         if progress:
             progress(min(start + batch_size, len(doc_ids)), len(doc_ids))
