@@ -41,6 +41,8 @@ DIMENSION = 384
 VOCABULARY = 20_000
 AGENT = "bench"
 BATCH = 5_000
+# The targets for hybrid p95 with the query's embedding (ms), by items in scope: drawn on the plot.
+P95_TARGET_MS = {100_000: 25, 1_000_000: 60}
 
 
 def _words(rng):
@@ -202,18 +204,24 @@ def plot(figures, path):
 
     sizes = sorted(int(s) for s in figures)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, style in (("keyword", "-"), ("hybrid", "--")):
+    # What a user waits for is the last series: hybrid with the query's embedding (cache emptied).
+    series = (("keyword", "keyword", "-"), ("hybrid", "hybrid, embedding not counted", "--"))
+    series += (("hybrid_with_embedding", "hybrid, embedding counted", ":"),)
+    for key, name, style in series:
         for stat, marker in (("p50", "o"), ("p95", "s")):
             ax.plot(
                 sizes,
-                [figures[str(s)][f"{mode}_{stat}_ms"] for s in sizes],
+                [figures[str(s)][f"{key}_{stat}_ms"] for s in sizes],
                 style,
                 marker=marker,
-                label=f"{mode} {stat}",
+                label=f"{name}, {stat}",
             )
+    targets = [(s, P95_TARGET_MS[s]) for s in sizes if s in P95_TARGET_MS]
+    if targets:
+        ax.plot(*zip(*targets), "kx", markersize=9, label="target for the p95 with the embedding")
     ax.set_xscale("log")
     ax.set_xlabel("items in the viewer's scope")
-    ax.set_ylabel("recall latency (ms, without the query's embedding)")
+    ax.set_ylabel("recall latency (ms)")
     ax.set_title("MemoryService.recall latency")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
