@@ -22,8 +22,12 @@ OPSET = 20  # the first with a Gelu operator (exact, erf-based: "gelu" in the mo
 
 
 def encoder_graph(weights):
-    """The encoder and its pooling as an ONNX model: token ids and mask (batch x length, int64) in,
-    unit vectors (batch x 384, float32) out. `weights` are the safetensors tensors by name."""
+    """The encoder and its pooling as an ONNX model: the tokens' embeddings (batch x length x 384,
+    float32: word + position + token type, before their layer norm) and the mask (batch x length,
+    int64) in, unit vectors (batch x 384, float32) out. `weights` are the safetensors tensors by name.
+
+    The embeddings' lookup stays outside: the word table is half the weights, and the graph and ONNX
+    Runtime would each hold a copy of it."""
     from onnx import TensorProto, helper, numpy_helper
 
     initializers, nodes = [], []
@@ -62,13 +66,7 @@ def encoder_graph(weights):
 
     width = weights["embeddings.word_embeddings.weight"].shape[1]
     head_width = width // HEADS
-    length = op("Shape", "input_ids", start=1, end=2)
-    positions = op(
-        "Slice", const("positions", weights["embeddings.position_embeddings.weight"]), ints("zero", [0]), length
-    )
-    x = op("Gather", const("words", weights["embeddings.word_embeddings.weight"]), "input_ids")
-    x = op("Add", op("Add", x, positions), const("token_type", weights["embeddings.token_type_embeddings.weight"][0]))
-    x = layer_norm(x, "embeddings.LayerNorm")
+    x = layer_norm("token_embeddings", "embeddings.LayerNorm")
     mask = op("Cast", "attention_mask", to=TensorProto.FLOAT)
     # Padding keys get a large negative score (batch x 1 x 1 x length), so softmax gives them no weight.
     key_bias = op("Mul", op("Sub", scalar("one", 1.0), mask), scalar("minus_large", -1e9))
@@ -100,8 +98,8 @@ def encoder_graph(weights):
         nodes,
         "all-MiniLM-L6-v2",
         [
-            helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "length"])
-            for name in ("input_ids", "attention_mask")
+            helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["batch", "length", width]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "length"]),
         ],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
         initializers,
@@ -126,7 +124,11 @@ class MiniLM:
         self.tokenizer.no_padding()  # the file pads to a fixed length; batches here pad to their longest
         self.tokenizer.enable_truncation(MAX_TOKENS)
         weights = load_file(str(folder / "model.safetensors"))
-        self.dimension = weights["embeddings.word_embeddings.weight"].shape[1]
+        # Copies: the tensors are views of the file's whole buffer, which would stay alive with them.
+        self.words = weights["embeddings.word_embeddings.weight"].copy()
+        self.positions = weights["embeddings.position_embeddings.weight"].copy()
+        self.token_type = weights["embeddings.token_type_embeddings.weight"][0].copy()
+        self.dimension = self.words.shape[1]
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
@@ -150,5 +152,6 @@ class MiniLM:
                 n = len(encodings[i].ids)
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            out[batch] = self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            tokens = self.words[ids] + self.positions[:length] + self.token_type
+            out[batch] = self._session.run(None, {"token_embeddings": tokens, "attention_mask": mask})[0]
         return out

@@ -4,12 +4,12 @@ Why a process and not the embedding worker's thread: the worker shares its inter
 requests of its process, and every statement a request runs hands the interpreter over and has to
 take it back. `python -m bench.facts` (SQLite, hybrid, 2 cores, one session): sets at about 1,500/s
 with the model in the worker's thread, about 1,800/s with it here (about 1,930/s with no embedding
-at all). At nice 19 the child takes only the CPU the rest leaves, so it may use a thread on
-every core (the in-process model keeps to one, which would compete with requests) and embeds a
-batch about a third faster. Its idle threads sleep at once instead of spinning: a spinning
-thread, even at nice 19, delays every wake-up of the other processes, and on PostgreSQL each
-statement is a round trip that wakes the client (sets 241/s with spinning threads, 373/s without).
-The vectors are the same: the same code and weights (memory/local_model.py) run there.
+at all). At nice 19 the child takes only the CPU the rest leaves. It runs the model on one thread,
+as the catch-up child below does: ONNX Runtime splits each product evenly between its threads and
+waits for the last, so a second thread on a core the requests keep busy holds up the whole batch
+(bench.facts, SQLite, hybrid: sets at 1,300-1,520/s with two threads, 1,610-1,630/s with one, before
+the catch-up child was waited for). The vectors are the same: the same code and weights
+(memory/local_model.py) run there.
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
 (pickles, between this package's own two ends only). It imports no Django and opens no database;
@@ -21,9 +21,10 @@ allowance: until its oldest write's due time (the embedding worker's batches: ME
 after that write committed, see vectors_due), else ANSWER_SECONDS or twice what one busy core needs
 for its characters. A batch the child has not answered by then is late, and goes to a second
 child, the catch-up child, which runs at the parent's priority with one thread (started the
-first time a batch is late): the vectors take their share of the CPU now. Not the worker's own
-thread: there the model would hold the interpreter the requests of the process need
-(bench.webhook, SQLite, hybrid: 27 updates/s with late batches embedded in the worker's thread).
+first time a batch is late, and waited for while it loads its weights): the vectors take their
+share of the CPU now. Not the worker's own thread: there the model would hold the interpreter the
+requests of the process need (bench.webhook, SQLite, hybrid: 27 updates/s with late batches
+embedded in the worker's thread).
 The background child finishes a late batch in the CPU left over; its late answer is read and
 dropped before it is sent another, and until then, as while it loads its weights, batches go
 straight to the catch-up child. A child that fails to start, dies or answers garbage is logged and
@@ -115,8 +116,12 @@ class ModelProcess:
                 due = None if self.catch_up else _due.get()
                 if due is not None:  # the writes' own deadline, however long the batch
                     allowance = due - time.monotonic()
+                # The catch-up child loading its weights is waited for: embedding here instead would
+                # take the CPU and the interpreter of the requests in this process (bench.facts,
+                # SQLite, hybrid: a burst of sets at 1,680-1,690/s with that, 1,900-2,050/s without).
+                wait = allowance if self.catch_up and self._loading else 0.0
                 # Loading its weights, still on a batch it was late with, or the batch is late already.
-                if allowance <= 0 or not self._caught_up(child, 0.0):
+                if allowance <= 0 or not self._caught_up(child, wait):
                     return fallback(texts)
                 pickle.dump(texts, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 child.stdin.flush()
@@ -212,7 +217,7 @@ def model_process(folder, catch_up=False):
         return _shared[key]
 
 
-def serve(folder, source, sink, threads=1):
+def serve(folder, source, sink):
     """The child's loop: "ready", then a list of texts in, ("ok", vectors) or ("error", message) out, until EOF."""
     from .local_model import MiniLM
 
@@ -224,7 +229,7 @@ def serve(folder, source, sink, threads=1):
         except BrokenPipeError:  # the parent went meanwhile (a late answer it no longer reads)
             return False
 
-    model = MiniLM(Path(folder), threads=threads)
+    model = MiniLM(Path(folder))  # one thread: see the module's docstring
     ready = send(READY)
     while ready:
         try:
@@ -239,16 +244,14 @@ def serve(folder, source, sink, threads=1):
 
 
 def main(argv):
-    threads = 1  # the catch-up child, at the requests' priority: one core's worth of CPU at most
     if "--background" in argv:
-        threads = os.cpu_count() or 1  # at nice 19 it gets only what the rest leaves of every core
         try:
             os.setpriority(os.PRIO_PROCESS, 0, NICE)
         except (AttributeError, OSError):  # not Linux, or not allowed: run at the parent's priority
             pass
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers may reach the parent's pipe
-    serve(argv[0], source, sink, threads)
+    serve(argv[0], source, sink)
 
 
 if __name__ == "__main__":

@@ -201,6 +201,23 @@ def test_a_model_process_that_cannot_start_is_logged_and_its_batch_embedded_here
         process.close()
 
 
+def test_a_batch_for_the_catch_up_process_waits_while_it_loads_instead_of_being_embedded_here(local_model):
+    """The catch-up child runs at the requests' priority; embedding its first batches in this process
+    while it loads would take the requests' own CPU and interpreter, so they wait for it."""
+    import numpy as np
+
+    from memory.model_process import ModelProcess
+
+    process = ModelProcess(local_model.embeddings.process._folder, catch_up=True)
+    try:
+        texts = unrelated(5, seed=4)
+        vectors = process.encode(texts, fallback=lambda texts: pytest.fail("embedded in this process"))
+        assert process.child_pid is not None
+        assert np.allclose(vectors, local_model.embeddings._model.encode(texts), atol=1e-6)
+    finally:
+        process.close()
+
+
 def test_a_batch_the_model_process_is_too_slow_for_is_embedded_here_and_its_late_answer_dropped(
     monkeypatch, local_model
 ):
