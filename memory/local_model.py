@@ -7,8 +7,9 @@ encoder, mean pooling over the real tokens, unit length) on the same files: the 
 `safetensors`. No exported model file is shipped or downloaded: the network is written here as an
 ONNX graph around those weights (`onnx`'s helpers) and ONNX Runtime runs it, with its own kernels
 for the matrix products, layer norms and GELU. `python -m bench.embedder` checks that its vectors
-are the sentence-transformers ones (cosine >= 0.999) and measures both: one question in 2.7 ms on
-one thread against 5.7 ms for the numpy forward pass this replaced, batches twice as fast.
+are the sentence-transformers ones (cosine >= 0.999) and measures both: one question in 2.9 ms
+(p50, one thread) against 7.5 ms for the numpy forward pass this replaced, and 156 documents a
+second against 73.
 """
 
 import numpy as np
