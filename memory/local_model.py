@@ -133,6 +133,9 @@ class MiniLM:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
+        # No memory arena for a call's activations: the process stays 8 MB smaller (257 against 265
+        # MB after warm calls) at the same speed (one question 4.14 against 4.20 ms).
+        options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(
