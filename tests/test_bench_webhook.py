@@ -37,9 +37,11 @@ def test_webhook_benchmark_prints_one_json_object(server):
         "errors",
         "vectors_pending",
         "server_log_chars",
+        "errors_logged",
     }
     assert result["server_log_chars"] > 0  # gunicorn's start-up lines at least: the log was read back
     assert result["vectors_pending"] >= 0 and (result["mode"] == "hybrid" or result["vectors_pending"] == 0)
     assert result["server"] == server
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
+    assert result["errors_logged"] == 0  # no turn went without its memory either
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]

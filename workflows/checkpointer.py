@@ -8,6 +8,8 @@ serialise their own calls with a lock; use them only through `BaseCheckpointSave
 import logging
 import sqlite3
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -80,6 +82,8 @@ def _sqlite_saver():
 
 
 CONNECTION_WAIT_S = 5
+SETUP_LOCK_KEY = int.from_bytes(b"ckpsetup", "big")  # a PostgreSQL advisory lock key of its own (a bigint)
+SETUP_WAIT_S = 60
 
 
 def _postgres_saver():
@@ -111,8 +115,31 @@ def _postgres_saver():
         open=True,
     )
     saver = PostgresSaver(pool)
-    saver.setup()
+    with _setup_lock(pool):
+        saver.setup()
     return saver, pool.close
+
+
+@contextmanager
+def _setup_lock(pool):
+    """One process at a time sets the PostgreSQL saver up; the others then find its tables there.
+
+    Every server process sets the saver up on its first run, and on a fresh database those runs
+    come at once: the saver's CREATE TABLE IF NOT EXISTS and migration rows collided ("duplicate
+    key value violates unique constraint"), and the turn went without its conversation. The waiters
+    poll for the lock between statements instead of blocking in one: the saver's migrations build
+    indexes CONCURRENTLY, which wait for every running statement to end, a blocked waiter's too.
+    """
+    deadline = time.monotonic() + SETUP_WAIT_S
+    with pool.connection() as conn:
+        while not conn.execute("SELECT pg_try_advisory_lock(%s) AS taken", (SETUP_LOCK_KEY,)).fetchone()["taken"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"another process kept the checkpointer's setup lock for {SETUP_WAIT_S} s")
+            time.sleep(0.05)
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))
 
 
 def scrub_sqlite_files():
