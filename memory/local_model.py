@@ -88,10 +88,9 @@ def encoder_graph(weights):
         hidden = op("Gelu", dense(x, p + "intermediate.dense"))
         x = layer_norm(op("Add", x, dense(hidden, p + "output.dense")), p + "output.LayerNorm")
     # Mean over the real tokens, then unit length (the model's Pooling and Normalize modules).
-    summed = op(
-        "ReduceSum", op("Mul", x, op("Unsqueeze", mask, ints("token_axis", [2]))), ints("sequence", [1]), keepdims=0
-    )
-    count = op("Max", op("ReduceSum", mask, ints("sequence_", [1]), keepdims=1), scalar("tiny", 1e-9))
+    sequence = ints("sequence", [1])
+    summed = op("ReduceSum", op("Mul", x, op("Unsqueeze", mask, ints("token_axis", [2]))), sequence, keepdims=0)
+    count = op("Max", op("ReduceSum", mask, sequence, keepdims=1), scalar("tiny", 1e-9))
     pooled = op("Div", summed, count)
     norm = op("Max", op("ReduceL2", pooled, ints("vector", [1]), keepdims=1), scalar("tinier", 1e-12))
     nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"]))
@@ -125,10 +124,9 @@ class MiniLM:
         self.tokenizer.no_padding()  # the file pads to a fixed length; batches here pad to their longest
         self.tokenizer.enable_truncation(MAX_TOKENS)
         weights = load_file(str(folder / "model.safetensors"))
-        # Copies: the tensors are views of the file's whole buffer, which would stay alive with them.
-        self.words = weights["embeddings.word_embeddings.weight"].copy()
-        self.positions = weights["embeddings.position_embeddings.weight"].copy()
-        self.token_type = weights["embeddings.token_type_embeddings.weight"][0].copy()
+        self.words = weights["embeddings.word_embeddings.weight"]
+        self.positions = weights["embeddings.position_embeddings.weight"]
+        self.token_type = weights["embeddings.token_type_embeddings.weight"][0]
         self.dimension = self.words.shape[1]
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
