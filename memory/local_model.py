@@ -3,14 +3,23 @@
 sentence-transformers spends ~15 ms of fixed overhead on every call on this machine, most of a
 recall's time when the call embeds one short question. This runs the same network (a 6-layer BERT
 encoder, mean pooling over the real tokens, unit length) on the same files: the tokenizer from
-`tokenizer.json` with the `tokenizers` package, the weights from `model.safetensors` with
-`safetensors`. No exported model file is shipped or downloaded: the network is written here as an
-ONNX graph around those weights (`onnx`'s helpers) and ONNX Runtime runs it, with its own kernels
-for the matrix products, layer norms and GELU. `python -m bench.embedder` checks that its vectors
-are the sentence-transformers ones (cosine >= 0.999) and measures both: one question in 2.9 ms
-(p50, one thread) against 7.5 ms for the numpy forward pass this replaced, and 156 documents a
-second against 73.
+`tokenizer.json` with the `tokenizers` package, the weights from `model.safetensors`. No exported
+model file is shipped or downloaded: the network is written here as an ONNX graph (`onnx`'s helpers)
+whose weights are references into `model.safetensors`, and ONNX Runtime runs it, with its own
+kernels for the matrix products, layer norms and GELU. `python -m bench.embedder` checks that its
+vectors are the sentence-transformers ones (cosine >= 0.999) and measures both: one question in
+2.9 ms (p50, one thread) against 7.5 ms for the numpy forward pass this replaced, and 156 documents
+a second against 73.
+
+Memory: ONNX Runtime reads the encoder's weights from the file itself, and the embedding tables are
+mapped from it (numpy.memmap), so they are the system's page cache, shared by every process that
+loads the model, and only the rows of words that occur are read. A process with a loaded model is
+121 MB resident (60 MB of it the imports) against 252 MB when the graph held the weights
+(`python -m bench.embedder`, `engram_process_mb`).
 """
+
+import json
+import struct
 
 import numpy as np
 
@@ -20,27 +29,60 @@ MAX_TOKENS = 256
 BATCH = 32  # texts per forward pass, grouped by length so that little padding is computed
 LAYERS, HEADS, EPSILON = 6, 12, 1e-12  # the model's config.json
 OPSET = 20  # the first with a Gelu operator (exact, erf-based: "gelu" in the model's config)
+WEIGHTS_FILE = "model.safetensors"
 
 
-def encoder_graph(weights):
+def safetensors_layout(path):
+    """{name: (shape, offset in the file, bytes)} of the float32 tensors of a safetensors file.
+
+    The format (huggingface/safetensors): an 8-byte little-endian header length, a JSON header giving
+    each tensor's dtype, shape and [start, end) in the data after it. The `safetensors` package reads
+    tensors into memory; ONNX Runtime and numpy.memmap need where they are instead.
+    """
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    layout = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] != "F32":  # BERT's position_ids (int64) are not weights
+            continue
+        start, end = info["data_offsets"]
+        layout[name] = (tuple(info["shape"]), 8 + length + start, end - start)
+    return layout
+
+
+def encoder_graph(layout):
     """The encoder and its pooling as an ONNX model: the tokens' embeddings (batch x length x 384,
     float32: word + position + token type, before their layer norm) and the mask (batch x length,
-    int64) in, unit vectors (batch x 384, float32) out. `weights` are the safetensors tensors by name.
+    int64) in, unit vectors (batch x 384, float32) out. The weights are references into WEIGHTS_FILE
+    (`layout`: safetensors_layout), which ONNX Runtime reads from the model's folder.
 
-    The embeddings' lookup stays outside: the word table is half the weights, and the graph and ONNX
-    Runtime would each hold a copy of it."""
+    Each linear layer is one Gemm over the batch's tokens flattened to rows, with the weight as
+    stored (torch's Linear keeps out x in: transB) and its bias: no transposed copy of a weight, and
+    a tenth faster than MatMul then Add on 3-d inputs. The embeddings' lookup stays outside: the
+    word table is half the weights, and most of its rows are never read.
+    """
     from onnx import TensorProto, helper, numpy_helper
 
     initializers, nodes = [], []
 
-    def const(name, array):
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    def weight(name):
+        shape, offset, size = layout[name]
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", size)):
+            tensor.external_data.add(key=key, value=str(value))
+        initializers.append(tensor)
         return name
 
-    def op(kind, *inputs, outputs=1, **attributes):
-        names = [f"{kind}_{len(nodes)}_{i}" for i in range(outputs)]
-        nodes.append(helper.make_node(kind, list(inputs), names, **attributes))
-        return names[0] if outputs == 1 else names
+    def const(name, array):
+        initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def op(kind, *inputs, **attributes):
+        name = f"{kind}_{len(nodes)}"
+        nodes.append(helper.make_node(kind, list(inputs), [name], **attributes))
+        return name
 
     def ints(name, values):
         return const(name, np.array(values, dtype=np.int64))
@@ -48,46 +90,41 @@ def encoder_graph(weights):
     def scalar(name, value):
         return const(name, np.array(value, dtype=np.float32))
 
-    def dense(x, prefix):  # torch's Linear stores (out x in); MatMul takes (in x out)
-        return op(
-            "Add",
-            op("MatMul", x, const(prefix + ".weight", weights[prefix + ".weight"].T)),
-            const(prefix + ".bias", weights[prefix + ".bias"]),
-        )
+    def dense(rows, prefix):
+        return op("Gemm", rows, weight(prefix + ".weight"), weight(prefix + ".bias"), transB=1)
 
     def layer_norm(x, prefix):
         return op(
-            "LayerNormalization",
-            x,
-            const(prefix + ".weight", weights[prefix + ".weight"]),
-            const(prefix + ".bias", weights[prefix + ".bias"]),
-            axis=-1,
-            epsilon=EPSILON,
+            "LayerNormalization", x, weight(prefix + ".weight"), weight(prefix + ".bias"), axis=-1, epsilon=EPSILON
         )
 
-    width = weights["embeddings.word_embeddings.weight"].shape[1]
+    width = layout["embeddings.word_embeddings.weight"][0][1]
     head_width = width // HEADS
-    x = layer_norm("token_embeddings", "embeddings.LayerNorm")
+    tokens_shape = op("Shape", "token_embeddings")  # batch, length, width
+    heads_shape = op("Concat", op("Shape", "token_embeddings", end=2), ints("heads", [HEADS, head_width]), axis=0)
+    as_rows = ints("as_rows", [-1, width])  # (batch x length) x width: one row per token
+    rows = op("Reshape", layer_norm("token_embeddings", "embeddings.LayerNorm"), as_rows)
     mask = op("Cast", "attention_mask", to=TensorProto.FLOAT)
     # Padding keys get a large negative score (batch x 1 x 1 x length), so softmax gives them no weight.
     key_bias = op("Mul", op("Sub", scalar("one", 1.0), mask), scalar("minus_large", -1e9))
     key_bias = op("Unsqueeze", key_bias, ints("head_axes", [1, 2]))
-    split_heads = ints("split_heads", [0, 0, HEADS, head_width])
-    join_heads = ints("join_heads", [0, 0, width])
     scale = scalar("scale", 1.0 / np.sqrt(head_width))
     for i in range(LAYERS):
         p = f"encoder.layer.{i}."
         q, k, v = (
-            op("Transpose", op("Reshape", dense(x, p + f"attention.self.{name}"), split_heads), perm=[0, 2, 1, 3])
+            op("Transpose", op("Reshape", dense(rows, p + f"attention.self.{name}"), heads_shape), perm=[0, 2, 1, 3])
             for name in ("query", "key", "value")
         )
         scores = op("Add", op("Mul", op("MatMul", q, op("Transpose", k, perm=[0, 1, 3, 2])), scale), key_bias)
         context = op("MatMul", op("Softmax", scores, axis=-1), v)
-        context = op("Reshape", op("Transpose", context, perm=[0, 2, 1, 3]), join_heads)
-        x = layer_norm(op("Add", x, dense(context, p + "attention.output.dense")), p + "attention.output.LayerNorm")
-        hidden = op("Gelu", dense(x, p + "intermediate.dense"))
-        x = layer_norm(op("Add", x, dense(hidden, p + "output.dense")), p + "output.LayerNorm")
+        context = op("Reshape", op("Transpose", context, perm=[0, 2, 1, 3]), as_rows)
+        rows = layer_norm(
+            op("Add", rows, dense(context, p + "attention.output.dense")), p + "attention.output.LayerNorm"
+        )
+        hidden = op("Gelu", dense(rows, p + "intermediate.dense"))
+        rows = layer_norm(op("Add", rows, dense(hidden, p + "output.dense")), p + "output.LayerNorm")
     # Mean over the real tokens, then unit length (the model's Pooling and Normalize modules).
+    x = op("Reshape", rows, tokens_shape)
     sequence = ints("sequence", [1])
     summed = op("ReduceSum", op("Mul", x, op("Unsqueeze", mask, ints("token_axis", [2]))), sequence, keepdims=0)
     count = op("Max", op("ReduceSum", mask, sequence, keepdims=1), scalar("tiny", 1e-9))
@@ -117,27 +154,35 @@ class MiniLM:
 
     def __init__(self, folder, threads=1):
         import onnxruntime
-        from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.no_padding()  # the file pads to a fixed length; batches here pad to their longest
         self.tokenizer.enable_truncation(MAX_TOKENS)
-        weights = load_file(str(folder / "model.safetensors"))
-        self.words = weights["embeddings.word_embeddings.weight"]
-        self.positions = weights["embeddings.position_embeddings.weight"]
-        self.token_type = weights["embeddings.token_type_embeddings.weight"][0]
+        path = folder / WEIGHTS_FILE
+        layout = safetensors_layout(path)
+
+        def table(name):
+            shape, offset, _ = layout[name]
+            return np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+
+        self.words = table("embeddings.word_embeddings.weight")
+        self.positions = table("embeddings.position_embeddings.weight")
+        self.token_type = np.array(table("embeddings.token_type_embeddings.weight")[0])
         self.dimension = self.words.shape[1]
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
-        # No memory arena for a call's activations: the process stays 8 MB smaller (257 against 265
-        # MB after warm calls) at the same speed (one question 4.14 against 4.20 ms).
+        # No memory arena for a call's activations: it keeps the largest batch's buffers for good
+        # (426 against 325 MB resident after 200 batches of mixed sizes), at the same speed. What
+        # they free goes back to the system when a model child idles (memory/model_process.py).
         options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        # Where the graph's weight references point: the model's folder (the graph comes as bytes).
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         self._session = onnxruntime.InferenceSession(
-            encoder_graph(weights).SerializeToString(), options, providers=["CPUExecutionProvider"]
+            encoder_graph(layout).SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
 
     def encode(self, texts):

