@@ -15,7 +15,8 @@ as the service's own writes do); the model record is written once, as the first 
 Each recall goes through MemoryService.recall (limit 10). Hybrid latency is reported twice: with the
 query's embedding by the configured embedder (the local model when installed, else random vectors)
 — what a caller waits for; the query cache is emptied before each run and the queries are distinct —
-and without it, the retrieval alone. The first recall after a step loads the new vectors into the
+and without it: the recall's time less what it waited for the embedding. The embedding runs while
+the database answers, so where the keyword leg outlasts it (1M items) the two are nearly equal. The first recall after a step loads the new vectors into the
 process's index and is reported as `load_s`, not counted.
 
 `vector_lag_ms` (after the last size): while a second thread keeps up a webhook-like load (a user
