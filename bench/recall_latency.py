@@ -16,8 +16,9 @@ Each recall goes through MemoryService.recall (limit 10). Hybrid latency is repo
 query's embedding by the configured embedder (the local model when installed, else random vectors)
 — what a caller waits for; the query cache is emptied before each run and the queries are distinct —
 and without it: the recall's time less what it waited for the embedding. The embedding runs while
-the database answers, so where the keyword leg outlasts it (1M items) the two are nearly equal. The first recall after a step loads the new vectors into the
-process's index and is reported as `load_s`, not counted.
+the database answers, so where the keyword leg outlasts it (1M items) the two are nearly equal.
+The first recall after a step loads the new vectors into the process's index and is reported as
+`load_s`, not counted.
 
 `vector_lag_ms` (after the last size): while a second thread keeps up a webhook-like load (a user
 fact written and a hybrid recall, 50 times a second), a fact with a new text is written and

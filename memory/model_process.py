@@ -34,7 +34,6 @@ for RETRY_SECONDS; then a new child is tried.
 
 import contextvars
 import ctypes
-import ctypes.util
 import logging
 import os
 import pickle
@@ -259,8 +258,8 @@ def release_freed_memory():
     came down to 125 MB once it idled and handed them back.
     """
     try:
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # no C library found, or not glibc
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: the C library it runs on
+    except (OSError, AttributeError):  # not glibc (no malloc_trim), or no symbols to look in
         pass
 
 
