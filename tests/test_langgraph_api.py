@@ -13,7 +13,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 from memory.exceptions import InvalidMemoryArgument
-from memory.models import Fact
+from memory.models import Episode, Fact
 from workflows import langgraph as engram
 from workflows.models import Thread
 from workflows.threads import list_checkpoints
@@ -35,6 +35,13 @@ def test_the_readme_example_runs_as_written_and_remembers(db, django_capture_on_
     ada = namespace["ada"]
     fact = Fact.objects.get(key="drink")
     assert (fact.value, fact.scope, fact.user_id) == ("tea", "user", ada.pk)
+    # The turn's episode holds the graph's reply (its last AI message) and counts as a success.
+    episode = Episode.objects.get(user=ada)
+    assert episode.conversation == [
+        {"role": "user", "content": "I drink tea"},
+        {"role": "assistant", "content": "Noted."},
+    ]
+    assert (episode.final_output, episode.success, episode.error) == ({"reply": "Noted."}, True, "")
     thread = Thread.objects.get(user=ada)
     first = thread.checkpoint_count
     assert (thread.graph, thread.workflow_id) == ("helper", None)

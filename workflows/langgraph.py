@@ -12,6 +12,10 @@ None is neither read nor written. Memory failures are logged and reported under 
 `memory_tools(agent_id=..., user_id=...)` gives the `recall` and `remember` tools bound to one agent
 and user, for `create_agent` (or any agent running LangChain tools) without any context schema.
 
+`EngramMemoryMiddleware(agent_id=...)` is the same memory for an agent of LangChain's `create_agent`:
+recall before each model call for the user in the run's context, the episode recorded after it
+(workflows/middleware.py).
+
 `conversation(graph_name, user_id=...)` is how a graph of your own on Engram's shared checkpointer
 (`get_checkpointer()`) keeps its conversations: it takes the conversation's turn lock, yields the
 config to invoke with, and tracks the thread afterwards, so the conversation is listed in the
@@ -22,6 +26,7 @@ import contextlib
 import logging
 
 from django.db import DatabaseError
+from langchain_core.messages import AIMessage, HumanMessage, convert_to_messages
 from langchain_core.runnables import RunnableLambda
 
 from memory.asynchronous import off_the_loop
@@ -31,12 +36,21 @@ from memory.validation import check_user_id, clean_text
 
 from . import threads, turns
 from .checkpointer import get_checkpointer
+from .middleware import EngramMemoryMiddleware
 from .nodes import build_identify_user, build_recall, build_remember
 from .registry import BuildContext
 from .state import AgentContext
 from .tools import TOOLS
 
-__all__ = ["conversation", "get_checkpointer", "identify_user", "memory_tools", "recall", "remember"]
+__all__ = [
+    "EngramMemoryMiddleware",
+    "conversation",
+    "get_checkpointer",
+    "identify_user",
+    "memory_tools",
+    "recall",
+    "remember",
+]
 
 logger = logging.getLogger("engram.workflows")
 
@@ -81,7 +95,8 @@ def remember(
     store_without_user=False,
     keys=None,
 ):
-    """A node: store state["facts_to_remember"] ([{"key", "value", ...}]) and record the turn as an episode."""
+    """A node: store state["facts_to_remember"] ([{"key", "value", ...}]) and record the turn as an episode
+    (its reply: state["reply"], else the turn's last AI message in state["messages"])."""
     config = {
         "scope": scope,
         "fact_type": fact_type,
@@ -90,7 +105,22 @@ def remember(
         "store_without_user": store_without_user,
     }
     node = build_remember(config, _context(agent_id, "remember"))
-    return _adapted(node, _REMEMBER_READS, _REMEMBER_WRITES, keys)
+
+    def remember(state):
+        # A graph of your own answers with an AI message, not Engram's `reply` key: the turn's last
+        # AI message is its reply, so the episode holds it (and counts as a success).
+        if not state.get("reply"):
+            state = {**state, "reply": reply_in(state.get("messages") or [])}
+        return node(state)
+
+    return _adapted(remember, _REMEMBER_READS, _REMEMBER_WRITES, keys)
+
+
+def reply_in(messages):
+    """The text of the last AI message after the latest human message ('' if none)."""
+    messages = convert_to_messages(messages)
+    last_human = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    return next((m.text for m in reversed(messages[last_human + 1 :]) if isinstance(m, AIMessage) and m.text), "")
 
 
 def memory_tools(
