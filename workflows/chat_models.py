@@ -32,7 +32,7 @@ def build_chat_model(spec):
             from langchain_openai import ChatOpenAI
         except ImportError:
             raise ChatModelConfigError(
-                "CHAT_MODEL.base_url needs langchain-openai: pip install 'engram[openai]'"
+                "CHAT_MODEL.base_url needs langchain-openai: pip install langchain-openai"
             ) from None
         if not spec.get("model"):
             raise ChatModelConfigError("CHAT_MODEL.model is required with base_url")
