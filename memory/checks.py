@@ -55,6 +55,25 @@ def host_project_settings(app_configs, **kwargs):
                 id="memory.E003",
             )
         )
+    spectacular = getattr(settings, "SPECTACULAR_SETTINGS", {})
+    if "drf_spectacular_sidecar" not in apps or spectacular.get("SWAGGER_UI_DIST") != "SIDECAR":
+        errors.append(
+            Warning(
+                "/api/docs/ loads Swagger UI from a CDN: drf_spectacular_sidecar is not in INSTALLED_APPS, "
+                "or SPECTACULAR_SETTINGS['SWAGGER_UI_DIST'] is not 'SIDECAR'.",
+                hint="Add 'drf_spectacular_sidecar' to INSTALLED_APPS and the SIDECAR settings of the README.",
+                id="memory.W002",
+            )
+        )
+    if "memory.api.schema.add_error_responses" not in spectacular.get("POSTPROCESSING_HOOKS", ()):
+        errors.append(
+            Warning(
+                "/api/schema/ documents only the 200 answers: SPECTACULAR_SETTINGS['POSTPROCESSING_HOOKS'] "
+                "lacks 'memory.api.schema.add_error_responses'.",
+                hint="Set POSTPROCESSING_HOOKS to drf-spectacular's enum hook and Engram's, as the README shows.",
+                id="memory.W003",
+            )
+        )
     if "django.contrib.admin" in apps and apps.index("memory") > apps.index("django.contrib.admin"):
         errors.append(
             Warning(

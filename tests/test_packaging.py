@@ -11,11 +11,13 @@ entry), so nothing is downloaded and Engram's checkout is not on its path.
 
 import os
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
-import textwrap
+import time
 import venv
 import zipfile
 from pathlib import Path
@@ -26,29 +28,19 @@ pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parent.parent
 
-# What the README tells a host project to add to its settings.py and urls.py.
-HOST_SETTINGS = """
-INSTALLED_APPS = [
-    "memory",
-    "workflows",
-    *INSTALLED_APPS,
-    "rest_framework",
-    "rest_framework.authtoken",
-    "django_filters",
-    "drf_spectacular",
-]
-REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
-"""
-HOST_SQLITE = """
-DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}  # SQLite: writers queue, never fail
-"""
-HOST_URLS = """
-from django.urls import include
-urlpatterns += [path("", include("memory.urls")), path("", include("workflows.urls"))]
-"""
+README = REPO / "README.md"
+
+
+def readme_block(marker):
+    """The code block after `<!-- host-project:<marker> -->` in the README: what a host project adds."""
+    after = README.read_text().split(f"<!-- host-project:{marker} -->\n", 1)[1]
+    return re.match(r"```[\w.]*\n(.*?)```", after, re.S).group(1)
+
+
+# Run inside the host project after the README's commands (its own process, as a script would).
 HOST_SCRIPT = """
 import django, os
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hostsite.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
 django.setup()
 from django.test.utils import setup_test_environment
 setup_test_environment()  # the test client's host, "testserver", allowed
@@ -68,15 +60,36 @@ assert [h.item.value for h in hits][:1] == ["green tea"], hits
 client = Client()
 assert client.get("/healthz").status_code == 200
 assert client.get("/memories/").status_code == 302  # to the login page
-login = client.get("/memories/login/")
-assert login.status_code == 200 and b'id="login-form"' in login.content, login.status_code
-staff = get_user_model().objects.create_user("op", password="pw-1234567", is_staff=True, is_superuser=True)
-client.force_login(staff)
+client.force_login(get_user_model().objects.get(username="op"))  # made by createsuperuser
 page = client.get("/memories/", follow=True)  # to the first tab
 assert page.status_code == 200 and b"memories-tabs" in page.content, page.status_code
 assert client.get("/api/v1/facts/").json()["count"] == 1
-assert client.get("/api/schema/").status_code == 200
-print("host ok")
+# The demo workflow by command (setup_demo was one of the README's commands).
+from io import StringIO
+from django.core.management import call_command
+call_command("run_workflow", "demo", "--user", "telegram:42", "--name", "Ada", "--message", "my name is Ada")
+call_command("run_workflow", "demo", "--user", "telegram:42", "--message", "what is my name?", stdout=(out := StringIO()))
+assert "Your name is Ada" in out.getvalue(), out.getvalue()
+print("host ok", user.pk)
+"""
+
+# What `langgraph dev` does with langgraph.json: load each graph's file by path in a fresh process
+# (the project on sys.path, as its "dependencies": ["."] install it), then the graph runs.
+LANGGRAPH_DEV_LOAD = """
+import importlib.util, json, sys
+sys.path.insert(0, ".")
+spec = json.load(open("langgraph.json"))
+path, name = spec["graphs"]["helper"].split(":")
+module_spec = importlib.util.spec_from_file_location("helper_graph", path)
+module = importlib.util.module_from_spec(module_spec)
+module_spec.loader.exec_module(module)
+graph = getattr(module, name)
+user_id = int(sys.argv[1])
+out = graph.invoke({"messages": [("user", "what is my drink?")]}, {"configurable": {"user_id": user_id}})
+from memory.models import Episode
+episode = Episode.objects.get(pk=out["episode_id"])
+assert episode.user_id == user_id and episode.success, (episode.user_id, episode.success, episode.error)
+print(out["messages"][-1].content)
 """
 
 
@@ -135,11 +148,11 @@ def test_the_wheel_holds_the_apps_their_templates_and_static_files_and_no_config
 
 @pytest.fixture
 def host_database():
-    """The host's DATABASES line: startproject's SQLite file, or on a PostgreSQL run (DATABASE_URL)
-    a scratch database of its own on that server, dropped afterwards."""
+    """The host's database: startproject's SQLite file (None), or on a PostgreSQL run (DATABASE_URL)
+    the URL of a scratch database of its own on that server, dropped afterwards."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
-        yield HOST_SQLITE
+        yield None
         return
     import dj_database_url
     import psycopg
@@ -158,10 +171,16 @@ def host_database():
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"\nDATABASES = {{'default': {{**{dict(db, NAME=name)!r}, 'CONN_MAX_AGE': 0}}}}\n"
+        yield url.rsplit("/", 1)[0] + "/" + name
     finally:
         with psycopg.connect(**server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, host_database):
@@ -186,10 +205,14 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     host = tmp_path / "host"
     host.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL")}
+    if host_database:
+        env["DATABASE_URL"] = host_database  # what the README's PostgreSQL block reads
 
-    def run(*args):
-        done = subprocess.run([python, *args], cwd=host, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{args}: {done.stderr[-3000:]}"
+    def run(*args, extra_env=None):
+        done = subprocess.run(
+            [python, *args], cwd=host, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
         return done
 
     def fails(*args):
@@ -197,27 +220,120 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
         assert done.returncode != 0, done.stdout
         return done.stderr
 
-    run("-m", "django", "startproject", "hostsite", ".")
-    settings_py, urls_py = host / "hostsite" / "settings.py", host / "hostsite" / "urls.py"
+    run("-m", "django", "startproject", "mysite", ".")
+    settings_py, urls_py = host / "mysite" / "settings.py", host / "mysite" / "urls.py"
     startproject_settings = settings_py.read_text()
     # Engram's two apps alone: `manage.py check` names each setting still missing.
     settings_py.write_text(startproject_settings + '\nINSTALLED_APPS = ["memory", "workflows", *INSTALLED_APPS]\n')
     missing = fails("manage.py", "check")
-    assert all(code in missing for code in ("memory.E001", "memory.E002", "memory.E003")), missing
-    settings_py.write_text(startproject_settings + textwrap.dedent(HOST_SETTINGS) + host_database)
+    assert all(
+        code in missing for code in ("memory.E001", "memory.E002", "memory.E003", "memory.W002", "memory.W003")
+    ), missing
+    # The README's lines, read from the README itself.
+    database = readme_block("postgresql") if host_database else ""
+    settings_py.write_text(startproject_settings + "\n" + database + "\n" + readme_block("settings"))
     with open(urls_py, "a") as urls:
-        urls.write(textwrap.dedent(HOST_URLS))
+        urls.write("\n" + readme_block("urls"))
     assert "no issues" in run("manage.py", "check").stdout
-    run("manage.py", "migrate", "--no-input")
-    assert "host ok" in run("-c", HOST_SCRIPT).stdout
-    # A workflow with conversation memory: its checkpoints go to data/ under the host's BASE_DIR on
-    # SQLite, into the host's database on PostgreSQL; nothing is written inside the installed package.
-    run("manage.py", "setup_demo")
-    run("manage.py", "run_workflow", "demo", "--user", "telegram:42", "--name", "Ada", "--message", "my name is Ada")
-    reply = run("manage.py", "run_workflow", "demo", "--user", "telegram:42", "--message", "what is my name?").stdout
-    assert "Your name is Ada" in reply, reply
-    assert (host / "data" / "checkpoints.db").is_file() == (host_database == HOST_SQLITE)
+    # Served as in production (the project's own choice, not one of Engram's lines): no DEBUG, so
+    # nothing but WhiteNoise and collectstatic serves the static files.
+    with open(settings_py, "a") as production:
+        production.write('\nDEBUG = False\nALLOWED_HOSTS = ["127.0.0.1"]\n')
+
+    # The README's commands, as written: createsuperuser without prompts, gunicorn on a free port.
+    port = free_port()
+    server = None
+    superuser = {
+        "DJANGO_SUPERUSER_USERNAME": "op",
+        "DJANGO_SUPERUSER_PASSWORD": "pw-1234567",
+        "DJANGO_SUPERUSER_EMAIL": "op@example.com",
+    }
+    try:
+        for line in filter(None, readme_block("commands").splitlines()):
+            args = shlex.split(line, comments=True)
+            if args[0] == "python":
+                if args[-1] == "createsuperuser":
+                    run(*args[1:], "--no-input", extra_env=superuser)
+                else:
+                    run(*args[1:])
+            else:
+                assert args[0] == "gunicorn" and "127.0.0.1:8000" in args, line
+                args = [a.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for a in args]
+                with open(tmp_path / "gunicorn.log", "w") as log:  # the child keeps its own descriptor
+                    server = subprocess.Popen([python, "-m", *args], cwd=host, env=env, stdout=log, stderr=log)
+        assert server is not None, "the README's commands start no server"
+        assert (host / "staticfiles" / "admin" / "css" / "base.css").is_file()  # collectstatic ran
+        user_id = int(run("-c", HOST_SCRIPT).stdout.split("host ok", 1)[1])
+        check_the_served_site(f"http://127.0.0.1:{port}", server, tmp_path / "gunicorn.log")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+
+    # The demo's conversation checkpoints went to data/ under the host's BASE_DIR on SQLite, into the
+    # host's database on PostgreSQL; nothing is written inside the installed package.
+    assert (host / "data" / "checkpoints.db").is_file() == (host_database is None)
     assert not [p for p in (site / "memory").rglob("*") if p.suffix in (".db", ".sqlite3")]
+
+    # The README's module for `langgraph dev`, loaded as langgraph dev loads it, sets Django up itself.
+    (host / "mysite" / "graph.py").write_text(readme_block("graph"))
+    (host / "langgraph.json").write_text(readme_block("langgraph.json"))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    answer = run("-c", LANGGRAPH_DEV_LOAD, str(user_id)).stdout
+    assert "Your drink is green tea" in answer, answer
+
+
+def check_the_served_site(base, server, log_path):
+    """What a person sees of the gunicorn-served host: a styled admin, API docs with their own
+    assets, a schema with its error answers, and the demo workflow run through the REST API."""
+    import httpx
+
+    with httpx.Client(base_url=base, timeout=10) as client:
+        for _ in range(150):
+            assert server.poll() is None, log_path.read_text()[-3000:]
+            try:
+                if client.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"gunicorn did not answer: {log_path.read_text()[-3000:]}")
+        login = client.get("/memories/login/")
+        assert login.status_code == 200 and 'id="login-form"' in login.text, login.status_code
+        styles = re.findall(r'<link rel="stylesheet" href="([^"]+)"', login.text)
+        assert any(href.endswith("admin/css/base.css") for href in styles), styles
+        for href in styles:
+            css = client.get(href)
+            assert (css.status_code, css.headers["content-type"].split(";")[0]) == (200, "text/css"), href
+        token = client.cookies["csrftoken"]
+        signed_in = client.post(
+            "/memories/login/",
+            data={"username": "op", "password": "pw-1234567", "csrfmiddlewaretoken": token, "next": "/api/docs/"},
+            headers={"Referer": f"{base}/memories/login/"},
+            follow_redirects=True,
+        )
+        assert signed_in.status_code == 200 and str(signed_in.url).endswith("/api/docs/"), signed_in.url
+        assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css|png))"', signed_in.text)
+        assert assets and all(a.startswith("/static/drf_spectacular_sidecar/") for a in assets), assets
+        for asset in assets:
+            got = client.get(asset)
+            assert got.status_code == 200, asset
+            kind = got.headers["content-type"]
+            assert any(k in kind for k in ("javascript", "text/css", "image/png")), (asset, kind)
+        schema = client.get("/api/schema/", params={"format": "json"})
+        assert schema.status_code == 200
+        listing = schema.json()["paths"]["/api/v1/facts/"]["get"]["responses"]
+        assert {"200", "400", "401", "403", "404"} <= set(listing), sorted(listing)
+        # The demo workflow through the REST API, with the operator's session.
+        headers = {"X-CSRFToken": client.cookies["csrftoken"], "Referer": f"{base}/api/docs/"}
+        for message in ("my name is Grace", "what is my name?"):
+            ran = client.post(
+                "/api/v1/workflows/demo/run/", json={"message": message, "user_name": "grace"}, headers=headers
+            )
+            assert ran.status_code == 200, ran.text
+            assert ran.json()["memory_errors"] == [], ran.json()
+        assert "Your name is Grace" in ran.json()["reply"], ran.json()
 
 
 def test_install_hints_name_what_an_index_or_a_checkout_has():

@@ -35,15 +35,18 @@ from memory.service import MemoryService
 from memory.validation import check_user_id, clean_text
 
 from . import threads, turns
+from .chat_models import get_chat_model
 from .checkpointer import get_checkpointer
 from .middleware import EngramMemoryMiddleware
 from .nodes import build_identify_user, build_recall, build_remember
+from .offline import OfflineResponder
 from .registry import BuildContext
 from .state import AgentContext
 from .tools import TOOLS
 
 __all__ = [
     "EngramMemoryMiddleware",
+    "chat_model",
     "conversation",
     "get_checkpointer",
     "identify_user",
@@ -140,6 +143,11 @@ def memory_tools(
         raise InvalidMemoryArgument("names", f"unknown tool(s) {unknown}; choose from {', '.join(TOOLS)}")
     configs = {"recall": recall_config or {"memory_type": "all"}, "remember": remember_config or {}, **(configs or {})}
     return [TOOLS[name](configs.get(name) or {}, bound=bound) for name in names]
+
+
+def chat_model():
+    """The chat model Engram's agents use: WORKFLOWS["CHAT_MODEL"], or the offline responder without one."""
+    return get_chat_model() or OfflineResponder()
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from memory.validation import check_user_id, clean_text, storable
 
 from .agent import _actions, since_last_human, with_memory
 from .memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .offline import OfflineResponder
 
 logger = logging.getLogger("engram.workflows")
 
@@ -112,22 +113,27 @@ class EngramMemoryMiddleware(AgentMiddleware):
     # ------------------------------------------------------------------ each model call
 
     def wrap_model_call(self, request, handler):
-        prompt, errors = self._recall(request.state, request.messages)
-        return _with_errors(handler(request.override(messages=with_memory(request.messages, prompt))), errors)
+        changes, errors = self._recall(request)
+        return _with_errors(handler(request.override(**changes)), errors)
 
     async def awrap_model_call(self, request, handler):
-        prompt, errors = await off_the_loop(self._recall)(request.state, request.messages)
-        return _with_errors(await handler(request.override(messages=with_memory(request.messages, prompt))), errors)
+        changes, errors = await off_the_loop(self._recall)(request)
+        return _with_errors(await handler(request.override(**changes)), errors)
 
-    def _recall(self, state, messages):
-        turn = state.get("engram_turn") or {}
-        query = _last_human_text(messages)
+    def _recall(self, request):
+        """The request's changes (the memory block; the offline responder given the memories) and failures."""
+        turn = request.state.get("engram_turn") or {}
+        query = _last_human_text(request.messages)
         scope = RecallScope(agent_id=self.agent_id, user_id=turn.get("user_id"), session_id=turn.get("session_id", ""))
         try:
             recalled = recall_for(query, scope, self.options)
         except MEMORY_FAILURES as exc:
-            return "", [self._failure("recall", exc)]
-        return render_memory_prompt(recalled), []
+            return {}, [self._failure("recall", exc)]
+        changes = {"messages": with_memory(request.messages, render_memory_prompt(recalled))}
+        if isinstance(request.model, OfflineResponder):
+            # The stand-in model answers from the memories it is given, not from the prompt.
+            changes["model"] = OfflineResponder(memories=recalled.as_dict())
+        return changes, []
 
     # ------------------------------------------------------------------ after the agent
 
