@@ -16,6 +16,11 @@ and user, for `create_agent` (or any agent running LangChain tools) without any 
 (`get_checkpointer()`) keeps its conversations: it takes the conversation's turn lock, yields the
 config to invoke with, and tracks the thread afterwards, so the conversation is listed in the
 Checkpoints tab and the REST API, kept within the thread limits, and deleted with the person.
+
+The thread a graph runs on (`config["configurable"]["thread_id"]`, the one `conversation()` gives)
+is its session: `identify_user` puts it in the state as `thread_id` (unless the state has one), and
+`recall` and `remember` read it from there, else from the config, so session-scoped facts are
+recalled in the same conversation, and only there.
 """
 
 import contextlib
@@ -40,8 +45,8 @@ __all__ = ["conversation", "get_checkpointer", "identify_user", "memory_tools", 
 
 logger = logging.getLogger("engram.workflows")
 
-_IDENTIFY_READS = ("trigger",)
-_IDENTIFY_WRITES = ("user", "identity_failed", "conversation_id", "user_context", "memory_errors")
+_IDENTIFY_READS = ("trigger", "thread_id")
+_IDENTIFY_WRITES = ("user", "identity_failed", "conversation_id", "thread_id", "user_context", "memory_errors")
 _RECALL_READS = ("messages", "user", "user_context", "thread_id")
 _RECALL_WRITES = ("memories", "memory_prompt", "memory_errors")
 _REMEMBER_READS = (
@@ -156,10 +161,16 @@ def _adapted(node, reads, writes, keys):
         )
     outer = {name: keys.get(name, name) for name in {*reads, *writes}}
 
-    def run(state):
+    def run(state, config):
         inner = {name: state[outer[name]] for name in reads if outer[name] is not None and outer[name] in state}
+        if "thread_id" in reads and outer["thread_id"] is not None and not inner.get("thread_id"):
+            # The session is the conversation the graph runs on: the thread `conversation()` gave.
+            inner["thread_id"] = ((config or {}).get("configurable") or {}).get("thread_id") or ""
         update = node(inner)
         return {outer[name]: value for name, value in update.items() if outer.get(name) is not None}
 
-    run.__name__ = node.__name__
-    return RunnableLambda(run, afunc=off_the_loop(run), name=node.__name__)
+    async def arun(state, config):
+        return await off_the_loop(run)(state, config)
+
+    run.__name__ = arun.__name__ = node.__name__
+    return RunnableLambda(run, afunc=arun, name=node.__name__)

@@ -83,6 +83,12 @@ def thread_for(*, user_id, conversation_id, workflow_id=None, graph=""):
     return ThreadRef(row[0], row[1], tracked=True)
 
 
+def thread_ref(thread_id):
+    """The thread `thread_id` as a run continues it: tracked with its newest counted checkpoint, or new (one query)."""
+    head = Thread.objects.filter(thread_id=thread_id).values_list("head_checkpoint_id", flat=True).first()
+    return ThreadRef(thread_id) if head is None else ThreadRef(thread_id, head, tracked=True)
+
+
 def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None, graph=""):
     """Track a run on a thread: last activity, channel, and the checkpoints it added."""
     now = timezone.now()
