@@ -89,7 +89,9 @@ def test_remind_refuses_past_unreadable_or_blank_input_and_writes_nothing(ada, w
     assert not Reminder.objects.exists()
 
 
-@pytest.mark.parametrize("when, named", [("tomorrow at 25:00", "25:00"), ("tomorrow at 9:60", "9:60"), ("friday 13pm", "13pm")])
+@pytest.mark.parametrize(
+    "when, named", [("tomorrow at 25:00", "25:00"), ("tomorrow at 9:60", "9:60"), ("friday 13pm", "13pm")]
+)
 def test_remind_refuses_a_time_of_day_that_does_not_exist(ada, when, named):
     # dateparser alone reads "tomorrow at 25:00" as tomorrow at this very hour.
     ((text, status),) = run_agent(

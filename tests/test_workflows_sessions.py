@@ -16,12 +16,11 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 from memory.models import Fact, MemoryUser
+from tests.workflow_helpers import talk
 from workflows import langgraph as engram
 from workflows.demo import DEMO_DEFINITION
 from workflows.fake_telegram import telegram_update
 from workflows.models import Thread, Workflow
-
-from tests.workflow_helpers import talk
 
 
 def session_workflow(*, conversation_memory=True, slug="sessions"):
@@ -171,6 +170,9 @@ def test_the_public_nodes_find_the_session_under_ainvoke(service):
     zed, _ = service.get_or_create_user("chat", "42", display_name="Zed")
     thread_id = f"{zed.pk}:direct:graph:helper"
     service.set_fact("name", "Zed", scope="session", session_id=thread_id)
-    turn = {"trigger": {"type": "chat", "payload": {"user_id": "42", "message": "who?"}}, "messages": [("user", "who?")]}
+    turn = {
+        "trigger": {"type": "chat", "payload": {"user_id": "42", "message": "who?"}},
+        "messages": [("user", "who?")],
+    }
     state = asyncio.run(app.ainvoke(turn, {"configurable": {"thread_id": thread_id}}))
     assert state["messages"][-1].content == "You are Zed."

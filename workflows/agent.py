@@ -19,7 +19,8 @@ to memory successfully (remember, forget, learn_procedure, record_episode); from
 on, each model call's system message ends with a short reminder to store what is worth keeping,
 until a write. The reminder is part of the model's input only, never of the checkpoint or episode.
 
-Without a user, with conversation memory off, or when the checkpointer fails (reported in
+Without a user, with conversation memory off, when the person's threads hold
+WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"], or when the checkpointer fails (the last two reported in
 `memory_errors`), the turn runs on the same agent without a checkpointer. The node holds no database
 transaction while the model runs: LangGraph runs tools in worker threads with their own connections.
 """
@@ -41,6 +42,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from memory.exceptions import LimitReached
 
 from . import threads, turns
 from .chat_models import get_chat_model
@@ -214,6 +217,12 @@ def build_agent_node(config, context):
                 try:
                     # Read inside the lock: the checkpoints counted so far, after any earlier turn's.
                     thread_ref = threads.thread_ref(thread_id)
+                    threads.check_checkpoint_room(user["id"])
+                except LimitReached as exc:
+                    # The person's conversations are at their cap: this turn is answered, not kept.
+                    logger.warning("agent %s: %s", context.node_id, exc)
+                    update["memory_errors"].append(_error(context, "conversation memory", exc))
+                    thread_ref = None
                 except DatabaseError as exc:
                     logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
                     update["memory_errors"].append(_error(context, "thread lookup", exc))

@@ -125,7 +125,9 @@ def conversation(graph, *, user_id, conversation_id="direct", channel=""):
             graph.invoke({"messages": [("user", "hi")]}, config)
 
     One turn at a time per conversation (a second caller waits); after the turn the thread is
-    tracked: its checkpoints counted, the thread listed for operators and within the limits.
+    tracked: its checkpoints counted, the thread listed for operators and within the limits. When the
+    person's threads hold WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"], raises LimitReached (memory's
+    exceptions) before the turn: run it without the checkpointer, or make room.
     """
     graph = clean_text("graph", graph, max_length=100)
     conversation_id = clean_text("conversation_id", conversation_id, max_length=100)
@@ -133,6 +135,7 @@ def conversation(graph, *, user_id, conversation_id="direct", channel=""):
     key = threads.thread_id_for(user.pk, conversation_id, graph=graph)
     with turns.one_turn_at_a_time(key):
         ref = threads.thread_for(user_id=user.pk, conversation_id=conversation_id, graph=graph)
+        threads.check_checkpoint_room(user.pk)  # LimitReached: the person's threads are at their cap
         yield {"configurable": {"thread_id": ref.thread_id}}
         try:
             threads.record_activity(ref, user_id=user.pk, conversation_id=conversation_id, channel=channel, graph=graph)

@@ -98,7 +98,9 @@ def _conversation_thread(context, state, identified, conversation_id):
     user_id = identified.context.user_id
     if identified.created:  # a new person has no thread yet: nothing to look up
         return threads.thread_id_for(user_id, conversation_id, context.workflow_id)
-    return threads.thread_for(user_id=user_id, conversation_id=conversation_id, workflow_id=context.workflow_id).thread_id
+    return threads.thread_for(
+        user_id=user_id, conversation_id=conversation_id, workflow_id=context.workflow_id
+    ).thread_id
 
 
 register(
