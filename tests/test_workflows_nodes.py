@@ -290,8 +290,9 @@ def test_remember_queries_pinned(ada, capture_data_queries, keyword_only):  # an
     with capture_data_queries() as q:
         remember(remember_state(ada, [{"key": "city", "value": "Paris"}]))
     # the episode (one insert); the fact: episode check, owner lookup, insert (a create keeps no
-    # history row); on PostgreSQL each of the two writes first holds the user against a concurrent merge
-    assert len(q.data) == (6 if connection.vendor == "postgresql" else 4), q.data
+    # history row), the COUNT of the person's facts (MAX_FACTS_PER_USER); on PostgreSQL each of the
+    # two writes first holds the user against a concurrent merge
+    assert len(q.data) == (7 if connection.vendor == "postgresql" else 5), q.data
 
 
 def test_recall_node_reports_a_message_no_database_can_search(ada):
