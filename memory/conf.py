@@ -67,6 +67,10 @@ DEFAULTS = {
         # Facts per owner (each agent, user, session, and global); None: no limit. Facts are upserted
         # per key, so they grow with distinct keys only; a limit costs one COUNT per created fact.
         "MAX_FACTS": None,
+        # Facts one person (a memory user) may own at user scope. Reached, a new key is refused
+        # (LimitReached), never evicted: one person's flood must not push out what they said before,
+        # and an operator decides what goes. Updates and confirmations of their keys still go in.
+        "MAX_FACTS_PER_USER": 1_000,
         # Episodes per agent ("" counts as one agent) and procedures per agent ("" = shared ones).
         "MAX_EPISODES": 10_000,
         "MAX_PROCEDURES": 1_000,

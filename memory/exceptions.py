@@ -31,6 +31,18 @@ class MemoryConflict(InvalidMemoryArgument):
     """A concurrent change made the request impossible as asked (e.g. the users were merged meanwhile). Nothing changed."""
 
 
+class LimitReached(InvalidMemoryArgument):
+    """A write would take an owner past a limit that refuses rather than evicts; nothing was written.
+
+    `limit` names the setting (e.g. "MAX_FACTS_PER_USER"), `value` is its value, `field` the argument refused.
+    """
+
+    def __init__(self, field, message, *, limit, value):
+        self.limit = limit
+        self.value = value
+        super().__init__(field, message)
+
+
 class ConsolidationFailed(MemoryServiceError):
     """A consolidation run could not process every episode it took; `report` says which and why."""
 

@@ -99,7 +99,8 @@ class FactsMixin:
 
         Same value: confirmed (confidence moves CONFIRM_WEIGHT of the way to 1). Different value:
         updated when `overwrite` (counted as a contradiction; confidence becomes the new one), else
-        skipped (counted as a contradiction; confidence drops by CONTRADICT_WEIGHT).
+        skipped (counted as a contradiction; confidence drops by CONTRADICT_WEIGHT). A new key of a
+        person who has LIMITS["MAX_FACTS_PER_USER"] facts raises LimitReached and writes nothing.
         """
         fact = self._new_fact(
             key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
@@ -109,6 +110,8 @@ class FactsMixin:
                 if fact.user_id is not None:
                     self.backend.hold_user(fact.user_id)
                 write = self._upsert_fact(fact, overwrite)  # and its history version
+                if write.action == WriteAction.CREATED:
+                    pruning.refuse_past_user_cap(write.fact)  # raises: nothing of this write stays
                 pruning.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from .access import access_counter
 from .conf import memory_settings
+from .exceptions import LimitReached
 from .history import record_deleted
 from .models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
 from .owners import fact_owner_key, owner_key
@@ -146,6 +147,29 @@ def enforce_after_create(kind, row):
     else:
         key, limit = row.agent_id, limit_for(kind, row.agent_id)
     return _evict_over_limit(kind, key, limit, keep_id=row.pk)
+
+
+def refuse_past_user_cap(fact):
+    """After a write created `fact`: if it is a person's fact beyond MAX_FACTS_PER_USER, raise LimitReached
+    (the caller's transaction then undoes the insert). No limit or another scope, no query; otherwise one COUNT.
+
+    Concurrent writes of one person on PostgreSQL do not wait for each other (see hold_user), so the cap
+    may be passed by the writes in flight at that moment, never by more.
+    """
+    limit = memory_settings.LIMITS["MAX_FACTS_PER_USER"]
+    if fact.scope != Scope.USER or limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError("MEMORY['LIMITS'] MAX_FACTS_PER_USER must be a non-negative integer or None")
+    owned = Fact.objects.filter(scope_key=_scope_key(fact)).order_by()[: limit + 1].count()
+    if owned > limit:
+        raise LimitReached(
+            "key",
+            f"this person already has {limit} facts, the limit (MEMORY['LIMITS']['MAX_FACTS_PER_USER']); "
+            f"{fact.key!r} was not stored. Update or delete their facts, or raise the limit",
+            limit="MAX_FACTS_PER_USER",
+            value=limit,
+        )
 
 
 def enforce_store_items(namespaces):

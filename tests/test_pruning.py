@@ -99,6 +99,32 @@ def test_a_limit_costs_one_count_per_created_fact(service, settings, capture_dat
     assert "COUNT" in q.data[-1].upper()
 
 
+def test_a_persons_facts_are_capped_by_default_and_a_new_key_past_the_cap_is_refused(service, user_factory, settings):
+    from memory.conf import memory_settings
+    from memory.exceptions import LimitReached
+    from memory.models import FactHistory
+
+    assert memory_settings.LIMITS["MAX_FACTS_PER_USER"] == 1_000  # on without any setting
+    limits(settings, MAX_FACTS_PER_USER=2)
+    ada, bob = user_factory("ada"), user_factory("bob")
+    service.set_fact("name", "Ada", scope="user", user_id=ada.pk)
+    service.set_fact("city", "Porto", scope="user", user_id=ada.pk)
+    with pytest.raises(LimitReached) as caught:
+        service.set_fact("pet", "cat", scope="user", user_id=ada.pk)
+    assert (caught.value.field, caught.value.limit, caught.value.value) == ("key", "MAX_FACTS_PER_USER", 2)
+    assert "MAX_FACTS_PER_USER" in str(caught.value) and "'pet' was not stored" in str(caught.value)
+    # Nothing of the refused write stays (no row, no version); what she said before is all kept.
+    assert keys(user=ada) == {"name", "city"} and not FactHistory.objects.filter(key="pet").exists()
+    # Her known keys still change; other people, the agent and everyone's facts are not hers to count.
+    assert service.set_fact("city", "Lisbon", scope="user", user_id=ada.pk).action == "updated"
+    assert service.set_fact("pet", "dog", scope="user", user_id=bob.pk).action == "created"
+    assert service.set_fact("pet", "cat", scope="agent", agent_id=AGENT).action == "created"
+    assert service.set_fact("pet", "cat").action == "created"
+    # Without the cap (None) she may add more.
+    limits(settings, MAX_FACTS_PER_USER=None)
+    assert service.set_fact("pet", "cat", scope="user", user_id=ada.pk).action == "created"
+
+
 # ------------------------------------------------------------------ episodes and procedures
 
 

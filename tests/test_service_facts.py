@@ -579,12 +579,18 @@ def test_get_fact_is_one_query(service, user_factory, django_assert_num_queries,
 
 
 def test_set_fact_create_is_two_statements(service, user_factory, capture_data_queries, keyword_only):
-    """Lookup and insert, no history row (the fact's row is its current version); on PostgreSQL a
-    user's write first holds the user against a concurrent merge."""
+    """Lookup and insert, no history row (the fact's row is its current version); a person's fact adds
+    the COUNT of their facts (MAX_FACTS_PER_USER), and on PostgreSQL first holds the user against a
+    concurrent merge."""
+    service.set_fact("city", "Porto", scope="agent", agent_id=AGENT)  # warm up: the first write reads settings
+    with capture_data_queries() as q:
+        assert service.set_fact("town", "Porto", scope="agent", agent_id=AGENT).action == "created"
+    assert len(q.data) == 2, q.data
     u = user_factory()
     with capture_data_queries() as q:
         assert service.set_fact("city", "Porto", scope="user", user_id=u.pk).action == "created"
-    assert len(q.data) == (3 if connection.vendor == "postgresql" else 2), q.data
+    assert len(q.data) == (4 if connection.vendor == "postgresql" else 3), q.data
+    assert "COUNT" in q.data[-1].upper()
     assert not any("memory_fact_version" in sql for sql in q.data)
     assert service.fact_history(scope="user", user_id=u.pk, key="city")[0].action == "created"
 

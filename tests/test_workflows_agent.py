@@ -255,7 +255,9 @@ def test_conversation_memory_off_leaves_no_thread(db, fake_model):
     workflow = make_workflow(conversation_memory=False)
     chat(workflow, "first")
     result = chat(workflow, "second")
-    assert result.thread_id == "" and not Thread.objects.exists()
+    # The conversation (the session) is still known; no history is kept for it.
+    assert result.thread_id == f"{result.user['id']}:direct:{workflow.pk}" and not Thread.objects.exists()
+    assert not threads.list_checkpoints(result.thread_id)
     assert [m.content for m in without_memory(MODEL_CALLS[-1][1:])] == ["second"]
 
 
@@ -380,7 +382,7 @@ def test_a_failing_checkpointer_is_reported_and_the_turn_still_answered(db, fake
     monkeypatch.setattr(saver_class, "get_tuple", locked)  # the library's saver fails, not our code
     with caplog.at_level(logging.ERROR, logger="engram.workflows"):
         result = chat(workflow, "hello")
-    assert result.reply == "answered anyway" and result.thread_id == ""
+    assert result.reply == "answered anyway" and result.thread_id == f"{result.user['id']}:direct:{workflow.pk}"
     assert result.memory_errors == [
         {"node": "agent", "operation": "conversation memory", "error": "database is locked"}
     ]

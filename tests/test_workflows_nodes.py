@@ -82,7 +82,7 @@ def test_identify_user_reports_a_bad_payload_in_the_state(db):
     assert MemoryUser.objects.count() == 0
 
 
-def test_identify_user_at_most_four_queries_in_one_transaction(db, service, capture_data_queries):
+def test_identify_user_at_most_five_queries_in_one_transaction(db, service, capture_data_queries):
     identify = build_identify_user({}, CTX)
     with capture_data_queries() as new:
         user = identify(telegram_state(42))["user"]
@@ -92,8 +92,9 @@ def test_identify_user_at_most_four_queries_in_one_transaction(db, service, capt
     service.record_episode(started_at=_now(), user_id=user["id"], success=True)
     with capture_data_queries() as known:
         result = identify(telegram_state(42))
-    assert len(known.data) <= 4, known.data
+    assert len(known.data) <= 5, known.data  # the person's four, and the thread of their conversation
     assert_one_transaction(known.captured_queries)
+    assert result["thread_id"] == f"{user['id']}:direct:{CTX.workflow_id}"
     ctx = result["user_context"]
     assert ctx["facts"][0]["key"] == "name" and ctx["fact_count"] == 1 and ctx["episode_count"] == 1
 
@@ -289,8 +290,9 @@ def test_remember_queries_pinned(ada, capture_data_queries, keyword_only):  # an
     with capture_data_queries() as q:
         remember(remember_state(ada, [{"key": "city", "value": "Paris"}]))
     # the episode (one insert); the fact: episode check, owner lookup, insert (a create keeps no
-    # history row); on PostgreSQL each of the two writes first holds the user against a concurrent merge
-    assert len(q.data) == (6 if connection.vendor == "postgresql" else 4), q.data
+    # history row), the COUNT of the person's facts (MAX_FACTS_PER_USER); on PostgreSQL each of the
+    # two writes first holds the user against a concurrent merge
+    assert len(q.data) == (7 if connection.vendor == "postgresql" else 5), q.data
 
 
 def test_recall_node_reports_a_message_no_database_can_search(ada):

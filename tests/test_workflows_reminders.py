@@ -13,12 +13,13 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from test_agent_tools import run_agent
 
+from memory.exceptions import InvalidMemoryArgument
 from memory.models import MemoryUser
 from workflows import langgraph as engram
 from workflows.definition import validate_definition
 from workflows.delivery import claim, deliver_due, destinations
 from workflows.models import Reminder, ReminderStatus, Thread
-from workflows.reminders import cancel_reminders, parse_when, schedule_reminder
+from workflows.reminders import PAST_TOLERANCE, cancel_reminders, parse_when, schedule_reminder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,6 +87,53 @@ def test_remind_refuses_past_unreadable_or_blank_input_and_writes_nothing(ada, w
     )
     assert status == "error" and f"remind failed: {field}: " in text
     assert not Reminder.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "when, named", [("tomorrow at 25:00", "25:00"), ("tomorrow at 9:60", "9:60"), ("friday 13pm", "13pm")]
+)
+def test_remind_refuses_a_time_of_day_that_does_not_exist(ada, when, named):
+    # dateparser alone reads "tomorrow at 25:00" as tomorrow at this very hour.
+    ((text, status),) = run_agent(
+        engram.memory_tools(agent_id="bot", user_id=ada.pk, names=["remind"]),
+        ("remind", {"when": when, "message": "call the dentist"}),
+    )
+    assert status == "error" and f"remind failed: when: {named!r} in {when!r} is not a time of day" in text
+    assert not Reminder.objects.exists()
+
+
+def test_parse_when_refuses_a_time_of_day_it_could_not_read():
+    with pytest.raises(InvalidMemoryArgument, match="when: could not read the time of day '7.30am'"):
+        parse_when("tomorrow at 7.30am")
+    local = timezone.localtime(parse_when("tomorrow at 12:30 pm"))
+    assert (local.hour, local.minute) == (12, 30)
+
+
+@pytest.mark.parametrize(
+    "offset, problem",
+    [(timedelta(days=-400), "which is not in the future"), (None, "more than 366 days ahead")],
+    ids=["400-days-past", "year-9999"],
+)
+@pytest.mark.parametrize("aware", [True, False], ids=["aware", "naive"])
+def test_schedule_reminder_checks_a_datetime_as_it_checks_text(ada, offset, problem, aware):
+    now = timezone.now()
+    when = now + offset if offset is not None else now.replace(year=9999)
+    if not aware:
+        when = timezone.make_naive(when)
+    with pytest.raises(InvalidMemoryArgument, match=f"^when: .*{problem}") as caught:
+        schedule_reminder(user_id=ada.pk, when=when, message="too late or too far")
+    assert caught.value.field == "when"
+    assert not Reminder.objects.exists()
+    assert worker()["delivered"] == 0  # nothing is delivered at once
+
+
+def test_schedule_reminder_takes_an_aware_datetime_in_range_or_just_past(ada):
+    now = timezone.now()
+    soon = schedule_reminder(user_id=ada.pk, when=now + timedelta(days=2), message="soon")
+    just_past = schedule_reminder(user_id=ada.pk, when=now - timedelta(seconds=20), message="now-ish")
+    assert soon.due_at == now + timedelta(days=2) and just_past.due_at == now - timedelta(seconds=20)
+    with pytest.raises(InvalidMemoryArgument, match="when: "):
+        schedule_reminder(user_id=ada.pk, when=now - PAST_TOLERANCE - timedelta(seconds=5), message="too late")
 
 
 def test_remind_without_an_identified_user_refuses(db):

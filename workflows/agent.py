@@ -1,8 +1,9 @@
 """The agent node: LangChain's `create_agent` with memory tools, conversation memory and Engram's middleware.
 
 With conversation memory on, the agent runs on the shared checkpointer under the thread of (memory
-user, conversation, workflow), so a person continues the conversation on any linked channel. The
-workflow run itself is not checkpointed: its thread is only known once identify_user has run.
+user, conversation, workflow) that identify_user put in the state (`thread_id`, also the session id
+that recall, remember and the tools use), so a person continues the conversation on any linked
+channel. The workflow run itself is not checkpointed: its thread is only known once identify_user has run.
 
 Each model call gets one SystemMessage: the node's system prompt, the operator's words only. Recalled
 memory (facts, earlier conversations, learned procedures: what users once said, so untrusted) goes
@@ -18,7 +19,8 @@ to memory successfully (remember, forget, learn_procedure, record_episode); from
 on, each model call's system message ends with a short reminder to store what is worth keeping,
 until a write. The reminder is part of the model's input only, never of the checkpoint or episode.
 
-Without a user, with conversation memory off, or when the checkpointer fails (reported in
+Without a user, with conversation memory off, when the person's threads hold
+WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"], or when the checkpointer fails (the last two reported in
 `memory_errors`), the turn runs on the same agent without a checkpointer. The node holds no database
 transaction while the model runs: LangGraph runs tools in worker threads with their own connections.
 """
@@ -40,6 +42,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from memory.exceptions import LimitReached
 
 from . import threads, turns
 from .chat_models import get_chat_model
@@ -194,6 +198,8 @@ def build_agent_node(config, context):
     def agent(state):
         user = state.get("user")
         conversation_id = state.get("conversation_id") or "direct"
+        # The conversation's thread, as identify_user found it: the checkpoint thread and the session.
+        thread_id = state.get("thread_id") or ""
         system_prompt = base_prompt
         text = last_human_text(state)
         turn = HumanMessage(content=text, id=f"turn-{uuid.uuid4().hex}")
@@ -201,17 +207,22 @@ def build_agent_node(config, context):
         if fallback_on:
             messages.insert(0, HumanMessage(content=f"[system]\n{system_prompt}", id=FALLBACK_MESSAGE_ID))
         update = {"memory_errors": []}
-        thread_ref, result = None, None
+        result = None
         limit = {"recursion_limit": workflow_settings.AGENT_RECURSION_LIMIT}
-        if memory_on and user:
-            # One turn at a time per conversation (keyed before the lookup, which may find a thread
-            # kept from a merged user): two quick messages must not both continue the same checkpoint.
-            key = threads.thread_id_for(user["id"], conversation_id, context.workflow_id)
-            with turns.one_turn_at_a_time(key):
+        run_context = _agent_context(context, user, thread_id, system_prompt, state)
+        if memory_on and user and thread_id:
+            # One turn at a time per conversation: two quick messages must not both continue the same checkpoint.
+            with turns.one_turn_at_a_time(thread_id):
+                thread_ref = None
                 try:
-                    thread_ref = threads.thread_for(
-                        workflow_id=context.workflow_id, user_id=user["id"], conversation_id=conversation_id
-                    )
+                    # Read inside the lock: the checkpoints counted so far, after any earlier turn's.
+                    thread_ref = threads.thread_ref(thread_id)
+                    threads.check_checkpoint_room(user["id"])
+                except LimitReached as exc:
+                    # The person's conversations are at their cap: this turn is answered, not kept.
+                    logger.warning("agent %s: %s", context.node_id, exc)
+                    update["memory_errors"].append(_error(context, "conversation memory", exc))
+                    thread_ref = None
                 except DatabaseError as exc:
                     logger.error("agent %s: could not look up the conversation thread: %s", context.node_id, exc)
                     update["memory_errors"].append(_error(context, "thread lookup", exc))
@@ -219,8 +230,8 @@ def build_agent_node(config, context):
                     try:
                         result = graph(remembering=True).invoke(
                             {"messages": messages},
-                            {**limit, "configurable": {"thread_id": thread_ref.thread_id}},
-                            context=_agent_context(context, user, thread_ref.thread_id, system_prompt, state),
+                            {**limit, "configurable": {"thread_id": thread_id}},
+                            context=run_context,
                             durability=workflow_settings.CHECKPOINT_DURABILITY,
                         )
                     except CHECKPOINT_ERRORS as exc:
@@ -229,21 +240,18 @@ def build_agent_node(config, context):
                             "agent %s: conversation memory failed, answering without it: %s", context.node_id, exc
                         )
                         update["memory_errors"].append(_error(context, "conversation memory", exc))
-                        thread_ref = None
                     else:
                         _track(thread_ref, context, user, conversation_id, update)
         if result is None:
-            # No user, conversation memory off, or the checkpointer failed: nothing kept for this turn.
-            result = graph(remembering=False).invoke(
-                {"messages": messages}, limit, context=_agent_context(context, user, "", system_prompt, state)
-            )
+            # No user, conversation memory off, or the checkpointer failed: no history kept for this turn
+            # (the session is still the conversation's: tools write session facts under its thread id).
+            result = graph(remembering=False).invoke({"messages": messages}, limit, context=run_context)
         produced = _this_turn(result["messages"], turn.id)
         reply = next((m.text for m in reversed(produced) if isinstance(m, AIMessage) and m.text), "")
         update.update(
             reply=reply,
             messages=[AIMessage(content=reply)],
             actions=_actions(produced),
-            thread_id=thread_ref.thread_id if thread_ref else "",
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)

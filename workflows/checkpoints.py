@@ -21,7 +21,7 @@ from memory.service import BatchDelete, MemoryService, check_id_list
 
 from .checkpointer import get_checkpointer
 from .models import Thread
-from .threads import delete_threads
+from .threads import checkpoint_size, delete_threads
 
 # LangGraph checkpoint ids are UUIDs (version 6) in their text form.
 CHECKPOINT_ID_PATTERN = r"^[0-9a-fA-F-]{1,64}$"
@@ -62,7 +62,7 @@ def _row(saver, thread_id, item):
         parent_checkpoint_id=(item.parent_config or {}).get("configurable", {}).get("checkpoint_id"),
         step=metadata.get("step"),
         source=metadata.get("source", ""),
-        blob_size=len(saver.serde.dumps_typed(checkpoint)[1]),
+        blob_size=checkpoint_size(saver, checkpoint),
         created_at=datetime.fromisoformat(ts) if ts else None,
         message_count=len(messages) if isinstance(messages, list) else 0,
         pending_writes=len(item.pending_writes or []),

@@ -17,6 +17,10 @@ DEFAULTS = {
     # Checkpoints kept per thread (the newest; the thread still resumes); None keeps all. Enforced
     # after each run that crosses it and by `manage.py memory prune`.
     "MAX_CHECKPOINTS_PER_THREAD": None,
+    # Bytes of checkpoints one person's threads may hold (as the saver's serializer encodes them).
+    # Reached, a turn is refused its conversation memory: the agent answers without it and says so
+    # in memory_errors; conversation() raises LimitReached. None: no cap.
+    "MAX_CHECKPOINT_BYTES_PER_USER": 20 * 1024 * 1024,
     # Active procedures matching a run that recall puts in the agent's system prompt ("Learned
     # Procedures and Policies"); each one's use and the run's outcome are recorded after the run.
     "PROMPT_PROCEDURES": 5,

@@ -20,6 +20,11 @@ recall before each model call for the user in the run's context, the episode rec
 (`get_checkpointer()`) keeps its conversations: it takes the conversation's turn lock, yields the
 config to invoke with, and tracks the thread afterwards, so the conversation is listed in the
 Checkpoints tab and the REST API, kept within the thread limits, and deleted with the person.
+
+The thread a graph runs on (`config["configurable"]["thread_id"]`, the one `conversation()` gives)
+is its session: `identify_user` puts it in the state as `thread_id` (unless the state has one), and
+`recall` and `remember` read it from there, else from the config, so session-scoped facts are
+recalled in the same conversation, and only there.
 """
 
 import contextlib
@@ -57,8 +62,8 @@ __all__ = [
 
 logger = logging.getLogger("engram.workflows")
 
-_IDENTIFY_READS = ("trigger",)
-_IDENTIFY_WRITES = ("user", "identity_failed", "conversation_id", "user_context", "memory_errors")
+_IDENTIFY_READS = ("trigger", "thread_id")
+_IDENTIFY_WRITES = ("user", "identity_failed", "conversation_id", "thread_id", "user_context", "memory_errors")
 _RECALL_READS = ("messages", "user", "user_context", "thread_id")
 _RECALL_WRITES = ("memories", "memory_prompt", "memory_errors")
 _REMEMBER_READS = (
@@ -158,7 +163,9 @@ def conversation(graph, *, user_id, conversation_id="direct", channel=""):
             graph.invoke({"messages": [("user", "hi")]}, config)
 
     One turn at a time per conversation (a second caller waits); after the turn the thread is
-    tracked: its checkpoints counted, the thread listed for operators and within the limits.
+    tracked: its checkpoints counted, the thread listed for operators and within the limits. When the
+    person's threads hold WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"], raises LimitReached (memory's
+    exceptions) before the turn: run it without the checkpointer, or make room.
     """
     graph = clean_text("graph", graph, max_length=100)
     conversation_id = clean_text("conversation_id", conversation_id, max_length=100)
@@ -166,6 +173,7 @@ def conversation(graph, *, user_id, conversation_id="direct", channel=""):
     key = threads.thread_id_for(user.pk, conversation_id, graph=graph)
     with turns.one_turn_at_a_time(key):
         ref = threads.thread_for(user_id=user.pk, conversation_id=conversation_id, graph=graph)
+        threads.check_checkpoint_room(user.pk)  # LimitReached: the person's threads are at their cap
         yield {"configurable": {"thread_id": ref.thread_id}}
         try:
             threads.record_activity(ref, user_id=user.pk, conversation_id=conversation_id, channel=channel, graph=graph)
@@ -194,10 +202,16 @@ def _adapted(node, reads, writes, keys):
         )
     outer = {name: keys.get(name, name) for name in {*reads, *writes}}
 
-    def run(state):
+    def run(state, config):
         inner = {name: state[outer[name]] for name in reads if outer[name] is not None and outer[name] in state}
+        if "thread_id" in reads and outer["thread_id"] is not None and not inner.get("thread_id"):
+            # The session is the conversation the graph runs on: the thread `conversation()` gave.
+            inner["thread_id"] = ((config or {}).get("configurable") or {}).get("thread_id") or ""
         update = node(inner)
         return {outer[name]: value for name, value in update.items() if outer.get(name) is not None}
 
-    run.__name__ = node.__name__
-    return RunnableLambda(run, afunc=off_the_loop(run), name=node.__name__)
+    async def arun(state, config):
+        return await off_the_loop(run)(state, config)
+
+    run.__name__ = arun.__name__ = node.__name__
+    return RunnableLambda(run, afunc=arun, name=node.__name__)

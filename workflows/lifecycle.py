@@ -26,7 +26,7 @@ from memory.signals import prune_requested
 from .checkpointer import get_checkpointer, keep_newest_checkpoints
 from .conf import workflow_settings
 from .models import Thread, Workflow
-from .threads import prune_threads
+from .threads import checkpoint_size, prune_threads
 
 logger = logging.getLogger("engram.workflows")
 
@@ -49,9 +49,11 @@ def trim_thread(thread_id, keep=None):
     total = sum(1 for _ in saver.list(_config(thread_id)))
     if total <= keep:
         return 0
-    kept = [item.config["configurable"]["checkpoint_id"] for item in saver.list(_config(thread_id), limit=keep)]
+    newest = list(saver.list(_config(thread_id), limit=keep))
+    kept = [item.config["configurable"]["checkpoint_id"] for item in newest]
     keep_newest_checkpoints(thread_id, kept)  # one transaction: the thread is never without them
-    Thread.objects.filter(thread_id=thread_id).update(checkpoint_count=keep)
+    size = sum(checkpoint_size(saver, item.checkpoint) for item in newest)
+    Thread.objects.filter(thread_id=thread_id).update(checkpoint_count=keep, checkpoint_bytes=size)
     return total - keep
 
 

@@ -60,6 +60,9 @@ class Thread(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_activity = models.DateTimeField(db_index=True)
     checkpoint_count = models.PositiveIntegerField(default=0)
+    # What the counted checkpoints take, as the saver's serializer encodes them: the measure of
+    # WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"] over a person's threads.
+    checkpoint_bytes = models.PositiveBigIntegerField(default=0)
     # The newest checkpoint counted, so each run counts only its own new checkpoints.
     head_checkpoint_id = models.CharField(max_length=100, blank=True, default="")
 

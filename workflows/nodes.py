@@ -17,6 +17,7 @@ from memory.models import FactType, Scope
 from memory.service import MemoryService
 from memory.validation import storable
 
+from . import threads
 from .agent import build_agent_node
 from .exceptions import InvalidDefinition, InvalidTrigger
 from .memory_access import (
@@ -54,9 +55,12 @@ def build_identify_user(config, context):
                 "memory_errors": [_failure(context.node_id, "identify_user", exc)],
             }
         try:
-            identified = MemoryService().identify(
-                trigger.channel, trigger.external_id, display_name=trigger.display_name
-            )
+            # One transaction: the person, and the conversation thread they continue.
+            with transaction.atomic():
+                identified = MemoryService().identify(
+                    trigger.channel, trigger.external_id, display_name=trigger.display_name
+                )
+                thread_id = _conversation_thread(context, state, identified, trigger.conversation_id)
         except MEMORY_FAILURES as exc:
             return {
                 "user": None,
@@ -75,10 +79,28 @@ def build_identify_user(config, context):
                 "is_new": identified.created,
             },
             "conversation_id": trigger.conversation_id,
+            "thread_id": thread_id,
             "user_context": ctx.as_dict(),
         }
 
     return identify_user
+
+
+def _conversation_thread(context, state, identified, conversation_id):
+    """The run's conversation thread: its session id, known from here on to recall, agent and remember.
+
+    The one place a workflow run derives it (`<user>:<conversation>:<workflow>`, or the thread a merged
+    user's conversation continues). A graph built in code (no workflow) runs on the thread its caller
+    gave it (`workflows.langgraph.conversation`), which arrives in the state.
+    """
+    if context.workflow_id is None:
+        return state.get("thread_id") or ""
+    user_id = identified.context.user_id
+    if identified.created:  # a new person has no thread yet: nothing to look up
+        return threads.thread_id_for(user_id, conversation_id, context.workflow_id)
+    return threads.thread_for(
+        user_id=user_id, conversation_id=conversation_id, workflow_id=context.workflow_id
+    ).thread_id
 
 
 register(
@@ -87,12 +109,13 @@ register(
         category="memory",
         description=(
             "Recognise who the trigger is from (Telegram sender, email, chat user id or name), creating "
-            "the memory user if new and following merges; count the conversation and load their context. "
+            "the memory user if new and following merges; count the conversation and load their context; "
+            "set `thread_id`, the conversation's thread and session id, before recall runs. "
             "When that fails, sets `identity_failed`: later memory nodes and tools then store nothing."
         ),
         config_schema={"type": "object", "properties": {}, "additionalProperties": False},
         inputs=("trigger",),
-        outputs=("user", "identity_failed", "conversation_id", "user_context", "memory_errors"),
+        outputs=("user", "identity_failed", "conversation_id", "thread_id", "user_context", "memory_errors"),
         build=build_identify_user,
     )
 )
@@ -156,7 +179,7 @@ register(
             "`memories` and `memory_prompt` (an untrusted-hints block plus learned procedures)."
         ),
         config_schema=RECALL_SCHEMA,
-        inputs=("messages", "user", "user_context"),
+        inputs=("messages", "user", "user_context", "thread_id"),
         outputs=("memories", "memory_prompt", "memory_errors"),
         build=build_recall,
     )
@@ -320,7 +343,7 @@ register(
             "the session, record the run's episode, and report per fact what happened."
         ),
         config_schema=REMEMBER_SCHEMA,
-        inputs=("facts_to_remember", "user", "messages", "reply", "actions", "trigger"),
+        inputs=("facts_to_remember", "user", "thread_id", "messages", "reply", "actions", "trigger"),
         outputs=("remembered", "episode_id", "memory_errors"),
         build=build_remember,
     )
@@ -424,8 +447,8 @@ register(
             "conversation memory per (user, conversation, workflow)."
         ),
         config_schema=AGENT_SCHEMA,
-        inputs=("messages", "user", "conversation_id", "memory_prompt", "memories"),
-        outputs=("reply", "messages", "actions", "thread_id", "facts_to_remember", "memory_errors"),
+        inputs=("messages", "user", "conversation_id", "thread_id", "memory_prompt", "memories"),
+        outputs=("reply", "messages", "actions", "facts_to_remember", "memory_errors"),
         build=build_agent_node,
         check=_check_agent,
     )

@@ -9,6 +9,7 @@ surviving user, `users_footprint` and `person_exporting` count and export them, 
 ("reminder"), so `memory export` writes them and `memory import` reads them back.
 """
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -27,14 +28,61 @@ from .models import Reminder, ReminderStatus
 
 MAX_MESSAGE_LENGTH = 2000
 EXAMPLES = "for example 'in 2 hours', 'tomorrow at 9am' or 2026-05-01T09:00:00+00:00"
+# A due time may lie this far behind now and still be taken (delivered at once): a caller's "now"
+# has passed by the time it arrives. Anything older is refused, as a time that is not in the future.
+PAST_TOLERANCE = timedelta(seconds=60)
+# Clock times a text names: "25:00", "9:75", "13pm", "7.30am" (not a zone offset like +02:00).
+# dateparser drops a time it cannot read and keeps the rest ("tomorrow at 25:00" would be tomorrow at
+# this hour), so each is checked, and the time read must be one of them.
+_CLOCK = re.compile(
+    r"(?<![\d:.+-])(?P<hour>\d{1,2})(?:[:.](?P<minute>\d{2})(?::(?P<second>\d{2}))?)?\s*(?P<half>[ap]\.?m\b\.?)?",
+    re.IGNORECASE,
+)
+
+
+def _clock_times(text):
+    """The (hour, minute) of each clock time `text` names, refusing one that does not exist (an hour
+    past 23, or past 12 with am/pm; a minute or second past 59)."""
+    times = []
+    for found in _CLOCK.finditer(text):
+        minute, half = found.group("minute"), found.group("half")
+        if minute is None and half is None:
+            continue  # a bare number: a day, a count ("in 25 minutes"), a year
+        hour, second = int(found.group("hour")), found.group("second")
+        hours = 12 if half else 23
+        if hour > hours or int(minute or 0) > 59 or int(second or 0) > 59:
+            raise InvalidMemoryArgument(
+                "when",
+                f"{found.group(0).strip()!r} in {text!r} is not a time of day "
+                f"(hours 0-{hours}{' with am/pm' if half else ''}, minutes 0-59); say it {EXAMPLES}",
+            )
+        if half:
+            hour = hour % 12 + (12 if half.lower().startswith("p") else 0)
+        times.append((hour, int(minute or 0), found.group(0).strip()))
+    return times
+
+
+def check_due(moment, *, now=None, described=None):
+    """An aware due time, refused when it is past (beyond PAST_TOLERANCE) or more than
+    REMINDER_MAX_DAYS_AHEAD away: the same rule for a time read from text and one given as a datetime."""
+    now = now or timezone.now()
+    described = described if described is not None else moment.isoformat(timespec="minutes")
+    if moment < now - PAST_TOLERANCE:
+        raise InvalidMemoryArgument(
+            "when", f"{described!r} is {moment.isoformat(timespec='minutes')}, which is not in the future"
+        )
+    days = workflow_settings.REMINDER_MAX_DAYS_AHEAD
+    if moment > now + timedelta(days=days):
+        raise InvalidMemoryArgument("when", f"{described!r} is more than {days} days ahead")
+    return moment
 
 
 def parse_when(when, *, now=None):
     """An aware datetime from an ISO 8601 time or a natural one ("in 2 hours", "tomorrow at 9am").
 
     Times without an offset, natural ones included, are read in Django's current time zone. Raises
-    InvalidMemoryArgument("when", ...) when nothing can be read, or the time is not in the future
-    (within REMINDER_MAX_DAYS_AHEAD).
+    InvalidMemoryArgument("when", ...) when nothing can be read, a clock time it names does not exist
+    ("tomorrow at 25:00"), or the time is not in the future (within REMINDER_MAX_DAYS_AHEAD; see check_due).
     """
     now = now or timezone.now()
     text = " ".join(str(when or "").split())
@@ -42,6 +90,7 @@ def parse_when(when, *, now=None):
         raise InvalidMemoryArgument("when", f"must say when, {EXAMPLES}")
     if len(text) > 200:
         raise InvalidMemoryArgument("when", "must be at most 200 characters")
+    clock_times = _clock_times(text)
     zone = timezone.get_current_timezone()
     try:
         moment = dateparse.parse_datetime(text)
@@ -60,18 +109,16 @@ def parse_when(when, *, now=None):
                 "PREFER_DATES_FROM": "future",
             },
         )
+        if moment is not None and clock_times and (moment.hour, moment.minute) not in {t[:2] for t in clock_times}:
+            # dateparser left out the time of day it could not read: refuse rather than guess.
+            raise InvalidMemoryArgument(
+                "when", f"could not read the time of day {clock_times[0][2]!r} in {text!r}; say it {EXAMPLES}"
+            )
     if moment is None:
         raise InvalidMemoryArgument("when", f"could not read a time from {text!r}; say it {EXAMPLES}")
     if timezone.is_naive(moment):
         moment = timezone.make_aware(moment, zone)
-    if moment <= now:
-        raise InvalidMemoryArgument(
-            "when", f"{text!r} is {moment.isoformat(timespec='minutes')}, which is not in the future"
-        )
-    days = workflow_settings.REMINDER_MAX_DAYS_AHEAD
-    if moment > now + timedelta(days=days):
-        raise InvalidMemoryArgument("when", f"{text!r} is more than {days} days ahead")
-    return moment
+    return check_due(moment, now=now, described=text)
 
 
 def clean_message(message):
@@ -87,7 +134,12 @@ def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
     """A pending reminder for the memory user `user_id`; bad input raises InvalidMemoryArgument and writes nothing."""
     if user_id is None:
         raise InvalidMemoryArgument("user", "nobody is identified in this conversation, so there is no one to remind")
-    due = when if isinstance(when, datetime) and timezone.is_aware(when) else parse_when(when, now=now)
+    if isinstance(when, datetime):
+        # A datetime passes the same checks as a time read from text; a naive one is in the current time zone.
+        aware = when if timezone.is_aware(when) else timezone.make_aware(when, timezone.get_current_timezone())
+        due = check_due(aware, now=now)
+    else:
+        due = parse_when(when, now=now)
     text = clean_message(message)
     limit = workflow_settings.REMINDER_MAX_PENDING_PER_USER
     with transaction.atomic():

@@ -22,6 +22,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from memory.erasure import trace_scanners
+from memory.exceptions import LimitReached
 from memory.signals import (
     person_exporting,
     users_deleting,
@@ -46,6 +47,11 @@ class CheckpointInfo:
     step: int | None
     source: str
     message_count: int
+
+
+def checkpoint_size(saver, checkpoint):
+    """A checkpoint's size: its length as the saver's own serializer encodes it (channel values and all)."""
+    return len(saver.serde.dumps_typed(checkpoint)[1])
 
 
 def thread_id_for(user_id, conversation_id, workflow_id=None, *, graph=""):
@@ -83,21 +89,31 @@ def thread_for(*, user_id, conversation_id, workflow_id=None, graph=""):
     return ThreadRef(row[0], row[1], tracked=True)
 
 
+def thread_ref(thread_id):
+    """The thread `thread_id` as a run continues it: tracked with its newest counted checkpoint, or new (one query)."""
+    head = Thread.objects.filter(thread_id=thread_id).values_list("head_checkpoint_id", flat=True).first()
+    return ThreadRef(thread_id) if head is None else ThreadRef(thread_id, head, tracked=True)
+
+
 def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None, graph=""):
     """Track a run on a thread: last activity, channel, and the checkpoints it added."""
     now = timezone.now()
-    added, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
+    added, size, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
     with transaction.atomic():
-        if ref.tracked and _count_activity(ref.thread_id, now, added, channel, head):
+        if ref.tracked and _count_activity(ref.thread_id, now, added, size, channel, head):
             return
-        created = _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, head)
+        created = _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, size, head)
     if created:
         prune_threads(workflow_id, graph=graph)
 
 
-def _count_activity(thread_id, now, added, channel, head):
+def _count_activity(thread_id, now, added, size, channel, head):
     """Count a run on an existing thread's row; False if there is no such row."""
-    changes = {"last_activity": now, "checkpoint_count": F("checkpoint_count") + added}
+    changes = {
+        "last_activity": now,
+        "checkpoint_count": F("checkpoint_count") + added,
+        "checkpoint_bytes": F("checkpoint_bytes") + size,
+    }
     if channel:
         changes["channel"] = channel
     if head:
@@ -105,7 +121,7 @@ def _count_activity(thread_id, now, added, channel, head):
     return Thread.objects.filter(thread_id=thread_id).update(**changes) > 0
 
 
-def _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, head):
+def _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, size, head):
     try:
         with transaction.atomic():
             Thread.objects.create(
@@ -117,24 +133,56 @@ def _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, n
                 channel=channel,
                 last_activity=now,
                 checkpoint_count=added,
+                checkpoint_bytes=size,
                 head_checkpoint_id=head,
             )
     except IntegrityError:
         # Another request tracked it first: count ours on its row.
-        _count_activity(ref.thread_id, now, added, channel, head)
+        _count_activity(ref.thread_id, now, added, size, channel, head)
         return False
     return True
 
 
 def _count_new_checkpoints(thread_id, head):
-    added, newest = 0, ""
-    for item in get_checkpointer().list(_config(thread_id)):
+    """(checkpoints, their bytes, the newest's id) added to a thread since the checkpoint `head`."""
+    saver = get_checkpointer()
+    added, size, newest = 0, 0, ""
+    for item in saver.list(_config(thread_id)):
         checkpoint_id = item.config["configurable"]["checkpoint_id"]
         if checkpoint_id == head:
             break
         newest = newest or checkpoint_id
         added += 1
-    return added, newest
+        size += checkpoint_size(saver, item.checkpoint)
+    return added, size, newest
+
+
+def checkpoint_bytes_of(user_id):
+    """The bytes of checkpoints a person's tracked threads hold (one query)."""
+    return Thread.objects.filter(user_id=user_id).aggregate(n=Sum("checkpoint_bytes"))["n"] or 0
+
+
+def check_checkpoint_room(user_id):
+    """Raise LimitReached when a person's threads hold WORKFLOWS["MAX_CHECKPOINT_BYTES_PER_USER"] or more.
+
+    Checked before a turn, so a turn that starts under the cap is kept whole: the cap is passed by
+    at most one turn's checkpoints per conversation. No cap (None), no query.
+    """
+    limit = workflow_settings.MAX_CHECKPOINT_BYTES_PER_USER
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError("WORKFLOWS['MAX_CHECKPOINT_BYTES_PER_USER'] must be a non-negative integer or None")
+    held = checkpoint_bytes_of(user_id)
+    if held >= limit:
+        raise LimitReached(
+            "conversation",
+            f"this person's conversations hold {held} bytes of checkpoints, the limit is {limit} "
+            "(WORKFLOWS['MAX_CHECKPOINT_BYTES_PER_USER']): this turn is not kept. Delete or trim their "
+            "threads (MAX_CHECKPOINTS_PER_THREAD), or raise the limit",
+            limit="MAX_CHECKPOINT_BYTES_PER_USER",
+            value=limit,
+        )
 
 
 def list_threads(*, workflow_id=None, user_ids=None):
