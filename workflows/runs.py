@@ -23,7 +23,7 @@ from memory.signals import person_exporting, prune_requested, users_deleting, us
 from memory.validation import storable
 
 from .conf import workflow_settings
-from .models import RunStatus, Workflow, WorkflowRun
+from .models import Workflow, WorkflowRun
 
 
 class EventType:
