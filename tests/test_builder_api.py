@@ -15,7 +15,6 @@ from workflows.exceptions import InvalidDefinition
 from workflows.models import Workflow, WorkflowRun
 from workflows.runtime import run_workflow
 
-pytestmark = pytest.mark.usefixtures("keyword_only")
 
 
 def laid_out():
