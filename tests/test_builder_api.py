@@ -16,7 +16,6 @@ from workflows.models import Workflow, WorkflowRun
 from workflows.runtime import run_workflow
 
 
-
 def laid_out():
     data = copy.deepcopy(DEMO_DEFINITION)
     for i, node in enumerate(data["nodes"]):
