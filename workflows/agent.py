@@ -41,6 +41,8 @@ from langchain_core.messages import (
 )
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
+from memory.exceptions import PersonForgotten
+
 from . import threads, turns
 from .chat_models import get_chat_model
 from .checkpointer import get_checkpointer
@@ -273,6 +275,8 @@ def _track(thread_ref, context, user, conversation_id, update):
             conversation_id=conversation_id,
             channel=user.get("channel", ""),
         )
+    except PersonForgotten as exc:  # logged by record_activity, which deleted the turn's checkpoints
+        update["memory_errors"].append(_error(context, "thread tracking", exc))
     except (DatabaseError, *CHECKPOINT_ERRORS) as exc:
         logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_ref.thread_id, exc)
         update["memory_errors"].append(_error(context, "thread tracking", exc))
