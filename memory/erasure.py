@@ -260,18 +260,56 @@ def scrub_after_commit(user_ids=(), fact_ids=(), episode_ids=(), needles=()):
 
 
 def _analyze(outcome):
-    """PostgreSQL: new statistics of every table that held the person, so pg_stats lets go of them."""
+    """PostgreSQL: new statistics of every table that held the person, so pg_stats lets go of them.
+
+    ANALYZE of a table left empty keeps its old statistics (there is no sample to replace them with),
+    so an empty table's are cleared: by deleting its pg_statistic rows where the role may (a superuser),
+    else by restating each column's own type, which drops that column's statistics (table owners may;
+    no rewrite for the same type, and the table is empty).
+    """
     existing = set(connection.introspection.table_names())
     for table in person_tables():
         if table not in existing:
             continue
+        quoted = connection.ops.quote_name(table)
         try:
             with connection.cursor() as cursor:
-                cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
+                cursor.execute(f"ANALYZE {quoted}")
+                cursor.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {quoted})")
+                empty = cursor.fetchone()[0]
+            if empty:
+                _clear_statistics(table)
             outcome.statistics_refreshed.append(table)
         except DatabaseError as exc:
-            logger.exception("erasure: could not analyze %s", table)
+            logger.exception("erasure: could not refresh the statistics of %s", table)
             outcome.problems.append(f"the statistics of {table} were not refreshed: {exc}")
+
+
+def _clear_statistics(table):
+    quoted = connection.ops.quote_name(table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), co.collname FROM pg_stats s "
+            "JOIN pg_attribute a ON a.attrelid = %s::regclass AND a.attname = s.attname "
+            "LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0 "
+            "WHERE s.schemaname = current_schema() AND s.tablename = %s",
+            [quoted, table],
+        )
+        columns = cursor.fetchall()
+    if not columns:
+        return
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("DELETE FROM pg_statistic WHERE starelid = %s::regclass", [quoted])
+        return
+    except DatabaseError:  # not a superuser: the owner's way, column by column
+        pass
+    with transaction.atomic(), connection.cursor() as cursor:
+        for column, type_sql, collation in columns:
+            collate = f" COLLATE {connection.ops.quote_name(collation)}" if collation else ""
+            cursor.execute(
+                f"ALTER TABLE {quoted} ALTER COLUMN {connection.ops.quote_name(column)} TYPE {type_sql}{collate}"
+            )
 
 
 def truncate_wal(execute, wait_seconds, what):
