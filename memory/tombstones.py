@@ -52,20 +52,20 @@ def forgotten_rows(user_rows, identity_rows):
     rows the database does not hold are given (a stored row is left as it is anyway).
     """
     errors = []
-    wanted = {}  # digest -> (line, field)
+    wanted = {}  # digest -> [(line, field)]: a user's canonical id and its identity hash alike
     for pk, (line, canonical) in user_rows.items():
         for d in _digests("user", pk):
-            wanted[d] = (line, "id")
+            wanted.setdefault(d, []).append((line, "id"))
         for d in _digests("identity", canonical):
-            wanted.setdefault(d, (line, "canonical_id"))
+            wanted.setdefault(d, []).append((line, "canonical_id"))
     for (channel, external), line in identity_rows.items():
         for d in _digests("identity", _identity(channel, external)):
-            wanted.setdefault(d, (line, "external_id"))
+            wanted.setdefault(d, []).append((line, "external_id"))
     hits = {}
     for chunk in chunks(sorted(wanted)):
         for digest, when in Tombstone.objects.filter(digest__in=chunk).values_list("digest", "forgotten_at"):
-            line, field = wanted[digest]
-            hits.setdefault((line, field), when)
+            for line, field in wanted[digest]:
+                hits.setdefault((line, field), when)
     for (line, field), when in sorted(hits.items()):
         errors.append(
             (

@@ -102,6 +102,7 @@ def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None,
     except PersonForgotten:
         # The forget deleted what it could see; this turn's checkpoints came after it, so they go here.
         get_checkpointer().delete_thread(ref.thread_id)
+        scrub_checkpoint_files()  # the forget's own truncation of the checkpoint WAL came before these
         logger.warning(
             "thread %s not kept: memory user %s was forgotten while the turn ran; its checkpoints were deleted",
             ref.thread_id,
