@@ -21,7 +21,7 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from memory.erasure import register_participant
+from memory.erasure import register_participant, scrub_after_commit
 from memory.exceptions import PersonForgotten
 from memory.service import MemoryService
 from memory.signals import (
@@ -102,7 +102,8 @@ def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None,
     except PersonForgotten:
         # The forget deleted what it could see; this turn's checkpoints came after it, so they go here.
         get_checkpointer().delete_thread(ref.thread_id)
-        scrub_checkpoint_files()  # the forget's own truncation of the checkpoint WAL came before these
+        # The forget's own scrub (statistics, WAL files) came before these checkpoints went: again.
+        scrub_after_commit([user_id])
         logger.warning(
             "thread %s not kept: memory user %s was forgotten while the turn ran; its checkpoints were deleted",
             ref.thread_id,
