@@ -114,7 +114,7 @@ class OperatorsMixin:
         """Delete procedures; procedures evolved from them stay, their `parent` cleared."""
         return self._batch_delete(Procedure, ids, max_ids, actor, DeletionKind.PROCEDURES)
 
-    def delete_users(self, ids, *, cascade=False, max_ids=None, actor=""):
+    def delete_users(self, ids, *, cascade=False, max_ids=None, actor="", tombstone=True):
         """Delete memory users: "forget this person" with `cascade=True`.
 
         With `cascade`, everything that names them goes too, in one transaction: their facts,
@@ -124,7 +124,10 @@ class OperatorsMixin:
         go of them too (memory/erasure.py). Without it, a user who still holds memories raises
         MemoryInUse naming the `cascade` field, and nothing is deleted. Either way an audit record
         (DeletionRecord: who, when, how many, which ids; never whose name) is written.
-        `BatchDelete.cascaded` counts everything that went, threads and checkpoints included.
+        `BatchDelete.cascaded` counts everything that went, threads and checkpoints included;
+        `BatchDelete.erasure` says what the scrub after the commit did (memory.erasure.ErasureOutcome).
+        With `tombstone` (the default) their ids are kept as a tombstone (memory/tombstones.py), so an
+        import of an older export does not bring them back unasked; `memory clear` of every user does not.
         """
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
@@ -150,7 +153,8 @@ class OperatorsMixin:
                 fact_ids += Fact.objects.filter(user__in=chunk).values_list("pk", flat=True)
                 episode_ids += Episode.objects.filter(user__in=chunk).values_list("pk", flat=True)
             needles = erasure.person_identifiers(everyone)
-            tombstones.bury(everyone)
+            if tombstone:
+                tombstones.bury(everyone)
             # Always: without cascade the users hold no memories, but may still have threads.
             users_deleting.send(sender=MemoryUser, user_ids=everyone)
             erasure.erase_related(everyone, fact_ids, episode_ids)
