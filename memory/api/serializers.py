@@ -312,4 +312,4 @@ class ErasureSerializer(serializers.Serializer):
 
 class UserBatchDeleteResultSerializer(BatchDeleteResultSerializer):
     cascaded = CascadedSerializer(required=False, help_text="What went with the users (cascade only).")
-    erasure = ErasureSerializer(required=False, help_text="What the scrub after the commit did.")
+    erasure = ErasureSerializer(required=False, help_text="What the scrub after the commit did (cascade only).")
