@@ -39,6 +39,18 @@ class AccessCounter(WriteBuffer):
 
         self.add(note)
 
+    def forget(self, fact_ids):
+        """Drop buffered counts of these facts: they are being erased."""
+        gone = set(fact_ids)
+
+        def keep(counts):
+            kept = _Counts({pk: n for pk, n in counts.items() if pk not in gone})
+            kept.last = counts.last
+            return kept
+
+        if gone:
+            self.discard(keep)
+
     def write(self, counts):
         return bump_counters(Fact, counts, "access_count", "last_accessed", counts.last)
 

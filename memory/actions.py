@@ -57,6 +57,11 @@ def delete_memories(modeladmin, request, queryset):
         if result.not_found:
             text += f" {len(result.not_found)} were already gone."
         modeladmin.message_user(request, text, messages.SUCCESS)
+        erasure = getattr(result, "erasure", None)
+        if erasure is not None and not erasure.complete:
+            modeladmin.message_user(
+                request, "Erasure not complete: " + "; ".join(erasure.problems or ["pending"]), messages.WARNING
+            )
         return None  # back to the change list
     context = {
         **modeladmin.admin_site.each_context(request),

@@ -100,7 +100,9 @@ def clear(service, kinds, *, scope=None, agent_id=None, user_id=None, actor="com
                 users = users.filter(pk=user_id) | users.filter(merged_into_id=user_id)
             doomed = list(users.values_list("pk", flat=True))
             if doomed:
-                result = service.delete_users(doomed, cascade=True, actor=actor)
+                # Clearing every user is a reset (export, clear, import restores it): no tombstones.
+                # Clearing one person is forgetting them: a tombstone, as with every other path.
+                result = service.delete_users(doomed, cascade=True, actor=actor, tombstone=user_id is not None)
                 deleted[FACTS] = deleted.get(FACTS, 0) + result.cascaded.get("facts", 0)
                 deleted[EPISODES] = deleted.get(EPISODES, 0) + result.cascaded.get("episodes", 0)
                 deleted["identities"] = result.cascaded.get("identities", 0)

@@ -148,6 +148,9 @@ DEFAULTS = {
     # Recall events and reference counts are buffered and written in one transaction when this many
     # hits are pending, at the end of each request, at exit, or on MemoryService.flush_recall_log().
     "RECALL_FLUSH_PENDING": 5000,
+    # Forgetting a person on SQLite truncates the WAL after the commit, retrying while a reader holds
+    # older frames for at most this many seconds; past it the deletion's result says the WAL was kept.
+    "ERASURE_WAL_WAIT_SECONDS": 10,
     # Threads numpy's BLAS may use, set when the vector index is first built (process-wide). Idle
     # BLAS threads spin, and on a small busy machine they slow everything else in a recall (measured
     # on 2 cores at 100k items: hybrid p95 47 ms with the default, 24 ms with 1). None: leave it.

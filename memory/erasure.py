@@ -1,27 +1,39 @@
-"""Forgetting a person, provably: what goes with them, the scrubbing after commit, and the checks.
+"""Forgetting a person, provably: what goes with them, the scrubbing after commit, and the registry.
 
 `MemoryService.delete_users(cascade=True)` deletes a person's rows; this module deletes everything
-else that names them, in the same transaction (their recall events, admin log entries, the keyword
-indexes' pending deltas and merged segments), then, after the commit, takes the words out of the
-database files (SQLite: the WAL truncated; every connection runs with `secure_delete`, so deleted
-content is overwritten in the pages themselves). Apps that keep per-person data elsewhere (threads and
-checkpoints) do their part through the `users_deleting` signal and register what to scan through
-`trace_scanners`.
+else that names them, in the same transaction: their recall events, admin log entries, the keyword
+indexes' pending deltas and merged segments, operators' recall queries and admin sessions that name
+them (memory/erasure_scan.py says what "names" means), and buffered recall events and access counts.
+It also keeps a tombstone (memory/tombstones.py) so an old export cannot bring them back unasked.
 
-`find_traces(needles, user_ids)` is what `memory verify-erasure` runs: every table, every text column,
-the user id in every owner column, and on SQLite the raw bytes of the database files and their WAL.
+After the commit (`scrub_after_commit`, its result an `ErasureOutcome` on the BatchDelete):
 
-PostgreSQL: the rows are deleted in the same transaction, but a deleted row's bytes stay in its
-table's pages until VACUUM reclaims them (autovacuum does, later), and in WAL segments, replicas and
-backups until those rotate out. `memory verify-erasure` there checks what SQL can see.
+- PostgreSQL: `ANALYZE` of every table that holds a person's data. ANALYZE copies sampled column values
+  into `pg_stats` (most common values, histogram bounds), and a deleted row's values stay there until the
+  table is analyzed again; a fresh sample holds only live rows. VACUUM does not refresh them by itself,
+  and neither removes what the WAL segments, replicas and backups keep until those rotate out. A
+  deleted row's bytes stay in its table's pages until VACUUM (autovacuum does, later) reclaims them.
+- SQLite: every connection runs with `secure_delete` (deleted content is overwritten in its pages), the
+  freed pages go back to the file system, and the WAL is truncated, retried while a reader holds older
+  frames, for at most MEMORY["ERASURE_WAL_WAIT_SECONDS"]; if a reader still holds it then, the outcome
+  says so (`complete` false, with the reason) instead of claiming success.
+
+Apps that keep per-person data elsewhere delete it through the `users_deleting` signal and join the
+rest with `register_participant(name, tables=..., scrub=..., scan=...)`: the tables to re-analyze, a
+scrub to run after the commit (returns the problems it could not fix) and a scan for verify-erasure.
+
+`memory verify-erasure` runs `find_traces` (memory/erasure_scan.py).
 """
 
 import logging
-from pathlib import Path
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from .filebytes import count_in_files
+from .conf import memory_settings
+from .erasure_scan import file_traces, find_traces, sessions_naming, trace_scanners  # noqa: F401  (public here)
 from .models import (
     ChannelIdentity,
     Episode,
@@ -39,8 +51,128 @@ from .validation import chunks
 
 logger = logging.getLogger("engram.memory")
 
-# Other apps' scanners: callables (needles, user_ids) -> [(where, what)] of traces they keep.
-trace_scanners = []
+# Fact keys whose values identify a person (a name, an address): operators' queries and admin searches
+# naming them go with the person, as their display name and channel ids do.
+IDENTIFYING_FACT_KEYS = frozenset(
+    {"name", "full_name", "first_name", "last_name", "display_name", "email", "phone", "username", "nickname"}
+)
+
+
+@dataclass
+class ErasureOutcome:
+    """What happened once a forget committed. `complete` only when every scrub ran and none failed."""
+
+    done: bool = False
+    problems: list[str] = field(default_factory=list)
+    statistics_refreshed: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self):
+        return self.done and not self.problems
+
+    def as_dict(self):
+        return {
+            "complete": self.complete,
+            "pending": not self.done,
+            "problems": list(self.problems),
+            "statistics_refreshed": list(self.statistics_refreshed),
+        }
+
+
+@dataclass(frozen=True)
+class ErasureParticipant:
+    """An app's part in forgetting: `tables()` holding a person's data (re-analyzed on PostgreSQL), a
+    `scrub()` after the commit returning the problems it could not fix, and a verify-erasure scan."""
+
+    name: str
+    tables: Callable[[], list[str]] | None = None
+    scrub: Callable[[], list[str]] | None = None
+
+
+participants = []
+
+
+def register_participant(name, *, tables=None, scrub=None, scan=None):
+    """Join forget-a-person and verify-erasure (call it from AppConfig.ready() or a module it imports)."""
+    if any(p.name == name for p in participants):
+        return
+    participants.append(ErasureParticipant(name, tables, scrub))
+    if scan is not None:
+        trace_scanners.append(scan)
+
+
+def person_tables():
+    """Every table that may hold a person's data: the memory app's, the admin log, sessions, and the
+    participants' (checkpoint tables, threads, ...)."""
+    from django.apps import apps
+
+    tables = []
+    for label in ("memory", "admin", "sessions"):
+        if apps.is_installed(f"django.contrib.{label}") or label == "memory":
+            tables += [m._meta.db_table for m in apps.get_app_config(label).get_models() if m._meta.managed]
+    for participant in participants:
+        if participant.tables is not None:
+            tables += participant.tables()
+    return list(dict.fromkeys(tables))
+
+
+def person_identifiers(user_ids):
+    """What names these people, read before their rows go: display names, canonical and external ids,
+    and values of identifying facts (IDENTIFYING_FACT_KEYS), each at least three characters long."""
+    found = []
+    for chunk in chunks(sorted(user_ids)):
+        for canonical, display in MemoryUser.objects.filter(pk__in=chunk).values_list("canonical_id", "display_name"):
+            found += [canonical, display]
+        for channel, external in ChannelIdentity.objects.filter(user_id__in=chunk).values_list(
+            "channel", "external_id"
+        ):
+            found += [f"{channel}:{external}", external]
+        for value in Fact.objects.filter(user_id__in=chunk, key__in=IDENTIFYING_FACT_KEYS).values_list(
+            "value", flat=True
+        ):
+            found += _strings(value)
+    return [s for s in dict.fromkeys(str(s).strip() for s in found) if len(s) >= 3]
+
+
+def _strings(value):
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def erase_operator_traces(needles):
+    """Inside the delete transaction: recall events whose query names the person (an operator looked
+    them up, for any user), buffered ones too, and the entries of admin sessions that name them (the
+    admin keeps each tab's search there); the operator stays signed in. Returns (events, sessions)."""
+    from django.conf import settings
+    from django.db.models import Q
+    from django.utils.module_loading import import_string
+
+    from .recall_events import recall_log
+
+    if not needles:
+        return 0, 0
+    recall_log.forget_queries(needles)
+    naming = Q()
+    for needle in needles:
+        naming |= Q(query__icontains=needle)
+    events = RecallEvent.objects.filter(naming).delete()[0]
+    store_class = import_string(f"{settings.SESSION_ENGINE}.SessionStore")
+    sessions = 0
+    for session, keys in sessions_naming(needles):
+        store = store_class(session_key=session.session_key)
+        for key in keys:
+            store.pop(key, None)
+        if any(key.startswith("_auth_") for key in keys):
+            store.delete()  # the sign-in itself names them: the whole session goes
+        else:
+            store.save(must_create=False)
+        sessions += 1
+    return events, sessions
 
 
 def erase_related(user_ids, fact_ids, episode_ids):
@@ -85,128 +217,141 @@ def purge_indexes(backend, user_ids):
         RecallScope.objects.filter(owners).delete()
 
 
-def scrub_after_commit():
-    """Once the deletion commits: the database files let go of what the deleted rows held."""
-    if connection.vendor != "sqlite":
-        return
+def drop_buffered(user_ids, fact_ids, episode_ids, needles=()):
+    """This process's buffered recall events and access counts naming the person go unwritten."""
+    from .access import access_counter
+    from .recall_events import recall_log
+
+    recall_log.forget(user_ids, {RecallKind.FACT: fact_ids, RecallKind.EPISODE: episode_ids})
+    if needles:
+        recall_log.forget_queries(needles)
+    access_counter.forget(fact_ids)
+
+
+def scrub_after_commit(user_ids=(), fact_ids=(), episode_ids=(), needles=()):
+    """Once the deletion commits: statistics, files and buffers let go of what the deleted rows held.
+
+    Returns the ErasureOutcome, filled in when the outermost transaction commits (at once when there is
+    none around the deletion).
+    """
+    outcome = ErasureOutcome()
 
     def scrub():
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("PRAGMA incremental_vacuum")  # freed pages back to the file system
-                # Old page images out of the WAL. It waits (the busy timeout) for readers of older
-                # frames; if one is still reading then, the WAL keeps its frames and busy is 1.
-                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                busy, frames, _copied = cursor.fetchone()
-            if busy:
-                logger.warning(
-                    "erasure: a reader kept the database's WAL (%s frames) from being truncated; "
-                    "memory verify-erasure shows what is left in it",
-                    frames,
-                )
-        except Exception:  # noqa: BLE001  (the deletion stands; verify-erasure shows what is left)
-            logger.exception("erasure: could not truncate the database's WAL")
+        # Noted by this process while the deletion ran (a recall that read the rows before they went).
+        drop_buffered(user_ids, fact_ids, episode_ids, needles)
+        if connection.vendor == "postgresql":
+            _analyze(outcome)
+        elif connection.vendor == "sqlite":
+            _truncate_sqlite_wal(outcome)
+        for participant in participants:
+            if participant.scrub is None:
+                continue
+            try:
+                outcome.problems += participant.scrub() or []
+            except Exception as exc:  # noqa: BLE001  (reported in the outcome: the deletion stands)
+                logger.exception("erasure: %s could not scrub", participant.name)
+                outcome.problems.append(f"{participant.name}: {exc}")
+        outcome.done = True
+        for problem in outcome.problems:
+            logger.warning("erasure not complete: %s; memory verify-erasure shows what is left", problem)
 
     transaction.on_commit(scrub, robust=True)
+    return outcome
 
 
-# ---------------------------------------------------------------- verification
+def _analyze(outcome):
+    """PostgreSQL: new statistics of every table that held the person, so pg_stats lets go of them.
+
+    ANALYZE of a table left empty keeps its old statistics (there is no sample to replace them with),
+    so an empty table's are cleared: by deleting its pg_statistic rows where the role may (a superuser),
+    else by restating each column's own type, which drops that column's statistics (table owners may;
+    no rewrite for the same type, and the table is empty).
+    """
+    existing = set(connection.introspection.table_names())
+    for table in person_tables():
+        if table not in existing:
+            continue
+        quoted = connection.ops.quote_name(table)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {quoted}")
+                cursor.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {quoted})")
+                empty = cursor.fetchone()[0]
+            if empty:
+                _clear_statistics(table)
+            outcome.statistics_refreshed.append(table)
+        except DatabaseError as exc:
+            logger.exception("erasure: could not refresh the statistics of %s", table)
+            outcome.problems.append(f"the statistics of {table} were not refreshed: {exc}")
 
 
-def find_traces(needles, user_ids=()):
-    """[(where, what)] of every trace of these strings (case-insensitive) and memory user ids."""
-    needles = [n for n in dict.fromkeys(str(n).strip() for n in needles) if len(n) >= 3]
-    user_ids = sorted({int(u) for u in user_ids})
-    traces = _table_traces(needles, user_ids)
-    if connection.vendor == "sqlite":
-        name = connection.settings_dict["NAME"]
-        traces += file_traces(Path(name), needles)
-    for scan in trace_scanners:
-        traces += scan(needles, user_ids)
-    return traces
-
-
-def _table_traces(needles, user_ids):
-    traces = []
-    introspection = connection.introspection
+def _clear_statistics(table):
+    quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
-        for table in introspection.table_names(cursor):
-            try:
-                columns = introspection.get_table_description(cursor, table)
-            except Exception:  # noqa: BLE001  (virtual tables without a description: their shadows are scanned)
-                continue
-            for column in columns:
-                traces += _column_traces(cursor, table, column, needles, user_ids)
-    return traces
-
-
-def _column_kind(column):
-    """ "text", "bytes", "int" or "" for a column of the table description."""
-    if connection.vendor == "sqlite":
-        declared = str(column.type_code or "").lower()
-        if "int" in declared:
-            return "int"
-        return "text" if declared == "" or any(t in declared for t in ("char", "text", "clob", "json", "blob")) else ""
+        cursor.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), co.collname FROM pg_stats s "
+            "JOIN pg_attribute a ON a.attrelid = %s::regclass AND a.attname = s.attname "
+            "LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0 "
+            "WHERE s.schemaname = current_schema() AND s.tablename = %s",
+            [quoted, table],
+        )
+        columns = cursor.fetchall()
+    if not columns:
+        return
     try:
-        field = connection.introspection.get_field_type(column.type_code, column)
-    except KeyError:  # a type Django does not map (tsvector, ...): not stored text
-        return ""
-    if field in ("CharField", "TextField", "JSONField"):
-        return "text"
-    if field == "BinaryField":
-        return "bytes"
-    return "int" if field.endswith(("IntegerField", "AutoField")) else ""
-
-
-def _count(cursor, table, condition, params):
-    cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(table)} WHERE {condition}", params)
-    return cursor.fetchone()[0]
-
-
-def _column_traces(cursor, table, column, needles, user_ids):
-    column_sql = connection.ops.quote_name(column.name)
-    where = f"{table}.{column.name}"
-    kind = _column_kind(column)
-    found = []
-    if kind == "text":
-        text = f"CAST({column_sql} AS TEXT)"
-        like = "LIKE" if connection.vendor == "sqlite" else "ILIKE"
-        for needle in needles:
-            n = _count(cursor, table, f"{text} {like} %s", [f"%{needle}%"])
-            if n:
-                found.append((where, f"{n} row(s) contain {needle!r}"))
-        for user_id in user_ids:  # owner keys: user:<id> exactly, or user:<id>/agent:<id>
-            n = _count(
-                cursor,
-                table,
-                f"{text} = %s OR {text} LIKE %s",
-                [owner_key(Scope.USER, user_id=user_id), f"{owner_key(Scope.USER, user_id=user_id)}/%"],
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("DELETE FROM pg_statistic WHERE starelid = %s::regclass", [quoted])
+        return
+    except DatabaseError:  # not a superuser: the owner's way, column by column
+        pass
+    with transaction.atomic(), connection.cursor() as cursor:
+        for column, type_sql, collation in columns:
+            collate = f" COLLATE {connection.ops.quote_name(collation)}" if collation else ""
+            cursor.execute(
+                f"ALTER TABLE {quoted} ALTER COLUMN {connection.ops.quote_name(column)} TYPE {type_sql}{collate}"
             )
-            if n:
-                found.append((where, f"{n} row(s) owned by user:{user_id}"))
-    elif kind == "bytes":
-        for needle in needles:
-            n = _count(cursor, table, f"position(convert_to(%s, 'UTF8') IN {column_sql}) > 0", [needle])
-            if n:
-                found.append((where, f"{n} row(s) hold the bytes of {needle!r}"))
-    elif kind == "int" and user_ids and (column.name == "user_id" or column.name.endswith("_user_id")):
-        n = _count(cursor, table, f"{column_sql} IN ({', '.join(['%s'] * len(user_ids))})", user_ids)
-        if n:
-            found.append((where, f"{n} row(s) with one of the user ids"))
-    return found
 
 
-def file_traces(path, needles):
-    """Traces of the needles (case-insensitive) in a SQLite file and its WAL, read as raw bytes (by a
-    child process: see memory/filebytes.py for why this one must not open the files itself)."""
-    files = [Path(path), Path(f"{path}-wal")]
-    counts = count_in_files(files, needles)
-    traces = []
-    for candidate in files:
-        for needle, hits in counts.get(str(candidate), {}).items():
-            if hits:
-                traces.append((str(candidate.name), f"{hits} occurrence(s) of {needle!r} in the file's bytes"))
-    return traces
+def truncate_wal(execute, wait_seconds, what):
+    """Truncate a SQLite WAL, retrying while a reader holds older frames, for at most `wait_seconds`.
+
+    `execute(sql)` runs one statement and returns its first row. Returns None when the WAL is empty,
+    else why not. Each try waits at most 100 ms for readers (the busy timeout), then tries again.
+    """
+    (previous,) = execute("PRAGMA busy_timeout")
+    execute("PRAGMA busy_timeout = 100")
+    deadline = time.monotonic() + max(0.0, float(wait_seconds))
+    try:
+        while True:
+            busy, frames, _copied = execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if not busy:
+                return None
+            if time.monotonic() >= deadline:
+                return (
+                    f"a reader kept {what}'s WAL ({frames} frames) from being truncated for {wait_seconds} s: "
+                    "the deleted words may still be in its -wal file until the next erasure or checkpoint"
+                )
+            time.sleep(0.05)
+    finally:
+        execute(f"PRAGMA busy_timeout = {int(previous)}")
+
+
+def _truncate_sqlite_wal(outcome):
+    def execute(sql):
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA incremental_vacuum")  # freed pages back to the file system
+            cursor.fetchall()
+        problem = truncate_wal(execute, memory_settings.ERASURE_WAL_WAIT_SECONDS, "the database")
+    except DatabaseError as exc:
+        logger.exception("erasure: could not truncate the database's WAL")
+        problem = f"the database's WAL could not be truncated: {exc}"
+    if problem:
+        outcome.problems.append(problem)
 
 
 # ---------------------------------------------------------------- subject access

@@ -23,6 +23,14 @@ class MemoryNotFound(MemoryServiceError, LookupError):
         super().__init__(f"{kind} {ident!r} does not exist")
 
 
+class PersonForgotten(MemoryNotFound):
+    """The memory user was forgotten (deleted) before this write for them: nothing was written."""
+
+    def __init__(self, ident):
+        super().__init__("memory user", ident)
+        self.args = (f"memory user {ident} was forgotten; nothing was written for them",)
+
+
 class MemoryInUse(InvalidMemoryArgument):
     """The rows still hold other memory; `field` names the option that would delete it too. Nothing changed."""
 

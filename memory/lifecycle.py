@@ -129,14 +129,15 @@ class LifecycleMixin:
         self.flush_access_counts()  # the export carries the counts recalls have noted so far
         return transfer.export(out, on_progress=on_progress)
 
-    def import_memories(self, stream, *, dry_run=False, on_progress=None):
+    def import_memories(self, stream, *, dry_run=False, on_progress=None, allow_forgotten=False):
         """Validate a whole export, then add its new rows in one transaction; returns an ImportReport.
 
         `stream`: a seekable text stream. Raises ImportRejected (naming line and field) and writes
-        nothing when anything is wrong. Rows whose id exists are left as stored.
+        nothing when anything is wrong. Rows whose id exists are left as stored. Rows of a person who was
+        forgotten (a tombstone holds their ids) are refused unless `allow_forgotten`.
         """
 
-        return transfer.import_(stream, dry_run=dry_run, on_progress=on_progress)
+        return transfer.import_(stream, dry_run=dry_run, on_progress=on_progress, allow_forgotten=allow_forgotten)
 
     def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None, actor="command"):
         """Delete memory by kind (facts, episodes, procedures, users), scope, agent or user, atomically.

@@ -522,6 +522,25 @@ class DeletionRecord(models.Model):
         return f"{self.count} {self.kind} by {self.actor}"
 
 
+class Tombstone(models.Model):
+    """What is kept of a forgotten person: ids and keyed hashes, never a name (memory/tombstones.py).
+
+    One row per memory user id (`digest` of the id) and one per channel identity they had (`digest`
+    of channel and external id), so an import of an export from before the forget can recognise them.
+    """
+
+    forgotten_id = models.BigIntegerField(db_index=True)  # the memory user id they had
+    digest = models.CharField(max_length=64, unique=True)
+    forgotten_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "memory_tombstone"
+        ordering = ["-forgotten_at", "-id"]
+
+    def __str__(self):
+        return f"forgotten memory user {self.forgotten_id}"
+
+
 class StoreItem(models.Model):
     """An item of a LangGraph store (workflows.store.EngramStore): a JSON object under (namespace, key).
 

@@ -10,8 +10,8 @@ from django.db import transaction
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from . import erasure, history
-from .exceptions import InvalidMemoryArgument, MemoryInUse
+from . import erasure, history, persons, tombstones
+from .exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
 from .models import (
     ChannelIdentity,
     DeletionKind,
@@ -31,7 +31,7 @@ from .models import (
     StoreItem,
 )
 from .signals import users_deleting, users_footprint
-from .validation import check_choice, check_id_list, check_limit, chunks, clean_text
+from .validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class BatchDelete:
     deleted: int
     not_found: list[int]
     cascaded: dict[str, int] = field(default_factory=dict)
+    # Forgetting people: what the scrub after the commit did (memory.erasure.ErasureOutcome), else None.
+    erasure: object = None
 
 
 # What makes a user "in use" for a delete without cascade: memories, not statistics or threads.
@@ -112,7 +114,7 @@ class OperatorsMixin:
         """Delete procedures; procedures evolved from them stay, their `parent` cleared."""
         return self._batch_delete(Procedure, ids, max_ids, actor, DeletionKind.PROCEDURES)
 
-    def delete_users(self, ids, *, cascade=False, max_ids=None, actor=""):
+    def delete_users(self, ids, *, cascade=False, max_ids=None, actor="", tombstone=True):
         """Delete memory users: "forget this person" with `cascade=True`.
 
         With `cascade`, everything that names them goes too, in one transaction: their facts,
@@ -122,7 +124,10 @@ class OperatorsMixin:
         go of them too (memory/erasure.py). Without it, a user who still holds memories raises
         MemoryInUse naming the `cascade` field, and nothing is deleted. Either way an audit record
         (DeletionRecord: who, when, how many, which ids; never whose name) is written.
-        `BatchDelete.cascaded` counts everything that went, threads and checkpoints included.
+        `BatchDelete.cascaded` counts everything that went, threads and checkpoints included;
+        `BatchDelete.erasure` says what the scrub after the commit did (memory.erasure.ErasureOutcome).
+        With `tombstone` (the default) their ids are kept as a tombstone (memory/tombstones.py), so an
+        import of an older export does not bring them back unasked; `memory clear` of every user does not.
         """
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
@@ -141,13 +146,20 @@ class OperatorsMixin:
             for chunk in chunks(sorted(found)):
                 merged.update(MemoryUser.objects.filter(merged_into__in=chunk).values_list("pk", flat=True))
             everyone = sorted(found | merged)
+            # Writes for these people in flight elsewhere finish first; later ones find them gone.
+            persons.lock_for_forget(everyone)
             fact_ids, episode_ids = [], []
             for chunk in chunks(everyone):
                 fact_ids += Fact.objects.filter(user__in=chunk).values_list("pk", flat=True)
                 episode_ids += Episode.objects.filter(user__in=chunk).values_list("pk", flat=True)
+            needles = erasure.person_identifiers(everyone)
+            if tombstone:
+                tombstones.bury(everyone)
             # Always: without cascade the users hold no memories, but may still have threads.
             users_deleting.send(sender=MemoryUser, user_ids=everyone)
             erasure.erase_related(everyone, fact_ids, episode_ids)
+            erasure.erase_operator_traces(needles)
+            erasure.drop_buffered(everyone, fact_ids, episode_ids, needles)
             for chunk in chunks(everyone):
                 # Their history too, versions of facts deleted long ago included: forgotten means gone.
                 FactVersion.objects.filter(user__in=chunk).delete()
@@ -160,8 +172,15 @@ class OperatorsMixin:
                 MemoryUser.objects.filter(pk__in=chunk).delete()
             erasure.purge_indexes(self.backend, everyone)
             write_deletion_record(actor, DeletionKind.MEMORY_USERS, sorted(found), footprint)
-            erasure.scrub_after_commit()
-        return BatchDelete(len(found), not_found, cascaded=footprint if cascade else {})
+            outcome = erasure.scrub_after_commit(everyone, fact_ids, episode_ids, needles)
+        return BatchDelete(len(found), not_found, cascaded=footprint if cascade else {}, erasure=outcome)
+
+    def hold_person(self, user_id):
+        """Inside the caller's transaction: hold this person against a concurrent forget until it ends
+        (memory/persons.py). Raises PersonForgotten if they were forgotten: write nothing for them."""
+        user_id = check_user_id("user_id", user_id, required=True)
+        if user_id not in persons.hold_people([user_id]):
+            raise PersonForgotten(user_id)
 
     def user_footprint(self, ids):
         """How much these users (and users merged into them) hold, by kind, threads and checkpoints included.

@@ -6,12 +6,16 @@ rows in bulk, and per document `reference_count` + n and `last_referenced` in on
 count. Hits still in the buffer when a process is killed are lost; they are statistics, not memory.
 """
 
+import logging
 from collections import Counter
 
 from .backends.rows import bump_counters
 from .buffers import WriteBuffer
 from .conf import memory_settings
 from .models import RecallDocument, RecallEvent
+from .persons import hold_people
+
+logger = logging.getLogger("engram.memory")
 
 _CHUNK = 2000
 
@@ -61,7 +65,27 @@ class RecallLog(WriteBuffer):
 
         self.discard(keep)
 
+    def forget_queries(self, needles):
+        """Drop buffered events whose query names one of these strings (case-insensitive)."""
+        needles = [n.lower() for n in needles if n]
+
+        def keep(hits):
+            kept = _Hits((e for e in hits if not any(n in e.query.lower() for n in needles)), hits.references)
+            kept.last = hits.last
+            return kept
+
+        if needles:
+            self.discard(keep)
+
     def write(self, hits):
+        # Under the person lock: events of someone forgotten meanwhile (by another process, whose
+        # forget could not drop this buffer) are dropped, never written under a deleted id.
+        people = {e.user_id for e in hits if e.user_id is not None}
+        alive = hold_people(people) if people else set()
+        if people - alive:
+            kept = _Hits((e for e in hits if e.user_id is None or e.user_id in alive), hits.references)
+            logger.warning("dropped %d recall event(s) of forgotten people", len(hits) - len(kept))
+            kept.last, hits = hits.last, kept
         RecallEvent.objects.bulk_create(hits, batch_size=_CHUNK)
         bump_counters(RecallDocument, hits.references, "reference_count", "last_referenced", hits.last)
         return len(hits)

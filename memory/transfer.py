@@ -60,7 +60,7 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import history, validation
+from . import history, tombstones, validation
 from .exceptions import ImportRejected, InvalidMemoryArgument
 from .models import (
     ChannelIdentity,
@@ -553,8 +553,10 @@ def _clean_row(data, lineno, plans, errors):
     return (plan, row) if ok else (None, None)
 
 
-def validate(stream, *, on_progress=None, fingerprint=None):
-    """Pass 1: check every line; returns {kind: ids already in the database}. Raises ImportRejected."""
+def validate(stream, *, on_progress=None, fingerprint=None, allow_forgotten=False):
+    """Pass 1: check every line; returns {kind: ids already in the database}. Raises ImportRejected.
+
+    Rows of a forgotten person (memory/tombstones.py) are refused unless `allow_forgotten`."""
     header = _read_header(stream, fingerprint)
     plans = _plans()
     errors = []
@@ -575,9 +577,22 @@ def validate(stream, *, on_progress=None, fingerprint=None):
     if errors:
         raise ImportRejected(errors)
     present = _check_against_database(plans, errors)
+    if not allow_forgotten:
+        errors += _forgotten(plans, present)
     if errors:
-        raise ImportRejected(errors)
+        raise ImportRejected(sorted(errors))
     return present
+
+
+def _forgotten(plans, present):
+    def new_rows(name):
+        return [
+            (value, pk_line) for (_, value), pk_line in plans[name].natural.items() if pk_line[0] not in present[name]
+        ]
+
+    users = {pk: (line, value[0]) for value, (pk, line) in new_rows("user")}
+    identities = {value: line for value, (_pk, line) in new_rows("identity")}
+    return tombstones.forgotten_rows(users, identities)
 
 
 def _note_identity(plan, row, lineno, errors):
@@ -665,7 +680,7 @@ def _check_natural_keys(plan, present, errors):
                     )
 
 
-def import_(stream, *, dry_run=False, on_progress=None):
+def import_(stream, *, dry_run=False, on_progress=None, allow_forgotten=False):
     """Validate the whole stream, then insert its new rows in one transaction. Returns an ImportReport.
 
     `stream` must be seekable: pass 1 validates every line (and fingerprints the file), pass 2
@@ -673,7 +688,7 @@ def import_(stream, *, dry_run=False, on_progress=None):
     ImportRejected names the line and field of each problem.
     """
     fingerprint = hashlib.sha256()
-    present = validate(stream, on_progress=on_progress, fingerprint=fingerprint)
+    present = validate(stream, on_progress=on_progress, fingerprint=fingerprint, allow_forgotten=allow_forgotten)
     stream.seek(0)
     again = hashlib.sha256()
     again.update(stream.readline().encode())

@@ -43,7 +43,7 @@ from langchain_core.messages import (
 )
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from memory.exceptions import LimitReached
+from memory.exceptions import LimitReached, PersonForgotten
 
 from . import threads, turns
 from .chat_models import get_chat_model
@@ -281,6 +281,8 @@ def _track(thread_ref, context, user, conversation_id, update):
             conversation_id=conversation_id,
             channel=user.get("channel", ""),
         )
+    except PersonForgotten as exc:  # logged by record_activity, which deleted the turn's checkpoints
+        update["memory_errors"].append(_error(context, "thread tracking", exc))
     except (DatabaseError, *CHECKPOINT_ERRORS) as exc:
         logger.error("agent %s: could not track thread %s: %s", context.node_id, thread_ref.thread_id, exc)
         update["memory_errors"].append(_error(context, "thread tracking", exc))

@@ -143,18 +143,30 @@ def _setup_lock(pool):
 
 
 def scrub_sqlite_files():
-    """SQLite checkpoints: write the WAL back and truncate it, so deleted checkpoints leave the disk."""
+    """SQLite checkpoints: write the WAL back and truncate it, so deleted checkpoints leave the disk.
+
+    Retried while a reader holds older frames, for at most MEMORY["ERASURE_WAL_WAIT_SECONDS"] (the
+    saver's lock is taken per try, so its own runs go on meanwhile). Returns None, or why the WAL stays.
+    """
+    from memory.conf import memory_settings
+    from memory.erasure import truncate_wal
+
     saver = _saver
     if saver is None or checkpointer_kind() != "sqlite":
-        return
-    try:
+        return None
+
+    def execute(sql):
         with saver.lock:  # the saver's own lock: one statement at a time on its connection
-            busy, frames, _copied = saver.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-    except sqlite3.Error:
+            return saver.conn.execute(sql).fetchone()
+
+    try:
+        problem = truncate_wal(execute, memory_settings.ERASURE_WAL_WAIT_SECONDS, "the checkpoint store")
+    except sqlite3.Error as exc:
         logger.exception("checkpoints: could not truncate the WAL after an erasure")
-        return
-    if busy:  # a reader of older frames kept them (memory/erasure.py does the same for the memory tables)
-        logger.warning("checkpoints: a reader kept the WAL (%s frames) from being truncated after an erasure", frames)
+        return f"the checkpoint store's WAL could not be truncated: {exc}"
+    if problem:
+        logger.warning("checkpoints: %s", problem)
+    return problem
 
 
 def keep_newest_checkpoints(thread_id, checkpoint_ids):

@@ -35,7 +35,7 @@ from langchain_core.messages import AIMessage, HumanMessage, convert_to_messages
 from langchain_core.runnables import RunnableLambda
 
 from memory.asynchronous import off_the_loop
-from memory.exceptions import InvalidMemoryArgument
+from memory.exceptions import InvalidMemoryArgument, PersonForgotten
 from memory.service import MemoryService
 from memory.validation import check_user_id, clean_text
 
@@ -177,6 +177,8 @@ def conversation(graph, *, user_id, conversation_id="direct", channel=""):
         yield {"configurable": {"thread_id": ref.thread_id}}
         try:
             threads.record_activity(ref, user_id=user.pk, conversation_id=conversation_id, channel=channel, graph=graph)
+        except PersonForgotten:  # logged by record_activity, which deleted this turn's checkpoints
+            raise
         except DatabaseError as exc:
             logger.error("conversation %s: could not track thread %s: %s", graph, ref.thread_id, exc)
             raise

@@ -21,8 +21,9 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from memory.erasure import trace_scanners
-from memory.exceptions import LimitReached
+from memory.erasure import register_participant, scrub_after_commit
+from memory.exceptions import LimitReached, PersonForgotten
+from memory.service import MemoryService
 from memory.signals import (
     person_exporting,
     users_deleting,
@@ -96,13 +97,30 @@ def thread_ref(thread_id):
 
 
 def record_activity(ref, *, user_id, conversation_id, channel, workflow_id=None, graph=""):
-    """Track a run on a thread: last activity, channel, and the checkpoints it added."""
+    """Track a run on a thread: last activity, channel, and the checkpoints it added.
+
+    Under the person's lock (MemoryService.hold_person): if they were forgotten while the turn ran,
+    the checkpoints it wrote are deleted and PersonForgotten is raised (and logged); nothing is kept.
+    """
     now = timezone.now()
     added, size, head = _count_new_checkpoints(ref.thread_id, ref.head_checkpoint_id)
-    with transaction.atomic():
-        if ref.tracked and _count_activity(ref.thread_id, now, added, size, channel, head):
-            return
-        created = _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, size, head)
+    try:
+        with transaction.atomic():
+            MemoryService().hold_person(user_id)
+            if ref.tracked and _count_activity(ref.thread_id, now, added, size, channel, head):
+                return
+            created = _create_thread(ref, workflow_id, graph, user_id, conversation_id, channel, now, added, size, head)
+    except PersonForgotten:
+        # The forget deleted what it could see; this turn's checkpoints came after it, so they go here.
+        get_checkpointer().delete_thread(ref.thread_id)
+        # The forget's own scrub (statistics, WAL files) came before these checkpoints went: again.
+        scrub_after_commit([user_id])
+        logger.warning(
+            "thread %s not kept: memory user %s was forgotten while the turn ran; its checkpoints were deleted",
+            ref.thread_id,
+            user_id,
+        )
+        raise
     if created:
         prune_threads(workflow_id, graph=graph)
 
@@ -265,8 +283,8 @@ def _thread_deleted(sender, instance, **kwargs):
 @receiver(users_deleting, dispatch_uid="workflows_threads_of_deleted_users")
 def _users_deleting(sender, user_ids, **kwargs):
     delete_user_threads(user_ids)
-    # After the checkpoints are deleted (their on-commit deletes were registered just above).
-    transaction.on_commit(scrub_checkpoint_files, robust=True)
+    # The checkpoint file's WAL is truncated by the erasure's scrub after the commit (registered
+    # below), after these threads' checkpoints are deleted (their on-commit deletes come first).
 
 
 @receiver(users_footprint, dispatch_uid="workflows_threads_footprint")
@@ -299,10 +317,12 @@ def _person_exporting(sender, user_ids, **kwargs):
 
 
 def scrub_checkpoint_files():
-    """SQLite checkpoints: truncate the WAL, so deleted checkpoints' page images leave the disk."""
+    """SQLite checkpoints: truncate the WAL, so deleted checkpoints' page images leave the disk.
+    Returns the problems (a reader that kept the WAL past the wait), as erasure participants do."""
     from .checkpointer import scrub_sqlite_files
 
-    scrub_sqlite_files()
+    problem = scrub_sqlite_files()
+    return [problem] if problem else []
 
 
 def _scan_checkpoints(needles, user_ids):
@@ -322,7 +342,19 @@ def _scan_checkpoints(needles, user_ids):
     return traces
 
 
-trace_scanners.append(_scan_checkpoints)
+def _person_tables():
+    """The workflows' tables (threads, reminders, ...) and, on PostgreSQL, the checkpointer's."""
+    from django.apps import apps
+
+    from .checkpointer import checkpointer_kind
+
+    tables = [m._meta.db_table for m in apps.get_app_config("workflows").get_models()]
+    if checkpointer_kind() == "postgres":
+        tables += ["checkpoints", "checkpoint_blobs", "checkpoint_writes"]
+    return tables
+
+
+register_participant("workflows", tables=_person_tables, scrub=scrub_checkpoint_files, scan=_scan_checkpoints)
 
 
 @receiver(users_merged, dispatch_uid="workflows_threads_follow_merge")

@@ -298,5 +298,18 @@ class CascadedSerializer(serializers.Serializer):
     checkpoints = serializers.IntegerField()
 
 
+class ErasureSerializer(serializers.Serializer):
+    complete = serializers.BooleanField(
+        help_text="True once every trace the deletion could reach is gone: statistics refreshed (PostgreSQL), "
+        "the WAL truncated (SQLite). False with `problems` saying what is left."
+    )
+    pending = serializers.BooleanField(help_text="True if the deletion's transaction has not committed yet.")
+    problems = serializers.ListField(child=serializers.CharField(), help_text="What could not be scrubbed, and why.")
+    statistics_refreshed = serializers.ListField(
+        child=serializers.CharField(), help_text="PostgreSQL: the tables analyzed again after the deletion."
+    )
+
+
 class UserBatchDeleteResultSerializer(BatchDeleteResultSerializer):
     cascaded = CascadedSerializer(required=False, help_text="What went with the users (cascade only).")
+    erasure = ErasureSerializer(required=False, help_text="What the scrub after the commit did (cascade only).")

@@ -87,6 +87,8 @@ class MemoryViewSet(mixins.DestroyModelMixin, MemoryReadViewSet):
         body = {"deleted": result.deleted, "not_found": result.not_found}
         if result.cascaded:
             body["cascaded"] = result.cascaded
+            if result.erasure is not None:  # forgetting people: filled in by the commit just above
+                body["erasure"] = result.erasure.as_dict()
         return Response(self.batch_delete_result_serializer_class(body).data, status=status.HTTP_200_OK)
 
 

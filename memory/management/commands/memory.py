@@ -237,6 +237,11 @@ class ImportSubcommand(Subcommand):
     def add_arguments(self, parser):
         parser.add_argument("path", help="an export file; '-' for standard input")
         parser.add_argument("--dry-run", action="store_true", help="validate and count, write nothing")
+        parser.add_argument(
+            "--allow-forgotten",
+            action="store_true",
+            help="bring back people who were forgotten since the export (refused by default)",
+        )
         _json_flag(parser)
 
     def handle(self, command, options):
@@ -254,7 +259,12 @@ class ImportSubcommand(Subcommand):
                     progress.update(task, completed=sum(done.values()))
 
                 try:
-                    report = command.service.import_memories(stream, dry_run=options["dry_run"], on_progress=advance)
+                    report = command.service.import_memories(
+                        stream,
+                        dry_run=options["dry_run"],
+                        on_progress=advance,
+                        allow_forgotten=options["allow_forgotten"],
+                    )
                 except ImportRejected as exc:
                     lines = "\n".join(f"  line {line}: {field}: {message}" for line, field, message in exc.errors)
                     raise CommandError(f"import refused, nothing was written:\n{lines}") from None
