@@ -4,6 +4,9 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from memory.conf import memory_settings
+from memory.exceptions import InvalidMemoryArgument
+from memory.models import Fact, MemoryUser
+from workflows.models import Workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -55,3 +58,50 @@ def test_pages_still_work_and_the_schema_says_the_maximum(api, service):
     schema = SchemaGenerator().get_schema(request=None, public=True)
     [size] = [p for p in schema["paths"]["/api/v1/facts/"]["get"]["parameters"] if p["name"] == "page_size"]
     assert size["schema"]["maximum"] == memory_settings.API_MAX_PAGE_SIZE
+
+
+def nested(levels, inner=1):
+    value = inner
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def deep_text(levels):
+    return "[" * levels + "1" + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [70, 5000])  # under and over the depth Python's own parser reaches
+def test_nesting_too_deep_names_the_field_path_in_a_body(api, demo_workflow, levels):
+    body = '{"user_id": "ann", "message": "hi", "meta": {"notes": ["x", ' + deep_text(levels) + "]}}"
+    response = api.post(f"/api/v1/workflows/{demo_workflow.slug}/run/", body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json() == {"meta": ["meta.notes: is nested deeper than 64 levels"]}
+
+    nodes = ['{"id": "a", "type": "recall"}'] * 3 + [
+        '{"id": "d", "type": "agent", "config": {"x": ' + deep_text(levels) + "}}"
+    ]
+    body = '{"slug": "deep", "name": "deep", "definition": {"nodes": [' + ", ".join(nodes) + '], "edges": []}}'
+    response = api.post("/api/v1/workflows/", body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json() == {"definition": ["definition.nodes[3].config.x: is nested deeper than 64 levels"]}
+    assert not MemoryUser.objects.exists() and not Workflow.objects.filter(slug="deep").exists()
+
+
+def test_nesting_too_deep_names_the_field_in_the_service(service):
+    with pytest.raises(InvalidMemoryArgument) as raised:
+        service.set_fact("k", {"notes": nested(70)})
+    assert raised.value.field == "value" and raised.value.message == "value.notes: is nested deeper than 64 levels"
+    with pytest.raises(InvalidMemoryArgument) as raised:
+        service.set_fact("k", nested(70))
+    assert raised.value.field == "value" and raised.value.message == "is nested deeper than 64 levels"
+    assert not Fact.objects.exists()
+
+
+def test_a_deep_chain_of_objects_is_named_up_to_a_readable_length(service):
+    value = 1
+    for _ in range(70):
+        value = {"a": value}
+    with pytest.raises(InvalidMemoryArgument) as raised:
+        service.set_fact("k", value)
+    assert raised.value.message == "value.a.a.a.a.a.a.a.a…: is nested deeper than 64 levels"

@@ -229,6 +229,14 @@ def test_a_hostile_line_is_refused_naming_it(service, exported, hostile, message
     assert error.errors[0][0] == n and message in str(error)
 
 
+@pytest.mark.parametrize("levels", [70, 5000])  # under and over the depth Python's own parser reaches
+def test_a_line_nested_too_deep_names_the_field(service, exported, levels):
+    n = line_of(exported, "fact", key="timezone")
+    hostile = '{"kind": "fact", "value": {"notes": ' + "[" * levels + "1" + "]" * levels + "}}"
+    error = rejected(service, edit(exported, n, lambda line: hostile))
+    assert error.errors[0] == (n, "(line).value.notes", "is nested deeper than 64 levels")
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
