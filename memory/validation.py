@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import models
@@ -308,6 +308,20 @@ def check_as_of(field_name, value):
         raise InvalidMemoryArgument(field_name, f"must be a datetime, got {type(value).__name__} {value!r}")
     if settings.USE_TZ and timezone.is_naive(value):
         raise InvalidMemoryArgument(field_name, "must be timezone-aware (a datetime with tzinfo), got a naive datetime")
+    return check_utc_range(field_name, value)
+
+
+def check_utc_range(field_name, value):
+    """`value` if an aware datetime is still a datetime once taken to UTC, where Django takes it to
+    query or store it: 9999-12-31T23:59-14:00 is in year 10000 there, and raised OverflowError from
+    deep inside the query on SQLite (PostgreSQL kept it)."""
+    if timezone.is_aware(value):
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise InvalidMemoryArgument(
+                field_name, f"is out of range: {value.isoformat()} is not between years 1 and 9999 in UTC"
+            ) from None
     return value
 
 
@@ -379,7 +393,10 @@ def field_checker(f):
                 return done(None, f"is not an ISO 8601 timestamp: {v!r}")
             if parsed.tzinfo is None:
                 return done(None, "must carry a UTC offset")
-            return done(parsed)
+            try:
+                return done(check_utc_range("", parsed))
+            except InvalidMemoryArgument as exc:
+                return done(None, exc.message)
     elif isinstance(f, models.JSONField):
 
         def check(v):

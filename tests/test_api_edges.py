@@ -1,11 +1,13 @@
 """Edges of the operators' API: pagination parameters on every paginated endpoint, nesting, time limits."""
 
+from datetime import UTC, datetime, timedelta, timezone
+
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from memory.conf import memory_settings
 from memory.exceptions import InvalidMemoryArgument
-from memory.models import Fact, MemoryUser
+from memory.models import Episode, Fact, MemoryUser
 from workflows.models import Workflow
 
 pytestmark = pytest.mark.django_db
@@ -105,3 +107,34 @@ def test_a_deep_chain_of_objects_is_named_up_to_a_readable_length(service):
     with pytest.raises(InvalidMemoryArgument) as raised:
         service.set_fact("k", value)
     assert raised.value.message == "value.a.a.a.a.a.a.a.a…: is nested deeper than 64 levels"
+
+
+FAR_WEST = timezone(timedelta(hours=-14))
+FAR_EAST = timezone(timedelta(hours=14))
+
+
+@pytest.mark.parametrize(
+    "moment", [datetime.max.replace(tzinfo=FAR_WEST), datetime.min.replace(tzinfo=FAR_EAST)], ids=["max", "min"]
+)
+def test_a_point_in_time_outside_utc_is_refused_naming_it(service, user_factory, moment):
+    ada = user_factory("ada")
+    service.set_fact("city", "Lyon", scope="user", user_id=ada.pk)
+    for read in (
+        lambda: service.get_fact("city", user_id=ada.pk, as_of=moment),
+        lambda: service.search_facts("city", user_id=ada.pk, as_of=moment),
+    ):
+        with pytest.raises(InvalidMemoryArgument) as raised:
+            read()
+        assert raised.value.field == "as_of" and "out of range" in raised.value.message
+    with pytest.raises(InvalidMemoryArgument) as raised:
+        service.record_episode(started_at=moment, user_id=ada.pk, success=True)
+    assert raised.value.field == "started_at" and not Episode.objects.exists()
+    # The last moment that exists in UTC still answers.
+    assert service.get_fact("city", user_id=ada.pk, as_of=datetime.max.replace(tzinfo=UTC)).value == "Lyon"
+
+
+@pytest.mark.parametrize("name", ["valid_from_after", "valid_from_before"])
+def test_a_time_filter_outside_utc_is_a_400_naming_it(api, name):
+    for moment in ("9999-12-31T23:59:59.999999-14:00", "0001-01-01T00:00:00+14:00"):
+        response = api.get("/api/v1/fact-versions/", {name: moment})
+        assert response.status_code == 400 and list(response.json()) == [name], response.content
