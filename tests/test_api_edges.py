@@ -138,3 +138,11 @@ def test_a_time_filter_outside_utc_is_a_400_naming_it(api, name):
     for moment in ("9999-12-31T23:59:59.999999-14:00", "0001-01-01T00:00:00+14:00"):
         response = api.get("/api/v1/fact-versions/", {name: moment})
         assert response.status_code == 400 and list(response.json()) == [name], response.content
+
+
+@pytest.mark.parametrize("method", ["get", "put", "delete", "options"])
+def test_the_telegram_webhook_answers_other_methods_with_a_json_405(client, demo_workflow, method):
+    response = getattr(client, method)(f"/telegram/{demo_workflow.slug}/webhook/")
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert response["Content-Type"].startswith("application/json")
+    assert "POST is required" in response.json()["errors"]["method"][0]
