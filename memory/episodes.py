@@ -9,7 +9,7 @@ from . import pruning
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryNotFound
 from .models import Episode, RecallKind
-from .validation import check_json, check_limit, check_user_id, clean_text
+from .validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
 
 # duration_ms is a positive integer column (at most 2**31 - 1 on PostgreSQL, about 24.8 days): a run
 # recorded long after it started (a conversation imported with its own dates) keeps that ceiling
@@ -123,6 +123,7 @@ class EpisodesMixin:
         """Record a finished run as one episode, in one statement (under the surviving user of a merge)."""
         if not isinstance(started_at, datetime):
             raise InvalidMemoryArgument("started_at", "must be a datetime")
+        check_utc_range("started_at", started_at)
         if not isinstance(success, bool):
             raise InvalidMemoryArgument("success", "must be true or false")
         for name, value in (("conversation", conversation), ("actions", actions)):

@@ -480,9 +480,8 @@ def _parse_line(text, lineno):
     except json.JSONDecodeError as exc:
         raise ImportRejected([(lineno, "(line)", f"is not JSON: {exc.msg} at column {exc.colno}")]) from None
     except RecursionError:  # Python's parser recurses: a hostile file must be refused, not crash the import
-        raise ImportRejected(
-            [(lineno, "(line)", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")]
-        ) from None
+        where = validation.nesting_path(text, "(line)")
+        raise ImportRejected([(lineno, where, f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")]) from None
     try:
         validation.check_json("(line)", data)  # what every database stores alike: no NUL, no lone surrogate
     except InvalidMemoryArgument as exc:

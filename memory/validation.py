@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import models
@@ -91,7 +91,7 @@ def check_json(field_name, value, *, max_depth=MAX_JSON_DEPTH):
     while stack:
         item, depth, where = stack.pop()
         if depth > max_depth:
-            raise _bad(field_name, field_name, f"is nested deeper than {max_depth} levels")
+            raise _bad(field_name, _field_path(field_name, where), f"is nested deeper than {max_depth} levels")
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
@@ -125,6 +125,59 @@ def _bad(field_name, path, message):
     return error
 
 
+def _field_path(field_name, where):
+    """Where a too deep value sits, as a person names it: `where` less its trailing list indices
+    (`value[0][0]...[0]` is the field `value`), and at most MAX_PATH_STEPS steps past `field_name`."""
+    steps = _PATH_STEPS.findall(where[len(field_name) :])
+    while steps and steps[-1].startswith("["):
+        steps.pop()
+    return field_name + "".join(steps[:MAX_PATH_STEPS]) + ("…" if len(steps) > MAX_PATH_STEPS else "")
+
+
+_PATH_STEPS = re.compile(r"\.[^.\[]*|\[\d+\]")
+MAX_PATH_STEPS = 8
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nesting_path(text, field_name, max_depth=MAX_JSON_DEPTH):
+    """The field path (as check_json names it) of the first container nested deeper than `max_depth`
+    in the JSON `text`, or `field_name`: for a text too deep for Python's recursive parser. Reads
+    the text once, iteratively, tracking only the keys and indices of the open containers."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    open_ = []  # per open container: ["{", key, expecting a key] or ["[", index, False]
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char == '"':
+            match = _JSON_STRING.match(text, i)
+            if match is None:
+                break
+            if open_ and open_[-1][0] == "{" and open_[-1][2]:
+                try:
+                    open_[-1][1] = json.loads(match.group())
+                except ValueError:
+                    open_[-1][1] = match.group()[1:-1]
+            i = match.end()
+            continue
+        if char in "[{":
+            if len(open_) >= max_depth:
+                where = field_name + "".join(f".{key}" if kind == "{" else f"[{key}]" for kind, key, _ in open_)
+                return _field_path(field_name, where)
+            open_.append([char, 0, False] if char == "[" else [char, "", True])
+        elif char in "]}" and open_:
+            open_.pop()
+        elif char == "," and open_:
+            if open_[-1][0] == "[":
+                open_[-1][1] += 1
+            else:
+                open_[-1][2] = True
+        elif char == ":" and open_:
+            open_[-1][2] = False
+        i += 1
+    return field_name
+
+
 def top_field(error, default):
     """The top-level key a check_json error's path names ("body.ids[0]" -> "ids"), or `default`."""
     path = getattr(error, "path", error.field)
@@ -136,8 +189,10 @@ def loads(field_name, data, *, max_depth=MAX_JSON_DEPTH):
     """Parse JSON text or bytes and check it (check_json): a hostile body is an InvalidMemoryArgument, never a crash."""
     try:
         value = json.loads(data)
-    except RecursionError:
-        raise InvalidMemoryArgument(field_name, f"is nested deeper than {max_depth} levels") from None
+    except RecursionError:  # Python's parser recurses: find where, without recursion
+        raise _bad(
+            field_name, nesting_path(data, field_name, max_depth), f"is nested deeper than {max_depth} levels"
+        ) from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidMemoryArgument(field_name, f"is not valid JSON ({exc})") from None
     return check_json(field_name, value, max_depth=max_depth)
@@ -253,6 +308,20 @@ def check_as_of(field_name, value):
         raise InvalidMemoryArgument(field_name, f"must be a datetime, got {type(value).__name__} {value!r}")
     if settings.USE_TZ and timezone.is_naive(value):
         raise InvalidMemoryArgument(field_name, "must be timezone-aware (a datetime with tzinfo), got a naive datetime")
+    return check_utc_range(field_name, value)
+
+
+def check_utc_range(field_name, value):
+    """`value` if an aware datetime is still a datetime once taken to UTC, where Django takes it to
+    query or store it: 9999-12-31T23:59-14:00 is in year 10000 there, and raised OverflowError from
+    deep inside the query on SQLite (PostgreSQL kept it)."""
+    if timezone.is_aware(value):
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise InvalidMemoryArgument(
+                field_name, f"is out of range: {value.isoformat()} is not between years 1 and 9999 in UTC"
+            ) from None
     return value
 
 
@@ -324,7 +393,10 @@ def field_checker(f):
                 return done(None, f"is not an ISO 8601 timestamp: {v!r}")
             if parsed.tzinfo is None:
                 return done(None, "must carry a UTC offset")
-            return done(parsed)
+            try:
+                return done(check_utc_range("", parsed))
+            except InvalidMemoryArgument as exc:
+                return done(None, exc.message)
     elif isinstance(f, models.JSONField):
 
         def check(v):

@@ -48,7 +48,8 @@ for n in range(3):
 # body may rightly get a 400 naming the field.
 print(Token.objects.create(user=staff).key)
 ')"
-PYTHONPATH="platform:." .venv/bin/python -m gunicorn --workers 2 --threads 2 --bind "127.0.0.1:${port}" \
+PYTHONPATH="platform:." .venv/bin/python -m gunicorn --config platform/gunicorn.conf.py --workers 2 --threads 2 \
+  --bind "127.0.0.1:${port}" \
   config.wsgi:application >"$data_dir/server.log" 2>&1 &
 server_pid=$!
 status=0

@@ -31,5 +31,6 @@ if [ "${ENGRAM_SERVER:-wsgi}" = "asgi" ]; then
   exec .venv/bin/uvicorn --app-dir platform --host "${ENGRAM_BIND%:*}" --port "${ENGRAM_BIND##*:}" \
     --workers "${ENGRAM_WORKERS:-2}" config.asgi:application
 fi
-exec .venv/bin/gunicorn --pythonpath platform --workers "${ENGRAM_WORKERS:-2}" --threads 4 \
-  --bind "${ENGRAM_BIND:-127.0.0.1:8000}" config.wsgi:application
+# platform/gunicorn.conf.py: a request line of up to 8190 bytes (long search queries reach the API).
+exec .venv/bin/gunicorn --config platform/gunicorn.conf.py --pythonpath platform --workers "${ENGRAM_WORKERS:-2}" \
+  --threads 4 --bind "${ENGRAM_BIND:-127.0.0.1:8000}" config.wsgi:application

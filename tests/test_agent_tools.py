@@ -6,12 +6,12 @@ from langchain_core.messages import AIMessage
 from test_langgraph_api import ToolCallingFake
 
 from memory.exceptions import InvalidMemoryArgument
+from memory.hints import CLOSE_TAG, OPEN_TAG
 from memory.models import Episode, Fact, Procedure
 from workflows import langgraph as engram
 from workflows.agent import build_agent_graph
 from workflows.definition import validate_definition
 from workflows.exceptions import InvalidDefinition
-from workflows.memory_access import CLOSE_TAG, OPEN_TAG
 
 ALL = ("recall", "remember", "forget", "list_memories", "learn_procedure", "record_episode")
 pytestmark = pytest.mark.django_db(transaction=True)  # LangGraph's ToolNode runs tools in worker threads

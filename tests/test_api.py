@@ -450,7 +450,9 @@ def test_page_size_comes_from_settings(api, service):
     for n in range(5):
         service.set_fact(f"k{n}", n)
     assert len(api.get("/api/v1/facts/").json()["results"]) == 2
-    assert len(api.get("/api/v1/facts/", {"page_size": 100}).json()["results"]) == 3
+    assert len(api.get("/api/v1/facts/", {"page_size": 3}).json()["results"]) == 3
+    response = api.get("/api/v1/facts/", {"page_size": 4})  # over the maximum: refused, not capped
+    assert response.status_code == 400 and response.json() == {"page_size": ["Must be at most 3."]}
 
 
 def test_confidence_is_shown_rounded_not_as_float_noise(api, service):

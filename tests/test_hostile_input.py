@@ -23,7 +23,9 @@ from django.db import connection
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hostile-secret"
 DEEP = "[" * 5000 + "]" * 5000
-WORDS_1000 = " ".join(["ab"] * 1000)  # short words: the URL stays under gunicorn's request-line limit
+WORDS_1000 = " ".join(["ab"] * 1000)  # short words: the URL stays under gunicorn's default request-line limit
+# The gunicorn settings scripts/serve.sh serves with.
+GUNICORN_CONF = REPO / "platform" / "gunicorn.conf.py"
 
 SETUP = """
 from django.contrib.auth import get_user_model
@@ -93,6 +95,8 @@ def server(tmp_path_factory, django_db_blocker):
                 sys.executable,
                 "-m",
                 "gunicorn",
+                "--config",
+                str(GUNICORN_CONF),
                 "--workers",
                 "2",
                 "--threads",
@@ -178,6 +182,31 @@ def test_hostile_query_parameters_are_refused_naming_them(api, path, params, fie
 def test_a_long_recall_query_is_served(api):
     response = api.get("/api/v1/recall/", params={"q": WORDS_1000[:2990], "user": "1"})
     assert response.status_code == 200, response.text[:500]
+
+
+def test_serve_sh_serves_with_the_gunicorn_settings_used_here():
+    assert "--config platform/gunicorn.conf.py" in (REPO / "scripts" / "serve.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/facts/", "/api/v1/episodes/", "/api/v1/memory-users/", "/api/v1/procedures/"]
+)
+def test_a_search_of_1000_words_is_a_json_400_naming_search_and_its_limit(api, path):
+    words = " ".join(["abcd"] * 1000)  # a request line of 5 to 7 KB: past gunicorn's default 4094 bytes
+    response = api.get(path, params={"search": words})
+    assert response.status_code == 400 and response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"search": ["must be at most 1000 characters"]}
+
+
+def test_a_recall_query_over_its_limit_is_a_json_400_naming_q_and_its_limit(api):
+    response = api.get("/api/v1/recall/", params={"q": " ".join(["abcd"] * 900), "user": "1"})
+    assert response.status_code == 400 and response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"q": ["Ensure this field has no more than 4000 characters."]}
+
+
+def test_a_request_line_past_the_documented_size_is_refused_by_gunicorn(api):
+    """8190 bytes, gunicorn's maximum (platform/gunicorn.conf.py; the README says so): past it, gunicorn's own 414."""
+    assert api.get("/api/v1/facts/", params={"search": "a" * 8200}).status_code == 414
 
 
 BODIES = [

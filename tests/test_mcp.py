@@ -22,7 +22,8 @@ from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from memory.mcp_server import CLOSE_TAG, MAX_RECALL_LIMIT, Caller, build_server, token_caller
+from memory.hints import CLOSE_TAG
+from memory.mcp_server import MAX_RECALL_LIMIT, Caller, build_server, token_caller
 from memory.models import Episode, Fact
 
 REPO = Path(__file__).resolve().parent.parent

@@ -229,6 +229,14 @@ def test_a_hostile_line_is_refused_naming_it(service, exported, hostile, message
     assert error.errors[0][0] == n and message in str(error)
 
 
+@pytest.mark.parametrize("levels", [70, 5000])  # under and over the depth Python's own parser reaches
+def test_a_line_nested_too_deep_names_the_field(service, exported, levels):
+    n = line_of(exported, "fact", key="timezone")
+    hostile = '{"kind": "fact", "value": {"notes": ' + "[" * levels + "1" + "]" * levels + "}}"
+    error = rejected(service, edit(exported, n, lambda line: hostile))
+    assert error.errors[0] == (n, "(line).value.notes", "is nested deeper than 64 levels")
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
@@ -237,6 +245,8 @@ def test_a_hostile_line_is_refused_naming_it(service, exported, hostile, message
         ("scope", "team", "must be one of"),
         ("created_at", "yesterday", "is not an ISO 8601 timestamp"),
         ("created_at", "2024-01-01T10:00:00", "must carry a UTC offset"),
+        ("created_at", "9999-12-31T23:59:59.999999-14:00", "is out of range"),  # year 10000 in UTC
+        ("created_at", "0001-01-01T00:00:00+14:00", "is out of range"),
         ("key", "", "must not be blank"),
         ("agent_id", "planner-2", "a user fact cannot have agent_id"),
         ("user_id", 9999, "no user 9999 in the file or the database"),

@@ -21,10 +21,11 @@ from langgraph.prebuilt import ToolRuntime
 
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
+from memory.hints import clean_line, hints_block
 from memory.models import ProcedureSource, Scope
 from memory.service import MemoryService, WriteAction
 
-from .memory_access import CLOSE_TAG, OPEN_TAG, PREAMBLE, RecallOptions, RecallScope, clean_line, recall_for
+from .memory_access import RecallOptions, RecallScope, recall_for
 from .reminders import schedule_reminder
 from .state import AgentContext
 
@@ -199,7 +200,7 @@ def _category(value):
 
 def _hints(lines):
     """What a tool read from memory, framed as recalled memory is: hints, never instructions."""
-    return "\n".join([OPEN_TAG, PREAMBLE, "", *lines, CLOSE_TAG])
+    return hints_block("", *lines)
 
 
 def _tool(func, name, description):

@@ -10,7 +10,6 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import DatabaseError, transaction
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
@@ -211,7 +210,6 @@ def _rejected(slug, field, message):
 
 
 @csrf_exempt
-@require_POST
 async def telegram_webhook(request, slug):
     """POST /telegram/<slug>/webhook/: one Bot API update, authenticated by the secret-token header.
 
@@ -219,12 +217,16 @@ async def telegram_webhook(request, slug):
     runs on the one thread Django keeps per process for sync code, one update at a time (bench.webhook
     --server asgi). Under WSGI (and Django's test client) it runs on the request's own thread.
 
-    Answers: 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
+    Answers: 405 (JSON, `Allow: POST`) to any other method; 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
     "duplicate" or "ignored"; 200 "rejected" (logged, nothing written) for an update that can never
     succeed — not JSON, nested too deep, not shaped like an update, text no database can store — so
     Telegram does not retry it forever; 503 when the run cannot answer now (no bot token configured, the
     database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
     """
+    if request.method != "POST":  # as JSON, like every other answer here (require_POST's is an empty page)
+        response = _error(405, "method", f"{request.method} is not allowed: POST is required (a Telegram update)")
+        response["Allow"] = "POST"
+        return response
     if isinstance(request, ASGIRequest):
         return await off_the_loop(_telegram_update)(request, slug)
     return await sync_to_async(_telegram_update)(request, slug)  # WSGI: on the request's own thread

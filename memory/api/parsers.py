@@ -20,7 +20,8 @@ class LimitedJSONParser(parsers.JSONParser):
     limit is enforced here: by the declared Content-Length, and by reading at most limit + 1 bytes.
     The body then goes through memory.validation.loads: JSON nested past its depth (which would
     overflow Python's recursive parser), NUL characters, lone surrogates and integers past 64 bits
-    are a 400 naming the body, before any view sees them.
+    are a 400 naming the field they are in (its top-level key, and its path in the message), or the
+    body, before any view sees them.
     """
 
     def parse(self, stream, media_type=None, parser_context=None):
@@ -40,4 +41,7 @@ class LimitedJSONParser(parsers.JSONParser):
         try:
             return validation.loads("body", body)
         except InvalidMemoryArgument as exc:  # named by the top-level key it is under, as views name fields
-            raise exceptions.ValidationError({validation.top_field(exc, "body"): [exc.message]}) from None
+            path = getattr(exc, "path", "body")
+            # The message names the field's path in the body ("facts[3].value: ..."), not the body.
+            message = f"{path.removeprefix('body.')}: {exc.problem}" if path != "body" else exc.message
+            raise exceptions.ValidationError({validation.top_field(exc, "body"): [message]}) from None
