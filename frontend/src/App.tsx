@@ -1,0 +1,720 @@
+// The builder: palette, canvas, inspector, run and memory panels over the staff API.
+import {
+  Background,
+  Controls,
+  MiniMap,
+  ReactFlow,
+  ReactFlowProvider,
+  applyNodeChanges,
+  useReactFlow,
+  type Connection,
+  type Edge,
+  type Node,
+  type NodeChange,
+  type EdgeChange,
+  type Viewport as FlowViewport,
+} from "@xyflow/react";
+import { useCallback, useEffect, useMemo, useRef, useState } from "react";
+import {
+  ApiError,
+  StaleWorkflow,
+  createWorkflow,
+  deleteRun,
+  getNodeTypes,
+  getRun,
+  getWorkflow,
+  listRuns,
+  listWorkflows,
+  memoryView,
+  saveWorkflow,
+  validateDefinition,
+} from "./api";
+import { configErrors, defaultConfig, type Config } from "./ConfigForm";
+import {
+  END,
+  START,
+  comparable,
+  copySelection,
+  emptyDefinition,
+  freeNodeId,
+  parseImport,
+  pasteInto,
+  removeFromDefinition,
+  terminalPositions,
+  toFlowEdges,
+  toFlowNodes,
+  withPositions,
+} from "./graph";
+import { History } from "./history";
+import { OverlayContext, nodeTypes, type Overlay } from "./nodes";
+import { DRAG_MIME, Palette } from "./Palette";
+import { Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
+import { applyEvent, emptyRun, type RunView } from "./runState";
+import { streamRun } from "./sse";
+import { templates } from "./templates";
+import type { Definition, MemoryView, NodeTypeSpec, ValidationError, Workflow, WorkflowRun } from "./types";
+
+const VALIDATE_DEBOUNCE_MS = 350;
+
+interface Draft extends Workflow {
+  draft?: boolean;
+}
+
+function slugify(name: string): string {
+  return name.toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 50) || "workflow";
+}
+
+function isEditable(target: EventTarget | null): boolean {
+  const el = target as HTMLElement | null;
+  return Boolean(el && (el.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName)));
+}
+
+function errorText(e: ValidationError): string {
+  return [e.node, e.edge !== null && e.edge !== undefined ? `edge ${e.edge}` : null, e.field].filter(Boolean).join(" ") + (e.node || e.field || e.edge != null ? ": " : "") + e.message;
+}
+
+function download(name: string, text: string) {
+  const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+function Builder() {
+  const flow = useReactFlow();
+  const [types, setTypes] = useState<NodeTypeSpec[]>([]);
+  const specs = useMemo(() => new Map(types.map((t) => [t.name, t])), [types]);
+  const [workflows, setWorkflows] = useState<Workflow[]>([]);
+  const [workflow, setWorkflow] = useState<Draft | null>(null);
+  const history = useRef(new History<Definition>(emptyDefinition()));
+  const [definition, setDefinition] = useState<Definition>(emptyDefinition());
+  const [historyTick, setHistoryTick] = useState(0);
+  const terminals = useRef(terminalPositions(emptyDefinition()));
+  const [flowNodes, setFlowNodes] = useState<Node[]>([]);
+  const [selectedEdges, setSelectedEdges] = useState<Set<string>>(new Set());
+  const [serverErrors, setServerErrors] = useState<ValidationError[]>([]);
+  const [validationNote, setValidationNote] = useState<string | null>(null);
+  const [toast, setToast] = useState<{ text: string; undo?: boolean; error?: boolean } | null>(null);
+  const [stale, setStale] = useState<Workflow | null>(null);
+  const [saving, setSaving] = useState(false);
+  const [run, setRun] = useState<RunView>(emptyRun());
+  const [running, setRunning] = useState(false);
+  const [runs, setRuns] = useState<WorkflowRun[]>([]);
+  const [memory, setMemory] = useState<MemoryView | null>(null);
+  const [memoryError, setMemoryError] = useState<string | null>(null);
+  const [runForm, setRunForm] = useState<RunForm>({ message: "", channel: "telegram", external_id: "42", display_name: "", conversation_id: "" });
+  const [loadError, setLoadError] = useState<string | null>(null);
+  const fileInput = useRef<HTMLInputElement>(null);
+  const wrapper = useRef<HTMLDivElement>(null);
+
+  const say = useCallback((text: string, options: { undo?: boolean; error?: boolean } = {}) => setToast({ text, ...options }), []);
+
+  // ------------------------------------------------------------ history
+  const commit = useCallback((next: Definition) => {
+    if (history.current.push(next)) {
+      setDefinition(next);
+      setHistoryTick((t) => t + 1);
+    }
+  }, []);
+  const undo = useCallback(() => {
+    const previous = history.current.undo();
+    if (previous) {
+      setDefinition(previous);
+      setHistoryTick((t) => t + 1);
+    }
+  }, []);
+  const redo = useCallback(() => {
+    const next = history.current.redo();
+    if (next) {
+      setDefinition(next);
+      setHistoryTick((t) => t + 1);
+    }
+  }, []);
+
+  // The canvas follows the definition (keeping what is selected).
+  useEffect(() => {
+    setFlowNodes((previous) => {
+      const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
+      return toFlowNodes(definition, specs, terminals.current, selected);
+    });
+  }, [definition, specs]);
+  const flowEdges = useMemo(() => toFlowEdges(definition, specs, selectedEdges), [definition, specs, selectedEdges]);
+
+  // ------------------------------------------------------------ loading
+  const loadWorkflow = useCallback(
+    async (slug: string) => {
+      try {
+        const loaded = await getWorkflow(slug);
+        const def = withPositions(loaded.definition);
+        terminals.current = terminalPositions(def);
+        history.current.reset(def);
+        setDefinition(def);
+        setHistoryTick((t) => t + 1);
+        setWorkflow(loaded);
+        setRun(emptyRun());
+        setMemory(null);
+        setLoadError(null);
+        const url = new URL(window.location.href);
+        url.searchParams.set("workflow", slug);
+        window.history.replaceState(null, "", url);
+        const viewport = def.layout?.viewport;
+        requestAnimationFrame(() => (viewport ? flow.setViewport(viewport) : flow.fitView({ padding: 0.2 })));
+        listRuns(slug)
+          .then((rows) => {
+            setRuns(rows);
+            // The last run's node states come back after a reload.
+            if (rows.length) openRun(rows[0]);
+          })
+          .catch(() => setRuns([]));
+      } catch (error) {
+        setLoadError(`Could not open workflow ${slug}: ${(error as Error).message}`);
+      }
+    },
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+    [flow],
+  );
+
+  useEffect(() => {
+    (async () => {
+      try {
+        const [nodeTypesList, workflowList] = await Promise.all([getNodeTypes(), listWorkflows()]);
+        setTypes(nodeTypesList);
+        setWorkflows(workflowList);
+        const wanted = new URL(window.location.href).searchParams.get("workflow");
+        const slug = wanted ?? workflowList[0]?.slug;
+        if (slug) await loadWorkflow(slug);
+        else newWorkflow("My workflow");
+      } catch (error) {
+        if (error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+          window.location.href = `/memories/login/?next=${encodeURIComponent(window.location.pathname + window.location.search)}`;
+          return;
+        }
+        setLoadError(`Could not load the builder: ${(error as Error).message}`);
+      }
+    })();
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, []);
+
+  const newWorkflow = useCallback((name: string, from?: Definition) => {
+    const def = withPositions(from ? structuredClone(from) : emptyDefinition());
+    terminals.current = terminalPositions(def);
+    history.current.reset(def);
+    setDefinition(def);
+    setHistoryTick((t) => t + 1);
+    setWorkflow({ slug: slugify(name), name, definition: emptyDefinition(), version: 0, draft: true });
+    setRun(emptyRun());
+    setRuns([]);
+    setMemory(null);
+    const url = new URL(window.location.href);
+    url.searchParams.delete("workflow");
+    window.history.replaceState(null, "", url);
+    requestAnimationFrame(() => flow.fitView({ padding: 0.2 }));
+  }, [flow]);
+
+  // ------------------------------------------------------------ validation
+  const localErrors = useMemo(() => {
+    const errors: ValidationError[] = [];
+    for (const node of definition.nodes) {
+      const spec = specs.get(node.type);
+      if (!spec) continue;
+      for (const e of configErrors(spec.config_schema, (node.config ?? {}) as Config)) {
+        errors.push({ node: node.id, edge: null, field: e.field ? `config.${e.field}` : "config", message: e.message });
+      }
+    }
+    return errors;
+  }, [definition, specs]);
+
+  useEffect(() => {
+    if (!types.length) return;
+    const controller = new AbortController();
+    const timer = setTimeout(async () => {
+      try {
+        const result = await validateDefinition(definition, controller.signal);
+        setServerErrors(result.errors);
+        setValidationNote(null);
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        setServerErrors([]);
+        setValidationNote(`The server could not check this definition (${(error as Error).message}); config forms are still checked here.`);
+      }
+    }, VALIDATE_DEBOUNCE_MS);
+    return () => {
+      clearTimeout(timer);
+      controller.abort();
+    };
+  }, [definition, types]);
+
+  const errors = useMemo(() => {
+    // The server's errors, plus the schema's own for fields it has not (yet) named.
+    const seen = new Set(serverErrors.map((e) => `${e.node}|${e.field}`));
+    return [...serverErrors, ...localErrors.filter((e) => !seen.has(`${e.node}|${e.field}`))];
+  }, [serverErrors, localErrors]);
+
+  const overlay: Overlay = useMemo(() => {
+    const byNode: Record<string, string[]> = {};
+    for (const e of errors) if (e.node) (byNode[e.node] ??= []).push(e.field ? `${e.field}: ${e.message}` : e.message);
+    return { runs: run.nodes, errors: byNode };
+  }, [errors, run.nodes]);
+
+  const displayedEdges = useMemo(() => {
+    const bad = new Set(errors.filter((e) => e.edge !== null && e.edge !== undefined).map((e) => e.edge as number));
+    return flowEdges.map((edge) => {
+      const index = (edge.data as { index: number }).index;
+      const running = run.nodes[edge.source]?.status === "done" && run.nodes[edge.target];
+      return { ...edge, className: [bad.has(index) ? "invalid" : "", running ? "ran" : ""].filter(Boolean).join(" "), animated: Boolean(running && run.status === "running") };
+    });
+  }, [flowEdges, errors, run]);
+
+  const dirty = workflow ? Boolean(workflow.draft) || comparable(definition) !== comparable(workflow.definition) : false;
+  const blocked = errors.length ? `${errors.length} problem${errors.length > 1 ? "s" : ""}: ${errorText(errors[0])}` : !workflow ? "no workflow open" : null;
+
+  useEffect(() => {
+    const warn = (event: BeforeUnloadEvent) => {
+      if (dirty) event.preventDefault();
+    };
+    window.addEventListener("beforeunload", warn);
+    return () => window.removeEventListener("beforeunload", warn);
+  }, [dirty]);
+
+  // ------------------------------------------------------------ editing
+  const addNode = useCallback(
+    (spec: NodeTypeSpec, position?: { x: number; y: number }) => {
+      const current = history.current.present;
+      const id = freeNodeId(current, spec.name);
+      const at = position ?? { x: 80 + current.nodes.length * 40, y: 80 + current.nodes.length * 40 };
+      commit({ ...current, nodes: [...current.nodes, { id, type: spec.name, config: defaultConfig(spec.config_schema), position: at }] });
+      setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: n.id === id })));
+    },
+    [commit],
+  );
+
+  const onDrop = useCallback(
+    (event: React.DragEvent) => {
+      event.preventDefault();
+      const name = event.dataTransfer.getData(DRAG_MIME);
+      const spec = specs.get(name);
+      if (!spec) return;
+      const position = flow.screenToFlowPosition({ x: event.clientX, y: event.clientY });
+      addNode(spec, { x: Math.round(position.x - 90), y: Math.round(position.y - 20) });
+    },
+    [flow, specs, addNode],
+  );
+
+  const onNodesChange = useCallback(
+    (changes: NodeChange[]) => {
+      const kept = changes.filter((c) => c.type !== "remove"); // deletions go through onDelete (undoable)
+      setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
+      const moved = kept.filter((c) => c.type === "position" && c.dragging === false && c.position);
+      if (moved.length) {
+        const current = history.current.present;
+        const positions = new Map<string, { x: number; y: number }>();
+        for (const c of moved) if (c.type === "position" && c.position) positions.set(c.id, { x: Math.round(c.position.x), y: Math.round(c.position.y) });
+        if (positions.has(START)) terminals.current = { ...terminals.current, start: positions.get(START)! };
+        if (positions.has(END)) terminals.current = { ...terminals.current, end: positions.get(END)! };
+        commit({ ...current, nodes: current.nodes.map((n) => (positions.has(n.id) ? { ...n, position: positions.get(n.id) } : n)) });
+      }
+    },
+    [commit],
+  );
+
+  const onEdgesChange = useCallback((changes: EdgeChange[]) => {
+    const selects = changes.filter((c) => c.type === "select");
+    if (selects.length)
+      setSelectedEdges((previous) => {
+        const next = new Set(previous);
+        for (const c of selects) if (c.type === "select") (c.selected ? next.add(c.id) : next.delete(c.id));
+        return next;
+      });
+  }, []);
+
+  const deleteElements = useCallback(
+    (nodeIds: Set<string>, edgeIds: Set<string>) => {
+      const current = history.current.present;
+      nodeIds.delete(START);
+      nodeIds.delete(END);
+      const edgeIndexes = new Set(flowEdges.filter((e) => edgeIds.has(e.id)).map((e) => (e.data as { index: number }).index));
+      if (!nodeIds.size && !edgeIndexes.size) return;
+      commit(removeFromDefinition(current, nodeIds, edgeIndexes));
+      setSelectedEdges(new Set());
+      const parts = [nodeIds.size ? `${nodeIds.size} node${nodeIds.size > 1 ? "s" : ""}` : "", edgeIndexes.size ? `${edgeIndexes.size} edge${edgeIndexes.size > 1 ? "s" : ""}` : ""];
+      say(`Deleted ${parts.filter(Boolean).join(" and ")}.`, { undo: true });
+    },
+    [commit, flowEdges, say],
+  );
+
+  const onDelete = useCallback(
+    ({ nodes, edges }: { nodes: Node[]; edges: Edge[] }) => deleteElements(new Set(nodes.map((n) => n.id)), new Set(edges.map((e) => e.id))),
+    [deleteElements],
+  );
+
+  const onConnect = useCallback(
+    (connection: Connection) => {
+      const current = history.current.present;
+      if (connection.source === connection.target) return;
+      if (current.edges.some((e) => e.source === connection.source && e.target === connection.target && !e.when)) return;
+      commit({ ...current, edges: [...current.edges, { source: connection.source, target: connection.target }] });
+    },
+    [commit],
+  );
+
+  const selectedNodeIds = useMemo(() => new Set(flowNodes.filter((n) => n.selected && n.type === "step").map((n) => n.id)), [flowNodes]);
+  const selectedNode = selectedNodeIds.size === 1 ? definition.nodes.find((n) => selectedNodeIds.has(n.id)) : undefined;
+  const selectedEdgeIndex = selectedEdges.size === 1 && !selectedNode ? (flowEdges.find((e) => selectedEdges.has(e.id))?.data as { index: number } | undefined)?.index : undefined;
+
+  const updateNode = useCallback(
+    (id: string, change: (node: Definition["nodes"][number]) => Definition["nodes"][number]) => {
+      const current = history.current.present;
+      commit({ ...current, nodes: current.nodes.map((n) => (n.id === id ? change(n) : n)) });
+    },
+    [commit],
+  );
+
+  // ------------------------------------------------------------ save
+  const save = useCallback(
+    async (force?: Workflow): Promise<Workflow | null> => {
+      const target = force ?? workflow;
+      if (!target) return null;
+      const viewport = flow.getViewport();
+      const def: Definition = { ...history.current.present, layout: { ...history.current.present.layout, viewport: { x: Math.round(viewport.x), y: Math.round(viewport.y), zoom: Number(viewport.zoom.toFixed(3)) } } };
+      setSaving(true);
+      try {
+        let saved: Workflow;
+        if ((target as Draft).draft) {
+          saved = await createWorkflow({ slug: target.slug, name: target.name, definition: def });
+          setWorkflows((list) => [...list, saved]);
+          const url = new URL(window.location.href);
+          url.searchParams.set("workflow", saved.slug);
+          window.history.replaceState(null, "", url);
+        } else {
+          saved = await saveWorkflow(target, { definition: def });
+        }
+        setWorkflow(saved);
+        say(`Saved version ${saved.version}.`);
+        return saved;
+      } catch (error) {
+        if (error instanceof StaleWorkflow) setStale(error.current);
+        else say(`Not saved: ${(error as Error).message}`, { error: true });
+        return null;
+      } finally {
+        setSaving(false);
+      }
+    },
+    [workflow, flow, say],
+  );
+
+  // ------------------------------------------------------------ runs
+  const refreshMemory = useCallback(async () => {
+    if (!workflow || workflow.draft) return;
+    try {
+      setMemory(await memoryView(workflow.slug, { channel: runForm.channel, external_id: runForm.external_id, conversation_id: runForm.conversation_id || undefined }));
+      setMemoryError(null);
+    } catch (error) {
+      setMemoryError((error as Error).message);
+    }
+  }, [workflow, runForm]);
+
+  const openRun = useCallback(async (row: WorkflowRun) => {
+    try {
+      const full = row.events ? row : await getRun(row.id);
+      let view = emptyRun();
+      for (const event of full.events ?? []) view = applyEvent(view, event);
+      setRun({ ...view, runId: full.id, status: full.status ?? view.status, reply: full.reply ?? view.reply, errors: full.errors ?? view.errors });
+    } catch (error) {
+      say(`Could not open run ${row.id}: ${(error as Error).message}`, { error: true });
+    }
+  }, [say]);
+
+  const startRun = useCallback(async () => {
+    if (!workflow || running) return;
+    let target: Workflow | null = workflow;
+    if (dirty) target = await save();
+    if (!target) return;
+    setRunning(true);
+    setRun({ ...emptyRun(), status: "starting" });
+    const body = {
+      message: runForm.message,
+      channel: runForm.channel,
+      external_id: runForm.external_id,
+      ...(runForm.display_name ? { display_name: runForm.display_name } : {}),
+      ...(runForm.conversation_id ? { conversation_id: runForm.conversation_id } : {}),
+    };
+    try {
+      await streamRun(target.slug, body, (event) => setRun((view) => applyEvent(view, event)));
+    } catch (error) {
+      setRun((view) => ({ ...view, status: "failed", errors: [(error as Error).message] }));
+    } finally {
+      setRunning(false);
+      listRuns(target.slug).then(setRuns).catch(() => undefined);
+      refreshMemory();
+    }
+  }, [workflow, running, dirty, save, runForm, refreshMemory]);
+
+  // ------------------------------------------------------------ keyboard and clipboard
+  useEffect(() => {
+    const onKey = (event: KeyboardEvent) => {
+      const mod = event.ctrlKey || event.metaKey;
+      if (!mod) return;
+      const key = event.key.toLowerCase();
+      if (key === "s") {
+        event.preventDefault();
+        save();
+      } else if (key === "enter") {
+        event.preventDefault();
+        if (!blocked) startRun();
+      } else if (isEditable(event.target)) {
+        return; // undo inside a text field is the field's own
+      } else if (key === "z" && !event.shiftKey) {
+        event.preventDefault();
+        undo();
+      } else if ((key === "z" && event.shiftKey) || key === "y") {
+        event.preventDefault();
+        redo();
+      }
+    };
+    const onCopy = (event: ClipboardEvent) => {
+      if (isEditable(event.target) || !selectedNodeIds.size) return;
+      event.clipboardData?.setData("text/plain", copySelection(history.current.present, selectedNodeIds));
+      event.preventDefault();
+      say(`Copied ${selectedNodeIds.size} node${selectedNodeIds.size > 1 ? "s" : ""} as JSON.`);
+      if (event.type === "cut") deleteElements(new Set(selectedNodeIds), new Set());
+    };
+    const onPaste = (event: ClipboardEvent) => {
+      if (isEditable(event.target)) return;
+      const text = event.clipboardData?.getData("text/plain") ?? "";
+      const pasted = pasteInto(history.current.present, text);
+      if (!pasted) {
+        if (text.trim()) say("The clipboard holds no nodes copied as JSON.", { error: true });
+        return;
+      }
+      event.preventDefault();
+      commit(pasted.definition);
+      const ids = new Set(pasted.ids);
+      setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: ids.has(n.id) })));
+    };
+    window.addEventListener("keydown", onKey);
+    document.addEventListener("copy", onCopy);
+    document.addEventListener("cut", onCopy);
+    document.addEventListener("paste", onPaste);
+    return () => {
+      window.removeEventListener("keydown", onKey);
+      document.removeEventListener("copy", onCopy);
+      document.removeEventListener("cut", onCopy);
+      document.removeEventListener("paste", onPaste);
+    };
+  }, [save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say]);
+
+  // ------------------------------------------------------------ import / export / templates
+  const onImport = async (file: File) => {
+    try {
+      const { definition: imported } = parseImport(await file.text());
+      commit(withPositions(imported));
+      requestAnimationFrame(() => flow.fitView({ padding: 0.2 }));
+      say(`Imported ${file.name} (undo to go back).`, { undo: true });
+    } catch (error) {
+      say(`Not imported: ${(error as Error).message}`, { error: true });
+    }
+  };
+
+  const onExport = () => {
+    if (!workflow) return;
+    download(`${workflow.slug}.json`, JSON.stringify({ name: workflow.name, slug: workflow.slug, definition: history.current.present }, null, 2));
+  };
+
+  const onTemplate = (id: string) => {
+    const template = templates.find((t) => t.id === id);
+    if (!template) return;
+    newWorkflow(template.name, template.definition);
+  };
+
+  void historyTick; // re-render on history moves (canUndo / canRedo)
+
+  if (loadError && !workflow) return <div className="fatal">{loadError}</div>;
+
+  return (
+    <div className="app">
+      <header className="topbar">
+        <strong className="brand">Engram builder</strong>
+        <select
+          aria-label="Workflow"
+          value={workflow && !workflow.draft ? workflow.slug : ""}
+          onChange={(e) => {
+            if (dirty && !window.confirm("Discard unsaved changes?")) return;
+            if (e.target.value) loadWorkflow(e.target.value);
+          }}
+        >
+          {workflow?.draft ? <option value="">{workflow.name} (new, unsaved)</option> : null}
+          {workflows.map((w) => (
+            <option key={w.slug} value={w.slug}>
+              {w.name || w.slug}
+            </option>
+          ))}
+        </select>
+        <button
+          onClick={() => {
+            if (dirty && !window.confirm("Discard unsaved changes?")) return;
+            const name = window.prompt("Name of the new workflow", "My workflow");
+            if (name) newWorkflow(name);
+          }}
+        >
+          New
+        </button>
+        <select aria-label="Start from a template" value="" onChange={(e) => e.target.value && (!dirty || window.confirm("Discard unsaved changes?")) && onTemplate(e.target.value)}>
+          <option value="">Templates…</option>
+          {templates.map((t) => (
+            <option key={t.id} value={t.id} title={t.description}>
+              {t.name}
+            </option>
+          ))}
+        </select>
+        <span className="sep" />
+        <button onClick={undo} disabled={!history.current.canUndo} title="Undo (Ctrl+Z)">
+          Undo
+        </button>
+        <button onClick={redo} disabled={!history.current.canRedo} title="Redo (Ctrl+Shift+Z)">
+          Redo
+        </button>
+        <button onClick={() => fileInput.current?.click()}>Import</button>
+        <input ref={fileInput} type="file" accept="application/json,.json" hidden aria-label="Import file" onChange={(e) => e.target.files?.[0] && onImport(e.target.files[0])} />
+        <button onClick={onExport}>Export</button>
+        <span className="sep" />
+        <span className={`save-state ${dirty ? "dirty" : "clean"}`} data-testid="save-state">
+          {workflow?.draft ? "new, not saved" : dirty ? "unsaved changes" : `saved · v${workflow?.version ?? "?"}`}
+        </span>
+        <button className="primary" onClick={() => save()} disabled={!dirty || saving} title="Save (Ctrl+S)">
+          {saving ? "Saving…" : "Save"}
+        </button>
+        <a className="admin-link" href="/memories/">
+          Memories admin
+        </a>
+      </header>
+      <div className="main">
+        <Palette types={types} onAdd={(spec) => addNode(spec)} />
+        <div className="canvas" ref={wrapper} onDragOver={(e) => { e.preventDefault(); e.dataTransfer.dropEffect = "copy"; }} onDrop={onDrop}>
+          <OverlayContext.Provider value={overlay}>
+            <ReactFlow
+              nodes={flowNodes}
+              edges={displayedEdges}
+              nodeTypes={nodeTypes}
+              onNodesChange={onNodesChange}
+              onEdgesChange={onEdgesChange}
+              onConnect={onConnect}
+              onDelete={onDelete}
+              deleteKeyCode={["Delete", "Backspace"]}
+              onlyRenderVisibleElements
+              minZoom={0.1}
+              onMoveEnd={(_e: unknown, _v: FlowViewport) => undefined}
+              proOptions={{ hideAttribution: true }}
+            >
+              <Background />
+              <Controls />
+              <MiniMap pannable zoomable />
+            </ReactFlow>
+          </OverlayContext.Provider>
+          <div className="problems" data-testid="problems">
+            {validationNote ? <p className="muted">{validationNote}</p> : null}
+            {errors.filter((e) => !e.node).map((e, i) => (
+              <p key={i} className="error">
+                {errorText(e)}
+              </p>
+            ))}
+          </div>
+          {toast ? (
+            <div className={`toast ${toast.error ? "error" : ""}`} role="status">
+              {toast.text}
+              {toast.undo ? (
+                <button className="link" onClick={() => { undo(); setToast(null); }}>
+                  Undo
+                </button>
+              ) : null}
+              <button className="link" aria-label="Dismiss" onClick={() => setToast(null)}>
+                ×
+              </button>
+            </div>
+          ) : null}
+        </div>
+        <aside className="side">
+          {selectedNode ? (
+            <Inspector
+              node={selectedNode}
+              spec={specs.get(selectedNode.type)}
+              errors={errors.filter((e) => e.node === selectedNode.id)}
+              run={run.nodes[selectedNode.id]}
+              onConfig={(config) => updateNode(selectedNode.id, (n) => ({ ...n, config }))}
+              onLabel={(label) => updateNode(selectedNode.id, (n) => (label ? { ...n, label } : (({ label: _l, ...rest }) => rest)(n)))}
+              onDelete={() => deleteElements(new Set([selectedNode.id]), new Set())}
+            />
+          ) : selectedEdgeIndex !== undefined ? (
+            <section className="inspector" aria-label="Edge">
+              <h2>
+                Edge {definition.edges[selectedEdgeIndex].source} → {definition.edges[selectedEdgeIndex].target}
+              </h2>
+              <label className="label-field">
+                Only when this state key is truthy (empty: always)
+                <input
+                  value={definition.edges[selectedEdgeIndex].when ?? ""}
+                  onChange={(e) => {
+                    const current = history.current.present;
+                    const edges = current.edges.map((edge, i) => (i === selectedEdgeIndex ? (e.target.value ? { ...edge, when: e.target.value } : { source: edge.source, target: edge.target }) : edge));
+                    commit({ ...current, edges });
+                  }}
+                />
+              </label>
+              {errors.filter((e) => e.edge === selectedEdgeIndex).map((e, i) => (
+                <p key={i} className="error">
+                  {e.message}
+                </p>
+              ))}
+            </section>
+          ) : (
+            <p className="muted hint">Drag node types from the palette, connect an output to an input, click a node to configure it. Ctrl+Z / Ctrl+Shift+Z undo and redo, Ctrl+C / Ctrl+V copy and paste nodes as JSON, Del deletes, Ctrl+S saves, Ctrl+Enter runs.</p>
+          )}
+          <RunPanel form={runForm} onForm={setRunForm} onRun={startRun} blocked={blocked} running={running} reply={run.reply} status={run.status} runErrors={run.errors} dirty={dirty} />
+          <MemoryPanel view={memory} error={memoryError} onRefresh={refreshMemory} />
+          <RunsList
+            runs={runs}
+            activeId={typeof run.runId === "number" ? run.runId : null}
+            onOpen={openRun}
+            onDelete={async (row) => {
+              if (!window.confirm(`Delete run #${row.id}?`)) return;
+              try {
+                await deleteRun(row.id);
+                setRuns((list) => list.filter((r) => r.id !== row.id));
+              } catch (error) {
+                say(`Run not deleted: ${(error as Error).message}`, { error: true });
+              }
+            }}
+          />
+        </aside>
+      </div>
+      {stale ? (
+        <StaleDialog
+          mine={history.current.present}
+          current={stale}
+          onClose={() => setStale(null)}
+          onKeepMine={() => {
+            const base = { ...(workflow as Workflow), version: stale.version };
+            setStale(null);
+            save(base);
+          }}
+          onTakeTheirs={() => {
+            const theirs = withPositions(stale.definition);
+            commit(theirs);
+            setWorkflow(stale);
+            setStale(null);
+            say(`Loaded version ${stale.version}; undo brings yours back.`, { undo: true });
+          }}
+        />
+      ) : null}
+    </div>
+  );
+}
+
+export function App() {
+  return (
+    <ReactFlowProvider>
+      <Builder />
+    </ReactFlowProvider>
+  );
+}

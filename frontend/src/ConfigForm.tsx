@@ -1,0 +1,64 @@
+// A node's config form, generated from its type's JSON Schema by react-jsonschema-form: defaults,
+// descriptions and the schema's own validation inline, plus the errors the server names for a field.
+import Form from "@rjsf/core";
+import type { ErrorSchema, RJSFSchema } from "@rjsf/utils";
+import { getDefaultFormState } from "@rjsf/utils";
+import validator from "@rjsf/validator-ajv8";
+
+export type Config = Record<string, unknown>;
+
+/** A config with the schema's defaults filled in, as a new node gets it. */
+export function defaultConfig(schema: Record<string, unknown>, current: Config = {}): Config {
+  return (getDefaultFormState(validator, schema as RJSFSchema, current) ?? {}) as Config;
+}
+
+/** The schema's own errors for a config, as "field: message" lines ("" is the config itself). */
+export function configErrors(schema: Record<string, unknown>, config: Config): { field: string; message: string }[] {
+  const { errors } = validator.validateFormData(config, schema as RJSFSchema);
+  return errors.map((e) => ({
+    field: (e.property ?? "").replace(/^\./, ""),
+    message: e.message ?? e.stack,
+  }));
+}
+
+/** Server errors ({field: "config.limit", message}) as the form's extra errors, keyed by the path. */
+export function serverErrorSchema(errors: { field: string | null; message: string }[]): ErrorSchema {
+  const root: Record<string, unknown> = {};
+  for (const error of errors) {
+    const path = (error.field ?? "").replace(/^config\.?/, "").split(".").filter(Boolean);
+    let cursor = root;
+    for (const part of path) {
+      cursor[part] = (cursor[part] as Record<string, unknown>) ?? {};
+      cursor = cursor[part] as Record<string, unknown>;
+    }
+    const list = (cursor.__errors as string[]) ?? [];
+    list.push(error.message);
+    cursor.__errors = list;
+  }
+  return root as ErrorSchema;
+}
+
+interface Props {
+  schema: Record<string, unknown>;
+  value: Config;
+  onChange: (config: Config) => void;
+  serverErrors?: { field: string | null; message: string }[];
+  idPrefix?: string;
+}
+
+export function ConfigForm({ schema, value, onChange, serverErrors = [], idPrefix = "config" }: Props) {
+  return (
+    <Form
+      schema={schema as RJSFSchema}
+      formData={value}
+      validator={validator}
+      idPrefix={idPrefix}
+      liveValidate="onChange"
+      showErrorList={false}
+      noHtml5Validate
+      extraErrors={serverErrors.length ? serverErrorSchema(serverErrors) : undefined}
+      onChange={(event) => onChange((event.formData ?? {}) as Config)}
+      uiSchema={{ "ui:submitButtonOptions": { norender: true } }}
+    />
+  );
+}
