@@ -10,8 +10,13 @@ Edges without `when` always run (several of them fan out in parallel). A node wh
 `when` routes: the first edge whose state key is truthy is taken, else its edge without `when`, else
 the run ends. A node with no outgoing edge ends the run. Every node must be reachable from START, and
 every cycle needs an exit (a routing node in it that can leave it).
+
+The visual builder keeps its layout in the definition too: each node may carry `position` ({"x", "y"},
+numbers) and `label` (a string), and the definition `layout` ({"viewport": {"x", "y", "zoom"}}). The
+compiler ignores them; validation checks their types like the rest.
 """
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -24,6 +29,9 @@ from .state import WorkflowState
 
 START_NAME, END_NAME = "START", "END"
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+# What a node may carry: the compiler reads id, type and config; position and label are the builder's.
+NODE_KEYS = {"id", "type", "config", "position", "label"}
+MAX_LABEL_LENGTH = 200
 
 
 @dataclass(frozen=True)
@@ -50,58 +58,159 @@ class Definition:
 
 
 def validate_definition(data) -> Definition:
-    """Check a definition; raise InvalidDefinition naming the node (or part) at fault."""
-    if not isinstance(data, dict):
-        raise InvalidDefinition("definition must be a JSON object with 'nodes' and 'edges'")
-    unknown = set(data) - {"nodes", "edges"}
-    if unknown:
-        raise InvalidDefinition(f"definition has unknown key(s) {sorted(unknown)}")
-    raw_nodes, raw_edges = data.get("nodes"), data.get("edges", [])
-    if not isinstance(raw_nodes, list) or not raw_nodes:
-        raise InvalidDefinition("definition.nodes must be a non-empty list")
-    if not isinstance(raw_edges, list):
-        raise InvalidDefinition("definition.edges must be a list")
-    nodes = [_node(i, raw) for i, raw in enumerate(raw_nodes)]
-    ids = [n.id for n in nodes]
-    for n in nodes:
-        if ids.count(n.id) > 1:
-            raise InvalidDefinition("node id is used twice", node=n.id)
-    edges = [_edge(i, raw, set(ids)) for i, raw in enumerate(raw_edges)]
-    definition = Definition(tuple(nodes), tuple(edges))
-    _check_routing(definition)
-    _check_reachable(definition)
-    _check_cycles(definition)
-    _check_conversation_memory(definition)
+    """Check a definition; raise the first InvalidDefinition (it names the node, edge and field at fault)."""
+    definition, errors = check_definition(data)
+    if errors:
+        raise errors[0]
     return definition
 
 
+def definition_errors(data) -> list[InvalidDefinition]:
+    """Every problem of a definition found in one pass (the builder marks them all), [] if it is valid."""
+    return check_definition(data)[1]
+
+
+def check_definition(data) -> tuple[Definition | None, list[InvalidDefinition]]:
+    """(the definition, []) when valid, else (None, the errors).
+
+    Each node and each edge is checked on its own, so one bad config does not hide another; the
+    graph's shape (routing, reachability, cycles) is checked once its parts are all sound.
+    """
+    if not isinstance(data, dict):
+        return None, [InvalidDefinition("definition must be a JSON object with 'nodes' and 'edges'")]
+    unknown = set(data) - {"nodes", "edges", "layout"}
+    if unknown:
+        return None, [InvalidDefinition(f"definition has unknown key(s) {sorted(unknown)}", field=sorted(unknown)[0])]
+    errors = _check_layout(data.get("layout"))
+    raw_nodes, raw_edges = data.get("nodes"), data.get("edges", [])
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        errors.append(InvalidDefinition("definition.nodes must be a non-empty list", field="nodes"))
+    if not isinstance(raw_edges, list):
+        errors.append(InvalidDefinition("definition.edges must be a list", field="edges"))
+    if errors:
+        return None, errors
+    nodes = []
+    for i, raw in enumerate(raw_nodes):
+        node, problems = _node(i, raw)
+        errors += problems
+        if node is not None:
+            nodes.append(node)
+    ids = [n.id for n in nodes]
+    for n in nodes:
+        if ids.count(n.id) > 1 and n is next(m for m in nodes if m.id == n.id):
+            errors.append(InvalidDefinition("node id is used twice", node=n.id, field="id"))
+    # Edges are checked against every id given, so a node with a bad config does not also dangle its edges.
+    given = {raw.get("id") for raw in raw_nodes if isinstance(raw, dict) and isinstance(raw.get("id"), str)}
+    edges = []
+    for i, raw in enumerate(raw_edges):
+        try:
+            edges.append(_edge(i, raw, given))
+        except InvalidDefinition as exc:
+            errors.append(exc.located(edge=i))
+    if errors:
+        return None, errors
+    definition = Definition(tuple(nodes), tuple(edges))
+    for check in (_check_routing, _check_reachable, _check_cycles, _check_conversation_memory):
+        try:
+            check(definition)
+        except InvalidDefinition as exc:
+            errors.append(exc)
+    return (None, errors) if errors else (definition, [])
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_layout(layout):
+    """The canvas's view of the workflow (ignored by the compiler): {"viewport": {"x", "y", "zoom"}}."""
+    if layout is None:
+        return []
+    if not isinstance(layout, dict) or set(layout) - {"viewport"}:
+        return [InvalidDefinition("definition.layout must be an object with only 'viewport'", field="layout")]
+    viewport = layout.get("viewport")
+    if viewport is None:
+        return []
+    if not isinstance(viewport, dict) or set(viewport) != {"x", "y", "zoom"}:
+        return [
+            InvalidDefinition(
+                "definition.layout.viewport must be an object with x, y and zoom", field="layout.viewport"
+            )
+        ]
+    errors = [
+        InvalidDefinition(f"definition.layout.viewport.{k} must be a number", field=f"layout.viewport.{k}")
+        for k in ("x", "y", "zoom")
+        if not _number(viewport[k])
+    ]
+    if not errors and viewport["zoom"] <= 0:
+        errors.append(InvalidDefinition("definition.layout.viewport.zoom must be above 0", field="layout.viewport.zoom"))
+    return errors
+
+
+def _check_position(position, node_id):
+    if position is None:
+        return []
+    if not isinstance(position, dict) or set(position) != {"x", "y"}:
+        return [InvalidDefinition("position must be an object with x and y", node=node_id, field="position")]
+    return [
+        InvalidDefinition(f"position.{k} must be a number", node=node_id, field=f"position.{k}")
+        for k in ("x", "y")
+        if not _number(position[k])
+    ]
+
+
+def _check_label(label, node_id):
+    if label is None:
+        return []
+    if not isinstance(label, str) or len(label) > MAX_LABEL_LENGTH or "\x00" in label:
+        return [
+            InvalidDefinition(
+                f"label must be a string of at most {MAX_LABEL_LENGTH} characters", node=node_id, field="label"
+            )
+        ]
+    return []
+
+
 def _node(index, raw):
+    """(the node, []) or (None or the node, [its problems]): a node's config errors are all reported."""
     if not isinstance(raw, dict):
-        raise InvalidDefinition(f"definition.nodes[{index}] must be an object with id, type and config")
+        return None, [
+            InvalidDefinition(
+                f"definition.nodes[{index}] must be an object with id, type and config", field=f"nodes.{index}"
+            )
+        ]
     node_id = raw.get("id")
     if not isinstance(node_id, str) or not _NODE_ID.match(node_id) or node_id in (START_NAME, END_NAME):
-        raise InvalidDefinition(
-            f"definition.nodes[{index}].id must be a letter then letters, digits, '_' or '-' "
-            f"(at most 64, not START/END), got {node_id!r}"
-        )
-    extra = set(raw) - {"id", "type", "config"}
+        return None, [
+            InvalidDefinition(
+                f"definition.nodes[{index}].id must be a letter then letters, digits, '_' or '-' "
+                f"(at most 64, not START/END), got {node_id!r}",
+                field=f"nodes.{index}.id",
+            )
+        ]
+    extra = set(raw) - NODE_KEYS
     if extra:
-        raise InvalidDefinition(f"unknown key(s) {sorted(extra)}", node=node_id)
-    node_type = get_node_type(raw.get("type"), node=node_id)
+        return None, [InvalidDefinition(f"unknown key(s) {sorted(extra)}", node=node_id, field=sorted(extra)[0])]
+    errors = _check_position(raw.get("position"), node_id) + _check_label(raw.get("label"), node_id)
+    try:
+        node_type = get_node_type(raw.get("type"), node=node_id)
+    except InvalidDefinition as exc:
+        return None, [*errors, exc.located(field="type")]
     config = raw.get("config", {})
     if config is None:
         config = {}
-    errors = sorted(Draft202012Validator(node_type.config_schema).iter_errors(config), key=lambda e: list(e.path))
-    if errors:
-        first = errors[0]
-        where = ".".join(str(p) for p in first.path)
-        raise InvalidDefinition(f"config{'.' + where if where else ''}: {first.message}", node=node_id)
-    if node_type.check is not None:
+    schema_errors = sorted(Draft202012Validator(node_type.config_schema).iter_errors(config), key=lambda e: list(e.path))
+    for error in schema_errors:
+        where = ".".join(str(p) for p in error.path)
+        field = f"config{'.' + where if where else ''}"
+        errors.append(InvalidDefinition(f"{field}: {error.message}", node=node_id, field=field))
+    if not schema_errors and node_type.check is not None:
         try:
             node_type.check(config)
         except InvalidDefinition as exc:
-            raise InvalidDefinition(str(exc), node=node_id) from None
-    return NodeSpec(node_id, node_type.name, config)
+            errors.append(InvalidDefinition(exc.message, node=node_id, field=exc.field or "config"))
+    spec = NodeSpec(node_id, node_type.name, config)
+    return spec, errors
 
 
 def _edge(index, raw, ids):
@@ -110,13 +219,13 @@ def _edge(index, raw, ids):
         raise InvalidDefinition(f"{where} must be an object with source, target and optionally when")
     source, target, when = raw.get("source"), raw.get("target"), raw.get("when")
     if source == END_NAME or (source not in ids and source != START_NAME):
-        raise InvalidDefinition(f"{where}.source: dangling edge from unknown node {source!r}")
+        raise InvalidDefinition(f"{where}.source: dangling edge from unknown node {source!r}", field="source")
     if target == START_NAME or (target not in ids and target != END_NAME):
-        raise InvalidDefinition(f"dangling edge to unknown node {target!r}", node=source)
+        raise InvalidDefinition(f"dangling edge to unknown node {target!r}", node=source, field="target")
     if when is not None and (not isinstance(when, str) or not when.strip()):
-        raise InvalidDefinition(f"{where}.when must be the name of a state key", node=source)
+        raise InvalidDefinition(f"{where}.when must be the name of a state key", node=source, field="when")
     if when is not None and source == START_NAME:
-        raise InvalidDefinition(f"{where}: edges from START cannot carry 'when'")
+        raise InvalidDefinition(f"{where}: edges from START cannot carry 'when'", field="when")
     return EdgeSpec(source, target, when)
 
 

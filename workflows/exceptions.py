@@ -8,10 +8,17 @@ class WorkflowError(Exception):
 
 
 class InvalidDefinition(WorkflowError, ValidationError):
-    """A workflow definition does not hold together; `node` names the node at fault (or None)."""
+    """A workflow definition does not hold together.
 
-    def __init__(self, message, *, node=None):
-        self.node = node
+    It carries where: `node` (the node id at fault), `edge` (the index of the edge in the definition's
+    edges) and `field` (a dotted path inside that node, edge or the definition: "config.limit",
+    "position.x", "target", "layout.viewport.zoom"), each None when it does not apply, so a builder can
+    mark the spot without parsing the message.
+    """
+
+    def __init__(self, message, *, node=None, edge=None, field=None):
+        self.node, self.edge, self.field = node, edge, field
+        self.message = message
         text = f'node "{node}": {message}' if node else message
         WorkflowError.__init__(self, text)
         ValidationError.__init__(self, {"definition": [text]})
@@ -19,6 +26,15 @@ class InvalidDefinition(WorkflowError, ValidationError):
 
     def __str__(self):
         return self.text
+
+    def located(self, **where):
+        """The same error with more of its location filled in (what the caller knows and it did not)."""
+        known = {"node": self.node, "edge": self.edge, "field": self.field}
+        known.update({k: v for k, v in where.items() if known.get(k) is None})
+        return InvalidDefinition(self.message, **known)
+
+    def as_dict(self):
+        return {"node": self.node, "edge": self.edge, "field": self.field, "message": self.message}
 
 
 class InvalidTrigger(WorkflowError, ValueError):

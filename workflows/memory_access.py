@@ -59,6 +59,36 @@ class Recalled:
     def as_dict(self):
         return {"query": self.query, "facts": self.facts, "episodes": self.episodes, "procedures": self.procedures}
 
+    def trace(self):
+        """What the recall found, for a run's event stream: every hit (kind, id, text, score; score None
+        where nothing scored it: the user's own facts topping the list up, recent episodes, procedures
+        matched by their conditions) and, per fact key, the scope whose fact won (the most specific one
+        the viewer sees hides the others)."""
+        hits = [
+            {
+                "kind": "fact",
+                "id": f["id"],
+                "key": f["key"],
+                "text": f"{f['key']}: {_text(f['value'])}",
+                "score": f["score"],
+                "scope": f["scope"],
+            }
+            for f in self.facts
+        ]
+        hits += [
+            {"kind": "episode", "id": e["id"], "text": e["summary"] or "", "score": None} for e in self.episodes
+        ]
+        hits += [
+            {
+                "kind": "procedure",
+                "id": p["id"],
+                "text": f"{p['name']}: {p['description']}" if p["description"] else p["name"],
+                "score": None,
+            }
+            for p in self.procedures
+        ]
+        return {"query": self.query, "hits": hits, "scopes": {f["key"]: f["scope"] for f in self.facts}}
+
 
 def query_words(text):
     return content_words(text)
@@ -109,10 +139,10 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
 def _facts(service, query, scope, options):
     """The facts MemoryService.recall ranks first for the query, then this user's and session's own
     facts (most confident first) up to `limit`, so "what do you know about me?" has an answer."""
-    found = []
+    found, scores = [], {}
     if query_words(query):
-        found = [
-            hit.item
+        hits = [
+            hit
             for hit in service.recall(
                 query,
                 agent_id=scope.agent_id,
@@ -123,6 +153,8 @@ def _facts(service, query, scope, options):
                 min_confidence=options.min_confidence,
             )
         ]
+        found = [hit.item for hit in hits]
+        scores = {hit.item.pk: round(hit.score, 4) for hit in hits}
     matched = {f.pk for f in found}
     if len(found) < options.limit and (scope.user_id is not None or scope.session_id):
         own = service.list_facts(
@@ -139,12 +171,15 @@ def _facts(service, query, scope, options):
         found += own[: options.limit - len(found)]
     return [
         {
+            "id": f.pk,
             "key": f.key,
             "value": f.value,
             "scope": f.scope,
             "fact_type": f.fact_type,
             "confidence": round(f.confidence, 3),
             "matched": f.pk in matched,
+            # The recall's score for a matched fact; None for the user's own facts that topped it up.
+            "score": scores.get(f.pk),
         }
         for f in found
     ]

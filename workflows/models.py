@@ -1,4 +1,5 @@
-"""Models of the workflows app: workflow definitions, tracked conversation threads, seen Telegram updates."""
+"""Models of the workflows app: workflow definitions and their runs, tracked conversation threads, seen
+Telegram updates, reminders."""
 
 from django.db import models
 
@@ -17,6 +18,9 @@ class Workflow(models.Model):
     description = models.TextField(blank=True, default="")
     definition = models.JSONField(default=dict)
     is_active = models.BooleanField(default=True)
+    # Counts saves through the API: a client sends the version it edited (If-Match) and a stale save
+    # is refused instead of overwriting someone else's change.
+    version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -147,3 +151,47 @@ class Reminder(models.Model):
 
     def __str__(self):
         return f"reminder #{self.pk}"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+
+
+class WorkflowRun(models.Model):
+    """One run of a workflow, kept so a reload or another operator sees it: who it was for, what each
+    node read and returned (`events`, as the run's event stream sent them), the reply, errors and timings.
+
+    `user` is the memory user identify_user found (null until then, or when it could not); forgetting
+    that person deletes their runs (workflows.runs), and runs nobody was identified for by the
+    identity they came from.
+    """
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
+    workflow_version = models.PositiveIntegerField()
+    # The trigger type (telegram, chat, webhook, manual) and its payload as given.
+    trigger = models.CharField(max_length=20)
+    input = models.JSONField(default=dict)
+    # Who sent it, as the trigger named them: what forgetting a person matches when no user was found.
+    channel = models.CharField(max_length=50, blank=True, default="")
+    external_id = models.CharField(max_length=255, blank=True, default="")
+    user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="workflow_runs")
+    thread_id = models.CharField(max_length=300, blank=True, default="")
+    events = models.JSONField(default=list)
+    reply = models.TextField(blank=True, default="")
+    errors = models.JSONField(default=list)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [
+            models.Index(fields=["workflow", "-started_at"], name="run_workflow_recent"),
+            models.Index(fields=["channel", "external_id"], name="run_sender"),
+        ]
+
+    def __str__(self):
+        return f"run #{self.pk} of {self.workflow_id}"

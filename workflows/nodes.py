@@ -137,11 +137,13 @@ def build_recall(config, context):
             return {
                 "memories": {"query": query, "facts": [], "episodes": [], "procedures": []},
                 "memory_prompt": "",
+                "recall_trace": {"query": query, "hits": [], "scopes": {}},
                 "memory_errors": [_failure(context.node_id, "recall", exc)],
             }
         return {
             "memories": recalled.as_dict(),
             "memory_prompt": render_memory_prompt(recalled, state.get("user_context")),
+            "recall_trace": recalled.trace(),
         }
 
     return recall
@@ -153,11 +155,12 @@ register(
         category="memory",
         description=(
             "Recall facts, past conversations and matching procedures for the last message; sets "
-            "`memories` and `memory_prompt` (an untrusted-hints block plus learned procedures)."
+            "`memories` and `memory_prompt` (an untrusted-hints block plus learned procedures), and "
+            "`recall_trace` (each hit with its score, and which scope won for each fact key)."
         ),
         config_schema=RECALL_SCHEMA,
         inputs=("messages", "user", "user_context"),
-        outputs=("memories", "memory_prompt", "memory_errors"),
+        outputs=("memories", "memory_prompt", "recall_trace", "memory_errors"),
         build=build_recall,
     )
 )
@@ -199,16 +202,18 @@ def build_remember(config, context):
         errors = list(state.get("memory_errors") or [])
         if state.get("identity_failed") and not store_without_user:
             return _refuse_unidentified(context, facts, default_scope)
-        reports, new_errors, episode_id = [], [], None
+        reports, writes, new_errors, episode_id = [], [], [], None
         try:
             with transaction.atomic():
                 if record:
                     episode_id = _record_episode(service, state, context, user, errors).pk
+                    writes.append({"kind": "episode", "action": "created", "id": episode_id, "key": None})
                 for fact in facts:
-                    report = _write_fact(
+                    report, fact_id = _write_fact(
                         service, fact, state, context, user, default_scope, default_type, overwrite, episode_id
                     )
                     reports.append(report)
+                    writes.append({"kind": "fact", "id": fact_id, **report})
                     if report["action"] == "failed":
                         new_errors.append(_failure(context.node_id, f"remember {report['key']!r}", report["error"]))
                 if new_errors and episode_id is not None:
@@ -227,9 +232,10 @@ def build_remember(config, context):
                     for f in facts
                 ],
                 "episode_id": None,
+                "memory_writes": [],
                 "memory_errors": [failure],
             }
-        return {"remembered": reports, "episode_id": episode_id, "memory_errors": new_errors}
+        return {"remembered": reports, "episode_id": episode_id, "memory_writes": writes, "memory_errors": new_errors}
 
     return remember
 
@@ -246,15 +252,21 @@ def _refuse_unidentified(context, facts, default_scope):
         }
         for f in facts
     ]
-    return {"remembered": refused, "episode_id": None, "memory_errors": [_failure(context.node_id, "remember", reason)]}
+    return {
+        "remembered": refused,
+        "episode_id": None,
+        "memory_writes": [],
+        "memory_errors": [_failure(context.node_id, "remember", reason)],
+    }
 
 
 def _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id):
+    """(what happened to the fact, as `remembered` reports it; the fact's id, None when it failed)."""
     key = fact.get("key") if isinstance(fact, dict) else None
     scope = (fact.get("scope") if isinstance(fact, dict) else None) or default_scope
     report = {"key": str(key or ""), "scope": scope}
     if not isinstance(fact, dict) or "value" not in fact:
-        return {**report, "action": "failed", "error": "facts_to_remember: each item needs key and value"}
+        return {**report, "action": "failed", "error": "facts_to_remember: each item needs key and value"}, None
     owners = {
         Scope.USER: {"user_id": user.get("id")},
         Scope.AGENT: {"agent_id": context.agent_id},
@@ -262,11 +274,11 @@ def _write_fact(service, fact, state, context, user, default_scope, default_type
         Scope.GLOBAL: {},
     }.get(scope)
     if owners is None:
-        return {**report, "action": "failed", "error": f"scope: must be one of {', '.join(Scope.values)}"}
+        return {**report, "action": "failed", "error": f"scope: must be one of {', '.join(Scope.values)}"}, None
     if scope == Scope.USER and owners["user_id"] is None:
-        return {**report, "action": "failed", "error": "scope: user scope needs an identified user"}
+        return {**report, "action": "failed", "error": "scope: user scope needs an identified user"}, None
     if scope == Scope.SESSION and not owners["session_id"]:
-        return {**report, "action": "failed", "error": "scope: session scope needs a conversation thread"}
+        return {**report, "action": "failed", "error": "scope: session scope needs a conversation thread"}, None
     try:
         write = service.set_fact(
             key,
@@ -279,8 +291,8 @@ def _write_fact(service, fact, state, context, user, default_scope, default_type
             **owners,
         )
     except MemoryServiceError as exc:  # bad arguments: this fact only; the others still go in
-        return {**report, "action": "failed", "error": str(exc)}
-    return {**report, "key": write.fact.key, "action": write.action}
+        return {**report, "action": "failed", "error": str(exc)}, None
+    return {**report, "key": write.fact.key, "action": write.action}, write.fact.pk
 
 
 def _record_episode(service, state, context, user, errors):
@@ -317,11 +329,12 @@ register(
         category="memory",
         description=(
             "Store `facts_to_remember` (key, value, fact_type, scope) for the identified user, the agent or "
-            "the session, record the run's episode, and report per fact what happened."
+            "the session, record the run's episode, and report per fact what happened; `memory_writes` lists "
+            "each row written (kind, action, id, key)."
         ),
         config_schema=REMEMBER_SCHEMA,
         inputs=("facts_to_remember", "user", "messages", "reply", "actions", "trigger"),
-        outputs=("remembered", "episode_id", "memory_errors"),
+        outputs=("remembered", "episode_id", "memory_writes", "memory_errors"),
         build=build_remember,
     )
 )
@@ -411,7 +424,9 @@ AGENT_SCHEMA = {
 def _check_agent(config):
     if config.get("system_prompt_fallback") and not config.get("conversation_memory", True):
         # Without a thread there is nothing to keep it stable across; it would only repeat the prompt.
-        raise InvalidDefinition("config.system_prompt_fallback needs conversation_memory")
+        raise InvalidDefinition(
+            "config.system_prompt_fallback needs conversation_memory", field="config.system_prompt_fallback"
+        )
 
 
 register(

@@ -60,6 +60,8 @@ class WorkflowState(TypedDict, total=False):
     # recall
     memories: dict
     memory_prompt: str
+    # What recall found, for the builder: {"query", "hits": [{"kind", "id", "text", "score"}], "scopes": {key: scope}}
+    recall_trace: dict
     # agent
     reply: str
     thread_id: str
@@ -68,6 +70,8 @@ class WorkflowState(TypedDict, total=False):
     # remember
     remembered: list[RememberedFact]
     episode_id: int | None
+    # Every row remember wrote: [{"kind": "fact" | "episode", "action", "id", "key", ...}]
+    memory_writes: list[dict]
     # Any node: memory operations that failed (logged too). A run with any is not a success.
     memory_errors: Annotated[list[MemoryErrorReport], operator.add]
 
