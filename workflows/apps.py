@@ -15,6 +15,7 @@ class WorkflowsConfig(AppConfig):
             lifecycle,
             nodes,  # noqa: F401  (registers the built-in node types)
             reminders,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export)
+            runs,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export, prune)
             threads,  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
         )
         from .management import subcommands

@@ -66,6 +66,9 @@ DEFAULTS = {
     # `memory prune` deletes delivered, failed and cancelled reminders due more than this many days
     # ago; None keeps them all.
     "REMINDER_RETENTION_DAYS": None,
+    # `memory prune` deletes workflow runs (the builder's run records) started more than this many days
+    # ago; None keeps them all.
+    "RUN_RETENTION_DAYS": 30,
     # Languages the `remind` tool reads natural times in ("in 2 hours", "tomorrow at 9am"); dateparser codes.
     "REMINDER_LANGUAGES": ["en"],
 }

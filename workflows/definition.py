@@ -143,7 +143,9 @@ def _check_layout(layout):
         if not _number(viewport[k])
     ]
     if not errors and viewport["zoom"] <= 0:
-        errors.append(InvalidDefinition("definition.layout.viewport.zoom must be above 0", field="layout.viewport.zoom"))
+        errors.append(
+            InvalidDefinition("definition.layout.viewport.zoom must be above 0", field="layout.viewport.zoom")
+        )
     return errors
 
 
@@ -199,7 +201,9 @@ def _node(index, raw):
     config = raw.get("config", {})
     if config is None:
         config = {}
-    schema_errors = sorted(Draft202012Validator(node_type.config_schema).iter_errors(config), key=lambda e: list(e.path))
+    schema_errors = sorted(
+        Draft202012Validator(node_type.config_schema).iter_errors(config), key=lambda e: list(e.path)
+    )
     for error in schema_errors:
         where = ".".join(str(p) for p in error.path)
         field = f"config{'.' + where if where else ''}"

@@ -75,9 +75,7 @@ class Recalled:
             }
             for f in self.facts
         ]
-        hits += [
-            {"kind": "episode", "id": e["id"], "text": e["summary"] or "", "score": None} for e in self.episodes
-        ]
+        hits += [{"kind": "episode", "id": e["id"], "text": e["summary"] or "", "score": None} for e in self.episodes]
         hits += [
             {
                 "kind": "procedure",

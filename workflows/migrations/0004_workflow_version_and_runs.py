@@ -5,41 +5,64 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0020_episode_vectors_without_date'),
-        ('workflows', '0003_reminder'),
+        ("memory", "0020_episode_vectors_without_date"),
+        ("workflows", "0003_reminder"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='workflow',
-            name='version',
+            model_name="workflow",
+            name="version",
             field=models.PositiveIntegerField(default=1),
         ),
         migrations.CreateModel(
-            name='WorkflowRun',
+            name="WorkflowRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('workflow_version', models.PositiveIntegerField()),
-                ('trigger', models.CharField(max_length=20)),
-                ('input', models.JSONField(default=dict)),
-                ('channel', models.CharField(blank=True, default='', max_length=50)),
-                ('external_id', models.CharField(blank=True, default='', max_length=255)),
-                ('thread_id', models.CharField(blank=True, default='', max_length=300)),
-                ('events', models.JSONField(default=list)),
-                ('reply', models.TextField(blank=True, default='')),
-                ('errors', models.JSONField(default=list)),
-                ('status', models.CharField(choices=[('running', 'running'), ('succeeded', 'succeeded'), ('failed', 'failed')], default='running', max_length=20)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('duration_ms', models.FloatField(blank=True, null=True)),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='workflow_runs', to='memory.memoryuser')),
-                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='workflows.workflow')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("workflow_version", models.PositiveIntegerField()),
+                ("trigger", models.CharField(max_length=20)),
+                ("input", models.JSONField(default=dict)),
+                ("channel", models.CharField(blank=True, default="", max_length=50)),
+                ("external_id", models.CharField(blank=True, default="", max_length=255)),
+                ("thread_id", models.CharField(blank=True, default="", max_length=300)),
+                ("events", models.JSONField(default=list)),
+                ("reply", models.TextField(blank=True, default="")),
+                ("errors", models.JSONField(default=list)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("running", "running"), ("succeeded", "succeeded"), ("failed", "failed")],
+                        default="running",
+                        max_length=20,
+                    ),
+                ),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("duration_ms", models.FloatField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="workflow_runs",
+                        to="memory.memoryuser",
+                    ),
+                ),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="runs", to="workflows.workflow"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
-                'indexes': [models.Index(fields=['workflow', '-started_at'], name='run_workflow_recent'), models.Index(fields=['channel', 'external_id'], name='run_sender')],
+                "ordering": ["-started_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["workflow", "-started_at"], name="run_workflow_recent"),
+                    models.Index(fields=["channel", "external_id"], name="run_sender"),
+                ],
             },
         ),
     ]
