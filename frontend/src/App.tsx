@@ -6,6 +6,7 @@ import {
   ReactFlow,
   ReactFlowProvider,
   applyNodeChanges,
+  useNodesInitialized,
   useReactFlow,
   type Connection,
   type Edge,
@@ -108,6 +109,15 @@ function Builder() {
   const [loadError, setLoadError] = useState<string | null>(null);
   const fileInput = useRef<HTMLInputElement>(null);
   const wrapper = useRef<HTMLDivElement>(null);
+  const [fitPending, setFitPending] = useState(false);
+  const measured = useNodesInitialized();
+  useEffect(() => {
+    // Fit once the nodes have been measured (before that, fitView has no sizes to fit).
+    if (fitPending && measured) {
+      flow.fitView({ padding: 0.15, maxZoom: 1.2 });
+      setFitPending(false);
+    }
+  }, [fitPending, measured, flow]);
 
   const say = useCallback((text: string, options: { undo?: boolean; error?: boolean } = {}) => setToast({ text, ...options }), []);
 
@@ -152,7 +162,8 @@ function Builder() {
         history.current.reset(def);
         setDefinition(def);
         setHistoryTick((t) => t + 1);
-        setWorkflow(loaded);
+        // The positions given to nodes that had none are not an edit: compare against them.
+        setWorkflow({ ...loaded, definition: def });
         setRun(emptyRun());
         setMemory(null);
         setLoadError(null);
@@ -160,7 +171,8 @@ function Builder() {
         url.searchParams.set("workflow", slug);
         window.history.replaceState(null, "", url);
         const viewport = def.layout?.viewport;
-        requestAnimationFrame(() => (viewport ? flow.setViewport(viewport) : flow.fitView({ padding: 0.2 })));
+        if (viewport) requestAnimationFrame(() => flow.setViewport(viewport));
+        else setFitPending(true);
         listRuns(slug)
           .then((rows) => {
             setRuns(rows);
@@ -210,8 +222,8 @@ function Builder() {
     const url = new URL(window.location.href);
     url.searchParams.delete("workflow");
     window.history.replaceState(null, "", url);
-    requestAnimationFrame(() => flow.fitView({ padding: 0.2 }));
-  }, [flow]);
+    setFitPending(true);
+  }, []);
 
   // ------------------------------------------------------------ validation
   const localErrors = useMemo(() => {
@@ -220,7 +232,7 @@ function Builder() {
       const spec = specs.get(node.type);
       if (!spec) continue;
       for (const e of configErrors(spec.config_schema, (node.config ?? {}) as Config)) {
-        errors.push({ node: node.id, edge: null, field: e.field ? `config.${e.field}` : "config", message: e.message });
+        errors.push({ node: node.id, edge: null, field: e.field ? `config.${e.field}` : "config", message: e.message, local: true });
       }
     }
     return errors;
@@ -441,7 +453,16 @@ function Builder() {
       ...(runForm.conversation_id ? { conversation_id: runForm.conversation_id } : {}),
     };
     try {
-      await streamRun(target.slug, body, (event) => setRun((view) => applyEvent(view, event)));
+      let firstNodeEvent = true;
+      await streamRun(target.slug, body, (event) => {
+        // Standard performance marks, so a benchmark (or the browser's profiler) can time the stream.
+        if (event.event === "run_started") performance.mark("engram:run_started");
+        else if (firstNodeEvent && event.event.startsWith("node_")) {
+          firstNodeEvent = false;
+          performance.mark("engram:first_node_event");
+        }
+        setRun((view) => applyEvent(view, event));
+      });
     } catch (error) {
       setRun((view) => ({ ...view, status: "failed", errors: [(error as Error).message] }));
     } finally {
@@ -510,7 +531,7 @@ function Builder() {
     try {
       const { definition: imported } = parseImport(await file.text());
       commit(withPositions(imported));
-      requestAnimationFrame(() => flow.fitView({ padding: 0.2 }));
+      setFitPending(true);
       say(`Imported ${file.name} (undo to go back).`, { undo: true });
     } catch (error) {
       say(`Not imported: ${(error as Error).message}`, { error: true });

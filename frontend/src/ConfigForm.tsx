@@ -38,6 +38,24 @@ export function serverErrorSchema(errors: { field: string | null; message: strin
   return root as ErrorSchema;
 }
 
+/**
+ * Widgets chosen from the schema's shape alone: a list of unique choices is a set of checkboxes
+ * (the default, a multi-select box, hides what is picked).
+ */
+export function uiSchemaFor(schema: Record<string, unknown>): Record<string, unknown> {
+  const ui: Record<string, unknown> = {};
+  const properties = (schema.properties ?? {}) as Record<string, Record<string, unknown>>;
+  for (const [name, property] of Object.entries(properties)) {
+    const items = property.items as Record<string, unknown> | undefined;
+    if (property.type === "array" && property.uniqueItems && items && Array.isArray(items.enum)) ui[name] = { "ui:widget": "checkboxes" };
+    else if (property.properties) {
+      const nested = uiSchemaFor(property);
+      if (Object.keys(nested).length) ui[name] = nested;
+    }
+  }
+  return ui;
+}
+
 interface Props {
   schema: Record<string, unknown>;
   value: Config;
@@ -58,7 +76,7 @@ export function ConfigForm({ schema, value, onChange, serverErrors = [], idPrefi
       noHtml5Validate
       extraErrors={serverErrors.length ? serverErrorSchema(serverErrors) : undefined}
       onChange={(event) => onChange((event.formData ?? {}) as Config)}
-      uiSchema={{ "ui:submitButtonOptions": { norender: true } }}
+      uiSchema={{ ...uiSchemaFor(schema), "ui:submitButtonOptions": { norender: true } }}
     />
   );
 }

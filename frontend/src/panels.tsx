@@ -77,8 +77,8 @@ interface InspectorProps {
 }
 
 export function Inspector({ node, spec, errors, run, onConfig, onLabel, onDelete }: InspectorProps) {
-  const fieldErrors = errors.filter((e) => e.field);
-  const otherErrors = errors.filter((e) => !e.field);
+  const fieldErrors = errors.filter((e) => e.field && !e.local);
+  const otherErrors = errors.filter((e) => !e.field || (e.local && !e.field.startsWith("config")));
   return (
     <section className="inspector" aria-label={`Node ${node.id}`}>
       <header>

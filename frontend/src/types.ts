@@ -51,6 +51,8 @@ export interface ValidationError {
   edge: number | null;
   field: string | null;
   message: string;
+  /** Found here by the schema (the form shows those itself), not named by the server. */
+  local?: boolean;
 }
 
 export interface MemoryHit {
