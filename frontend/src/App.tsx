@@ -222,8 +222,10 @@ function Builder() {
     const url = new URL(window.location.href);
     url.searchParams.delete("workflow");
     window.history.replaceState(null, "", url);
-    setFitPending(true);
-  }, []);
+    // An empty canvas at scale 1: fitting START and END alone would zoom in on them.
+    if (def.nodes.length) setFitPending(true);
+    else requestAnimationFrame(() => flow.setViewport({ x: 0, y: 0, zoom: 1 }));
+  }, [flow]);
 
   // ------------------------------------------------------------ validation
   const localErrors = useMemo(() => {

@@ -59,7 +59,7 @@ export function isValidNodeId(id: string): boolean {
 /** Where START and END stand when the definition does not say: left of the first node, right of the last. */
 export function terminalPositions(definition: Definition): { start: { x: number; y: number }; end: { x: number; y: number } } {
   const positioned = definition.nodes.filter((n) => n.position);
-  if (!positioned.length) return { start: { x: 0, y: 120 }, end: { x: 700, y: 120 } };
+  if (!positioned.length) return { start: { x: 20, y: 300 }, end: { x: 1100, y: 300 } };
   const xs = positioned.map((n) => n.position!.x);
   const ys = positioned.map((n) => n.position!.y);
   const y = ys.reduce((a, b) => a + b, 0) / ys.length + 40;
