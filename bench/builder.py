@@ -55,9 +55,9 @@ def big_definition(nodes):
 
 
 async def measure(base, loads, nodes, runs):
-    from tests.builder_browser import CHROMIUM, FLAGS, VIEWPORT, log_in, node
-
     from playwright.async_api import async_playwright
+
+    from tests.builder_browser import CHROMIUM, FLAGS, VIEWPORT, log_in, node
 
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)

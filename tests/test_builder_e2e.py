@@ -10,8 +10,18 @@ import os
 
 import pytest
 
-from tests.builder_browser import ROOT, connect, drag_from_palette, drive, log_in, missing, node, node_position
-from tests.builder_browser import run_message, select_node
+from tests.builder_browser import (
+    ROOT,
+    connect,
+    drag_from_palette,
+    drive,
+    log_in,
+    missing,
+    node,
+    node_position,
+    run_message,
+    select_node,
+)
 from workflows.definition import validate_definition
 from workflows.models import Workflow
 from workflows.registry import NodeType
