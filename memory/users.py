@@ -109,6 +109,11 @@ class UsersMixin:
                 raise
             return user, False
 
+    def find_user(self, channel, external_id):
+        """The memory user behind (channel, external id), following merges; None if that identity is
+        unknown. Nothing is created (a preview of what a run would see must not make a person)."""
+        return self._user_by_identity(check_channel(channel), check_external_id(external_id))
+
     def _user_by_identity(self, channel, external_id):
         identity = (
             ChannelIdentity.objects.select_related("user__merged_into")

@@ -39,7 +39,13 @@ class Workflow(models.Model):
         from .definition import validate_definition
 
         validate_definition(self.definition)
+        update_fields = kwargs.get("update_fields")
+        bump = not self._state.adding and (update_fields is None or "version" in update_fields)
+        if bump:  # in the statement: two saves at once make two versions, never one
+            self.version = models.F("version") + 1
         super().save(*args, **kwargs)
+        if bump:
+            self.refresh_from_db(fields=["version"])
 
 
 class Thread(models.Model):

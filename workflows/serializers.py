@@ -23,11 +23,13 @@ class NodeTypeSerializer(serializers.Serializer):
 @extend_schema_field(
     {
         "type": "object",
-        "description": "Nodes (id, registered type, config) and the edges between them; checked against the "
-        "node registry on save (unknown type, bad config, dangling edge, cycle without exit: a 400 naming the node).",
+        "description": "Nodes (id, registered type, config; the builder's position and label) and the edges "
+        "between them, and the builder's layout (viewport); checked against the node registry on save (unknown "
+        "type, bad config, dangling edge, cycle without exit: a 400 naming the node).",
         "properties": {
             "nodes": {"type": "array", "items": {"type": "object"}},
             "edges": {"type": "array", "items": {"type": "object"}},
+            "layout": {"type": "object"},
         },
         "required": ["nodes", "edges"],
     }
@@ -68,8 +70,19 @@ class WorkflowSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Workflow
-        fields = ["id", "slug", "name", "description", "definition", "is_active", "created_at", "updated_at"]
-        read_only_fields = ["id", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "description",
+            "definition",
+            "is_active",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "version", "created_at", "updated_at"]
+        extra_kwargs = {"version": {"help_text": 'Counts saves; send it back as If-Match: "<version>" to save.'}}
 
     def validate_definition(self, value):
         try:
@@ -77,3 +90,21 @@ class WorkflowSerializer(serializers.ModelSerializer):
         except InvalidDefinition as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value
+
+
+class ValidateDefinitionSerializer(serializers.Serializer):
+    definition = serializers.JSONField(help_text="A workflow definition to check (nothing is saved).")
+
+
+class DefinitionErrorSerializer(serializers.Serializer):
+    node = serializers.CharField(allow_null=True, help_text="The node at fault (its id), if any.")
+    edge = serializers.IntegerField(allow_null=True, help_text="The edge at fault (its index in edges), if any.")
+    field = serializers.CharField(
+        allow_null=True, help_text="Where in it: config.limit, position.x, target, layout.viewport.zoom, ..."
+    )
+    message = serializers.CharField()
+
+
+class ValidationResultSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    errors = DefinitionErrorSerializer(many=True)

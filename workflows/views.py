@@ -1,14 +1,18 @@
-"""HTTP entry points: the node palette and workflow runs (staff API), and the Telegram webhook."""
+"""HTTP entry points: the node palette, workflows (versioned saves, validation, runs and their streams) of
+the staff API, and the Telegram webhook."""
 
 import hmac
 import logging
+import re
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -19,12 +23,19 @@ from memory.api.policy import StaffAPI
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 
+from .builder import STREAM_SCHEMA, JSONOnly, MemoryViewQuerySerializer, memory_view, start_stream
 from .conf import workflow_settings
+from .definition import definition_errors
 from .exceptions import InvalidTrigger
 from .models import Workflow
 from .registry import node_types
 from .runtime import WorkflowNotFound, get_workflow, run_workflow
-from .serializers import NodeTypeSerializer, WorkflowSerializer
+from .serializers import (
+    NodeTypeSerializer,
+    ValidateDefinitionSerializer,
+    ValidationResultSerializer,
+    WorkflowSerializer,
+)
 from .telegram import handle_update
 from .triggers import is_telegram_id, parse_trigger, telegram_update_kind
 
@@ -32,6 +43,13 @@ logger = logging.getLogger("engram.workflows")
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 RUN_TRIGGER_TYPES = ("chat", "webhook", "manual")
+IF_MATCH = OpenApiParameter(
+    "If-Match",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description='The version you edited, as the ETag gave it ("3"): a stale save is refused with 409.',
+)
 
 
 class NodeTypeViewSet(StaffAPI, viewsets.ViewSet):
@@ -41,20 +59,114 @@ class NodeTypeViewSet(StaffAPI, viewsets.ViewSet):
         return Response(NodeTypeSerializer([t.describe() for t in node_types()], many=True).data)
 
 
+class StaleWorkflow(Exception):
+    def __init__(self, current):
+        self.current = current
+
+
+def _etag(workflow):
+    return f'"{workflow.version}"'
+
+
+def _if_match(request):
+    """The version an If-Match header names (None without one, or for "*")."""
+    given = request.headers.get("If-Match")
+    if given is None or given.strip() == "*":
+        return None
+    match = _ETAG.match(given.strip())
+    if match is None:
+        raise ValidationError({"If-Match": [f'must be the workflow\'s ETag, like "3"; got {given[:40]!r}']})
+    return int(match.group(1))
+
+
+_ETAG = re.compile(r'^(?:W/)?"?([0-9]{1,9})"?$')
+
+
+@extend_schema_view(
+    retrieve=extend_schema(description="A workflow; its ETag header is its version."),
+    update=extend_schema(
+        parameters=[IF_MATCH],
+        responses={200: WorkflowSerializer, 409: OpenApiResponse(description="Stale: {detail, current}.")},
+        description='Save a workflow. With If-Match: "<version>" a stale save (someone saved since) is a 409 '
+        "carrying the current workflow, and nothing changes; without it the save always applies.",
+    ),
+    partial_update=extend_schema(
+        parameters=[IF_MATCH],
+        responses={200: WorkflowSerializer, 409: OpenApiResponse(description="Stale: {detail, current}.")},
+        description="Save some fields of a workflow; If-Match as for PUT.",
+    ),
+    validate=extend_schema(
+        request=ValidateDefinitionSerializer,
+        responses={200: ValidationResultSerializer},
+        description="Check a definition without saving it: every problem with the node, edge and field it is at.",
+    ),
+    run=extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT}),
+    stream=STREAM_SCHEMA,
+    memory_view=extend_schema(
+        parameters=[MemoryViewQuerySerializer],
+        responses={200: OpenApiTypes.OBJECT},
+        description="A person's memory as this workflow's next run sees it: facts by winning scope, recent "
+        "episodes, procedures. Nothing is created for an unknown person (user is null).",
+    ),
+)
 class WorkflowViewSet(StaffAPI, viewsets.ModelViewSet):
-    """Workflows by slug (staff): list, create, update, delete; POST .../<slug>/run/ runs one with a JSON payload."""
+    """Workflows by slug (staff): list, create, update (versioned with ETag / If-Match), delete; validate a
+    definition; run one (POST .../<slug>/run/, or streamed as server-sent events: .../runs/stream/)."""
 
     queryset = Workflow.objects.all()
     serializer_class = WorkflowSerializer
     lookup_field = "slug"
+    action_query_parameters = {"memory_view": {"channel", "external_id", "conversation_id", "message"}}
+
+    def retrieve(self, request, *args, **kwargs):
+        response = super().retrieve(request, *args, **kwargs)
+        response["ETag"] = f'"{response.data["version"]}"'
+        return response
+
+    def create(self, request, *args, **kwargs):
+        response = super().create(request, *args, **kwargs)
+        response["ETag"] = f'"{response.data["version"]}"'
+        return response
+
+    def update(self, request, *args, **kwargs):
+        expected = _if_match(request)
+        try:
+            with transaction.atomic():
+                response = self._update(request, expected, partial=kwargs.pop("partial", False))
+        except StaleWorkflow as stale:
+            current = WorkflowSerializer(stale.current).data
+            body = {
+                "detail": f"The workflow was saved since you loaded it (now version {current['version']}, "
+                f"you edited version {expected}): nothing was saved.",
+                "current": current,
+            }
+            return Response(body, status=status.HTTP_409_CONFLICT, headers={"ETag": _etag(stale.current)})
+        response["ETag"] = f'"{response.data["version"]}"'
+        return response
+
+    def _update(self, request, expected, *, partial):
+        instance = self.get_object()
+        # Locked until the save commits: two saves of one version cannot both pass the check.
+        instance = Workflow.objects.select_for_update().get(pk=instance.pk)
+        if expected is not None and instance.version != expected:
+            raise StaleWorkflow(instance)
+        serializer = self.get_serializer(instance, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        serializer.save()
+        return Response(serializer.data)
+
+    @action(detail=False, methods=["post"])
+    def validate(self, request):
+        """Check a definition, saving nothing: {"valid", "errors": [{"node", "edge", "field", "message"}]}."""
+        body = ValidateDefinitionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        errors = [e.as_dict() for e in definition_errors(body.validated_data["definition"])]
+        return Response(ValidationResultSerializer({"valid": not errors, "errors": errors}).data)
 
     @action(detail=True, methods=["post"])
     def run(self, request, slug=None):
         """Run the workflow: {"message", "email" | "user_id" | "user_name", "trigger": "chat" (default) | "webhook" | "manual", ...}."""
-        try:
-            workflow = get_workflow(slug)
-        except WorkflowNotFound as exc:
-            raise NotFound(str(exc)) from None
+        workflow = self._active(slug)
         payload = request.data
         if not isinstance(payload, dict):
             raise ValidationError({"payload": ["must be a JSON object"]})
@@ -68,6 +180,24 @@ class WorkflowViewSet(StaffAPI, viewsets.ModelViewSet):
         except InvalidTrigger as exc:
             raise ValidationError({exc.field: [exc.message]}) from None
         return Response(result.as_dict(), status=status.HTTP_200_OK)
+
+    @action(detail=True, methods=["post"], url_path="runs/stream", content_negotiation_class=JSONOnly)
+    def stream(self, request, slug=None):
+        """Run the workflow for {"message", "channel", "external_id", ...} and stream its events (text/event-stream)."""
+        return start_stream(request, self._active(slug))
+
+    @action(detail=True, methods=["get"], url_path="memory-view")
+    def memory_view(self, request, slug=None):
+        workflow = self.get_object()
+        query = MemoryViewQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(memory_view(workflow, query.validated_data))
+
+    def _active(self, slug):
+        try:
+            return get_workflow(slug)
+        except WorkflowNotFound as exc:
+            raise NotFound(str(exc)) from None
 
 
 def _error(status_code, field, message):

@@ -1,10 +1,11 @@
-"""URL routes of the Engram site: the two apps' routes (as a host project includes them) and a home redirect."""
+"""URL routes of the Engram site: the two apps' routes (as a host project includes them) and the home page (staff to the builder, others to the login)."""
 
 from django.urls import include, path
-from django.views.generic import RedirectView
+
+from workflows.builder import home
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/memories/", permanent=False)),
+    path("", home, name="home"),
     path("", include("memory.urls")),
     path("", include("workflows.urls")),
 ]
