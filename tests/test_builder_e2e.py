@@ -60,11 +60,13 @@ def test_build_from_an_empty_canvas_save_reload_and_run_twice(live_server, opera
     async def scenario(browser):
         page = await log_in(browser, url, operator, PASSWORD)
         page.on("dialog", lambda dialog: dialog.accept("Ada bot"))
-        await page.click("text=New")
-        await page.wait_for_selector("text=new, not saved")
+        await page.click("button:text-is('New')")
+        await page.wait_for_selector("option:has-text('Ada bot (new, unsaved)')", state="attached")
         for i, type_name in enumerate(["identify_user", "recall", "agent", "remember"]):
-            await drag_from_palette(page, type_name, 330 + i * 240, 260 + (i % 2) * 150)
+            await drag_from_palette(page, type_name, 130 + i * 235, 160 + (i % 2) * 190)
             await page.wait_for_selector(node(type_name))
+        await page.click(".react-flow__controls-fitview")  # END, right of the canvas, comes into view
+        await page.wait_for_timeout(300)
         await connect(page, "START", "out", "identify_user", "trigger")
         await connect(page, "identify_user", "user", "recall", "user")
         await connect(page, "recall", "memory_prompt", "agent", "memory_prompt")
@@ -214,7 +216,7 @@ def test_a_node_type_registered_only_in_python_appears_in_the_palette(live_serve
         page = await log_in(browser, url, operator, PASSWORD)
         item = page.locator('.palette-item[data-type="shout_for_test"]')
         await item.wait_for()
-        assert "registered by a test" in await page.inner_text(".palette")
+        assert "registered by a test" in (await page.inner_text(".palette")).lower()
         await page.fill("input[aria-label='Search node types']", "upper-cases")
         assert await page.locator(".palette-item").count() == 1
         await drag_from_palette(page, "shout_for_test", 500, 300)
