@@ -16,6 +16,10 @@ import {
   type Viewport as FlowViewport,
 } from "@xyflow/react";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
+
+// The forms and their JSON-Schema validator (most of the JavaScript) load after the canvas is drawn.
+type FormsModule = typeof import("./ConfigForm");
+const loadForms = () => import("./ConfigForm");
 import {
   ApiError,
   StaleWorkflow,
@@ -30,7 +34,7 @@ import {
   saveWorkflow,
   validateDefinition,
 } from "./api";
-import { configErrors, defaultConfig, type Config } from "./ConfigForm";
+import type { Config } from "./ConfigForm";
 import {
   END,
   START,
@@ -228,8 +232,14 @@ function Builder() {
   }, [flow]);
 
   // ------------------------------------------------------------ validation
+  const [forms, setForms] = useState<FormsModule | null>(null);
+  useEffect(() => {
+    loadForms().then(setForms);
+  }, []);
   const localErrors = useMemo(() => {
     const errors: ValidationError[] = [];
+    if (!forms) return errors;
+    const { configErrors } = forms;
     for (const node of definition.nodes) {
       const spec = specs.get(node.type);
       if (!spec) continue;
@@ -238,7 +248,7 @@ function Builder() {
       }
     }
     return errors;
-  }, [definition, specs]);
+  }, [definition, specs, forms]);
 
   useEffect(() => {
     if (!types.length) return;
@@ -294,7 +304,8 @@ function Builder() {
 
   // ------------------------------------------------------------ editing
   const addNode = useCallback(
-    (spec: NodeTypeSpec, position?: { x: number; y: number }) => {
+    async (spec: NodeTypeSpec, position?: { x: number; y: number }) => {
+      const { defaultConfig } = await loadForms();
       const current = history.current.present;
       const id = freeNodeId(current, spec.name);
       const at = position ?? { x: 80 + current.nodes.length * 40, y: 80 + current.nodes.length * 40 };

@@ -13,7 +13,23 @@ export function defaultConfig(schema: Record<string, unknown>, current: Config =
 }
 
 /** The schema's own errors for a config, as "field: message" lines ("" is the config itself). */
+// Checked configs per schema: a large workflow repeats a few (type, config) pairs many times, and each
+// check compiles the schema again.
+const checked = new WeakMap<object, Map<string, { field: string; message: string }[]>>();
+
 export function configErrors(schema: Record<string, unknown>, config: Config): { field: string; message: string }[] {
+  let bySchema = checked.get(schema);
+  if (!bySchema) checked.set(schema, (bySchema = new Map()));
+  const key = JSON.stringify(config);
+  const known = bySchema.get(key);
+  if (known) return known;
+  const found = check(schema, config);
+  if (bySchema.size > 500) bySchema.clear();
+  bySchema.set(key, found);
+  return found;
+}
+
+function check(schema: Record<string, unknown>, config: Config): { field: string; message: string }[] {
   const { errors } = validator.validateFormData(config, schema as RJSFSchema);
   return errors.map((e) => ({
     field: (e.property ?? "").replace(/^\./, ""),

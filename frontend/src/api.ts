@@ -45,19 +45,42 @@ export function requestHeaders(method: string, extra: Record<string, string> = {
   return headers;
 }
 
+interface Preloaded {
+  url: string;
+  status: number;
+  etag: string | null;
+  text: string;
+}
+
+/** A GET the page's inline script started before this code loaded (each is used once). */
+function preloaded(url: string): Promise<Response> | null {
+  const store = (window as unknown as { __engramPreload?: Record<string, Promise<Preloaded>> }).__engramPreload;
+  const pending = store?.[url];
+  if (!pending) return null;
+  delete store![url];
+  return pending.then(
+    (p) => new Response(p.text || null, { status: p.status, headers: p.etag ? { ETag: p.etag } : {} }),
+    () => fetch(url, { credentials: "same-origin", headers: requestHeaders("GET") }),
+  );
+}
+
 export async function request<T>(
   method: string,
   path: string,
   body?: unknown,
   extraHeaders: Record<string, string> = {},
 ): Promise<{ data: T; response: Response }> {
-  const response = await fetch(path.startsWith("/") ? path : `${API}/${path}`, {
-    method,
-    credentials: "same-origin",
-    headers: requestHeaders(method, extraHeaders),
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.text();
+  const url = path.startsWith("/") ? path : `${API}/${path}`;
+  const response =
+    (method === "GET" && preloaded(url)) ||
+    (await fetch(url, {
+      method,
+      credentials: "same-origin",
+      headers: requestHeaders(method, extraHeaders),
+      body: body === undefined ? undefined : JSON.stringify(body),
+    }));
+  const resolved = await response;
+  const text = await resolved.text();
   let data: unknown = null;
   if (text) {
     try {
@@ -66,10 +89,10 @@ export async function request<T>(
       data = text;
     }
   }
-  if (!response.ok) {
-    throw new ApiError(response.status, data, `${method} ${path}: ${response.status} ${describeError(data)}`);
+  if (!resolved.ok) {
+    throw new ApiError(resolved.status, data, `${method} ${path}: ${resolved.status} ${describeError(data)}`);
   }
-  return { data: data as T, response };
+  return { data: data as T, response: resolved };
 }
 
 interface Page<T> {

@@ -1,9 +1,12 @@
 // The side panels: the selected node's inspector (config form and last run), the run panel, the
 // memory panel and the list of past runs; and the stale-save dialog.
-import { ConfigForm, type Config } from "./ConfigForm";
+import { Suspense, lazy } from "react";
+import type { Config } from "./ConfigForm";
 import { describeDifferences } from "./graph";
 import type { NodeRunState } from "./nodes";
 import type { Definition, DefinitionNode, MemoryView, NodeTypeSpec, ValidationError, Workflow, WorkflowRun } from "./types";
+
+const ConfigForm = lazy(() => import("./ConfigForm").then((m) => ({ default: m.ConfigForm })));
 
 function Json({ value }: { value: unknown }) {
   return <pre className="json">{value === undefined ? "—" : JSON.stringify(value, null, 2)}</pre>;
@@ -100,6 +103,7 @@ export function Inspector({ node, spec, errors, run, onConfig, onLabel, onDelete
         </p>
       ))}
       {spec ? (
+        <Suspense fallback={<p className="muted">Loading the form…</p>}>
         <ConfigForm
           key={node.id}
           schema={spec.config_schema}
@@ -108,6 +112,7 @@ export function Inspector({ node, spec, errors, run, onConfig, onLabel, onDelete
           serverErrors={fieldErrors}
           idPrefix={`cfg-${node.id}`}
         />
+        </Suspense>
       ) : null}
       {run ? (
         <div className="last-run" data-testid="node-run">
