@@ -75,10 +75,12 @@ async def measure(base, loads, nodes, runs):
                 await page.wait_for_selector(".palette-item")
                 load_ms.append(await page.evaluate("performance.now()"))
                 if os.environ.get("BENCH_BUILDER_TRACE"):
-                    print(await page.evaluate(
-                        "performance.getEntriesByType('resource').map(r => [r.name.slice(-40), Math.round(r.startTime), Math.round(r.duration)])"
-                        ".concat([['nav', 0, Math.round(performance.getEntriesByType('navigation')[0].responseEnd)]])"
-                    ))
+                    print(
+                        await page.evaluate(
+                            "performance.getEntriesByType('resource').map(r => [r.name.slice(-40), Math.round(r.startTime), Math.round(r.duration)])"
+                            ".concat([['nav', 0, Math.round(performance.getEntriesByType('navigation')[0].responseEnd)]])"
+                        )
+                    )
                 await context.close()
 
             context = await browser.new_context(viewport=VIEWPORT, storage_state=state)

@@ -24,6 +24,7 @@ import pytest
 pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parent.parent
+BUILDER_BUILD = "workflows/static/workflows/builder"
 
 # What the README tells a host project to add to its settings.py and urls.py.
 HOST_SETTINGS = """
@@ -96,6 +97,9 @@ def dist(tmp_path_factory):
         if (REPO / name).is_file():  # a deleted file may still be listed
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name)
+    # The builder's build is git-ignored (npm writes it) but shipped: a release builds it first.
+    if (REPO / BUILDER_BUILD).is_dir():
+        shutil.copytree(REPO / BUILDER_BUILD, source / BUILDER_BUILD)
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
@@ -130,6 +134,8 @@ def test_the_wheel_holds_the_apps_their_templates_and_static_files_and_no_config
     assert "workflows/templates/admin/workflows/thread_change_form.html" in data
     assert data <= set(names), sorted(data - set(names))
     assert "memory/migrations/0001_initial.py" in names and "workflows/management/commands/setup_demo.py" in names
+    if (REPO / BUILDER_BUILD).is_dir():  # built in this checkout: the wheel serves /builder/ without Node.js
+        assert f"{BUILDER_BUILD}/index.html" in names
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ def staff_client(client, django_user_model):
     return client
 
 
-def test_root_redirects_to_memories(client):
+def test_root_sends_visitors_to_the_login_then_the_builder(client, db):
     response = client.get("/")
     assert response.status_code == 302
-    assert response["Location"] == "/memories/"
+    assert response["Location"] == "/memories/login/?next=/builder/"
 
 
 def test_memories_needs_a_login(client):
