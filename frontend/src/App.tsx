@@ -17,9 +17,7 @@ import {
 } from "@xyflow/react";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 
-// The forms and their JSON-Schema validator (most of the JavaScript) load after the canvas is drawn.
-type FormsModule = typeof import("./ConfigForm");
-const loadForms = () => import("./ConfigForm");
+import { loadForms, useValidation } from "./validation";
 import {
   ApiError,
   StaleWorkflow,
@@ -32,18 +30,14 @@ import {
   listWorkflows,
   memoryView,
   saveWorkflow,
-  validateDefinition,
 } from "./api";
-import type { Config } from "./ConfigForm";
 import {
   END,
   START,
   comparable,
-  copySelection,
   emptyDefinition,
   freeNodeId,
   parseImport,
-  pasteInto,
   removeFromDefinition,
   terminalPositions,
   toFlowEdges,
@@ -53,38 +47,18 @@ import {
 import { History } from "./history";
 import { OverlayContext, nodeTypes, type Overlay } from "./nodes";
 import { DRAG_MIME, Palette } from "./Palette";
-import { Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
+import { slugify, errorText, download } from "./util";
+import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
 import { applyEvent, emptyRun, type RunView } from "./runState";
 import { streamRun } from "./sse";
+import { useShortcuts } from "./shortcuts";
 import { templates } from "./templates";
-import type { Definition, MemoryView, NodeTypeSpec, ValidationError, Workflow, WorkflowRun } from "./types";
+import { Topbar } from "./Topbar";
+import type { Definition, MemoryView, NodeTypeSpec, Workflow, WorkflowRun } from "./types";
 
-const VALIDATE_DEBOUNCE_MS = 350;
 
 interface Draft extends Workflow {
   draft?: boolean;
-}
-
-function slugify(name: string): string {
-  return name.toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 50) || "workflow";
-}
-
-function isEditable(target: EventTarget | null): boolean {
-  const el = target as HTMLElement | null;
-  return Boolean(el && (el.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName)));
-}
-
-function errorText(e: ValidationError): string {
-  return [e.node, e.edge !== null && e.edge !== undefined ? `edge ${e.edge}` : null, e.field].filter(Boolean).join(" ") + (e.node || e.field || e.edge != null ? ": " : "") + e.message;
-}
-
-function download(name: string, text: string) {
-  const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = name;
-  a.click();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
 function Builder() {
@@ -99,8 +73,6 @@ function Builder() {
   const terminals = useRef(terminalPositions(emptyDefinition()));
   const [flowNodes, setFlowNodes] = useState<Node[]>([]);
   const [selectedEdges, setSelectedEdges] = useState<Set<string>>(new Set());
-  const [serverErrors, setServerErrors] = useState<ValidationError[]>([]);
-  const [validationNote, setValidationNote] = useState<string | null>(null);
   const [toast, setToast] = useState<{ text: string; undo?: boolean; error?: boolean } | null>(null);
   const [stale, setStale] = useState<Workflow | null>(null);
   const [saving, setSaving] = useState(false);
@@ -111,7 +83,6 @@ function Builder() {
   const [memoryError, setMemoryError] = useState<string | null>(null);
   const [runForm, setRunForm] = useState<RunForm>({ message: "", channel: "telegram", external_id: "42", display_name: "", conversation_id: "" });
   const [loadError, setLoadError] = useState<string | null>(null);
-  const fileInput = useRef<HTMLInputElement>(null);
   const wrapper = useRef<HTMLDivElement>(null);
   const [fitPending, setFitPending] = useState(false);
   const measured = useNodesInitialized();
@@ -231,50 +202,7 @@ function Builder() {
     else requestAnimationFrame(() => flow.setViewport({ x: 0, y: 0, zoom: 1 }));
   }, [flow]);
 
-  // ------------------------------------------------------------ validation
-  const [forms, setForms] = useState<FormsModule | null>(null);
-  useEffect(() => {
-    loadForms().then(setForms);
-  }, []);
-  const localErrors = useMemo(() => {
-    const errors: ValidationError[] = [];
-    if (!forms) return errors;
-    const { configErrors } = forms;
-    for (const node of definition.nodes) {
-      const spec = specs.get(node.type);
-      if (!spec) continue;
-      for (const e of configErrors(spec.config_schema, (node.config ?? {}) as Config)) {
-        errors.push({ node: node.id, edge: null, field: e.field ? `config.${e.field}` : "config", message: e.message, local: true });
-      }
-    }
-    return errors;
-  }, [definition, specs, forms]);
-
-  useEffect(() => {
-    if (!types.length) return;
-    const controller = new AbortController();
-    const timer = setTimeout(async () => {
-      try {
-        const result = await validateDefinition(definition, controller.signal);
-        setServerErrors(result.errors);
-        setValidationNote(null);
-      } catch (error) {
-        if (controller.signal.aborted) return;
-        setServerErrors([]);
-        setValidationNote(`The server could not check this definition (${(error as Error).message}); config forms are still checked here.`);
-      }
-    }, VALIDATE_DEBOUNCE_MS);
-    return () => {
-      clearTimeout(timer);
-      controller.abort();
-    };
-  }, [definition, types]);
-
-  const errors = useMemo(() => {
-    // The server's errors, plus the schema's own for fields it has not (yet) named.
-    const seen = new Set(serverErrors.map((e) => `${e.node}|${e.field}`));
-    return [...serverErrors, ...localErrors.filter((e) => !seen.has(`${e.node}|${e.field}`))];
-  }, [serverErrors, localErrors]);
+  const { errors, validationNote } = useValidation(definition, specs, types.length > 0);
 
   const overlay: Overlay = useMemo(() => {
     const byNode: Record<string, string[]> = {};
@@ -485,59 +413,7 @@ function Builder() {
     }
   }, [workflow, running, dirty, save, runForm, refreshMemory]);
 
-  // ------------------------------------------------------------ keyboard and clipboard
-  useEffect(() => {
-    const onKey = (event: KeyboardEvent) => {
-      const mod = event.ctrlKey || event.metaKey;
-      if (!mod) return;
-      const key = event.key.toLowerCase();
-      if (key === "s") {
-        event.preventDefault();
-        save();
-      } else if (key === "enter") {
-        event.preventDefault();
-        if (!blocked) startRun();
-      } else if (isEditable(event.target)) {
-        return; // undo inside a text field is the field's own
-      } else if (key === "z" && !event.shiftKey) {
-        event.preventDefault();
-        undo();
-      } else if ((key === "z" && event.shiftKey) || key === "y") {
-        event.preventDefault();
-        redo();
-      }
-    };
-    const onCopy = (event: ClipboardEvent) => {
-      if (isEditable(event.target) || !selectedNodeIds.size) return;
-      event.clipboardData?.setData("text/plain", copySelection(history.current.present, selectedNodeIds));
-      event.preventDefault();
-      say(`Copied ${selectedNodeIds.size} node${selectedNodeIds.size > 1 ? "s" : ""} as JSON.`);
-      if (event.type === "cut") deleteElements(new Set(selectedNodeIds), new Set());
-    };
-    const onPaste = (event: ClipboardEvent) => {
-      if (isEditable(event.target)) return;
-      const text = event.clipboardData?.getData("text/plain") ?? "";
-      const pasted = pasteInto(history.current.present, text);
-      if (!pasted) {
-        if (text.trim()) say("The clipboard holds no nodes copied as JSON.", { error: true });
-        return;
-      }
-      event.preventDefault();
-      commit(pasted.definition);
-      const ids = new Set(pasted.ids);
-      setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: ids.has(n.id) })));
-    };
-    window.addEventListener("keydown", onKey);
-    document.addEventListener("copy", onCopy);
-    document.addEventListener("cut", onCopy);
-    document.addEventListener("paste", onPaste);
-    return () => {
-      window.removeEventListener("keydown", onKey);
-      document.removeEventListener("copy", onCopy);
-      document.removeEventListener("cut", onCopy);
-      document.removeEventListener("paste", onPaste);
-    };
-  }, [save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say]);
+  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: ids.has(n.id) }))) });
 
   // ------------------------------------------------------------ import / export / templates
   const onImport = async (file: File) => {
@@ -568,61 +444,22 @@ function Builder() {
 
   return (
     <div className="app">
-      <header className="topbar">
-        <strong className="brand">Engram builder</strong>
-        <select
-          aria-label="Workflow"
-          value={workflow && !workflow.draft ? workflow.slug : ""}
-          onChange={(e) => {
-            if (dirty && !window.confirm("Discard unsaved changes?")) return;
-            if (e.target.value) loadWorkflow(e.target.value);
-          }}
-        >
-          {workflow?.draft ? <option value="">{workflow.name} (new, unsaved)</option> : null}
-          {workflows.map((w) => (
-            <option key={w.slug} value={w.slug}>
-              {w.name || w.slug}
-            </option>
-          ))}
-        </select>
-        <button
-          onClick={() => {
-            if (dirty && !window.confirm("Discard unsaved changes?")) return;
-            const name = window.prompt("Name of the new workflow", "My workflow");
-            if (name) newWorkflow(name);
-          }}
-        >
-          New
-        </button>
-        <select aria-label="Start from a template" value="" onChange={(e) => e.target.value && (!dirty || window.confirm("Discard unsaved changes?")) && onTemplate(e.target.value)}>
-          <option value="">Templates…</option>
-          {templates.map((t) => (
-            <option key={t.id} value={t.id} title={t.description}>
-              {t.name}
-            </option>
-          ))}
-        </select>
-        <span className="sep" />
-        <button onClick={undo} disabled={!history.current.canUndo} title="Undo (Ctrl+Z)">
-          Undo
-        </button>
-        <button onClick={redo} disabled={!history.current.canRedo} title="Redo (Ctrl+Shift+Z)">
-          Redo
-        </button>
-        <button onClick={() => fileInput.current?.click()}>Import</button>
-        <input ref={fileInput} type="file" accept="application/json,.json" hidden aria-label="Import file" onChange={(e) => e.target.files?.[0] && onImport(e.target.files[0])} />
-        <button onClick={onExport}>Export</button>
-        <span className="sep" />
-        <span className={`save-state ${dirty ? "dirty" : "clean"}`} data-testid="save-state">
-          {workflow?.draft ? "new, not saved" : dirty ? "unsaved changes" : `saved · v${workflow?.version ?? "?"}`}
-        </span>
-        <button className="primary" onClick={() => save()} disabled={!dirty || saving} title="Save (Ctrl+S)">
-          {saving ? "Saving…" : "Save"}
-        </button>
-        <a className="admin-link" href="/memories/">
-          Memories admin
-        </a>
-      </header>
+      <Topbar
+        workflow={workflow}
+        workflows={workflows}
+        dirty={dirty}
+        saving={saving}
+        canUndo={history.current.canUndo}
+        canRedo={history.current.canRedo}
+        onOpen={loadWorkflow}
+        onNew={(name) => newWorkflow(name)}
+        onTemplate={onTemplate}
+        onUndo={undo}
+        onRedo={redo}
+        onImport={onImport}
+        onExport={onExport}
+        onSave={() => save()}
+      />
       <div className="main">
         <Palette types={types} onAdd={(spec) => addNode(spec)} />
         <div className="canvas" ref={wrapper} onDragOver={(e) => { e.preventDefault(); e.dataTransfer.dropEffect = "copy"; }} onDrop={onDrop}>
@@ -680,27 +517,15 @@ function Builder() {
               onDelete={() => deleteElements(new Set([selectedNode.id]), new Set())}
             />
           ) : selectedEdgeIndex !== undefined ? (
-            <section className="inspector" aria-label="Edge">
-              <h2>
-                Edge {definition.edges[selectedEdgeIndex].source} → {definition.edges[selectedEdgeIndex].target}
-              </h2>
-              <label className="label-field">
-                Only when this state key is truthy (empty: always)
-                <input
-                  value={definition.edges[selectedEdgeIndex].when ?? ""}
-                  onChange={(e) => {
-                    const current = history.current.present;
-                    const edges = current.edges.map((edge, i) => (i === selectedEdgeIndex ? (e.target.value ? { ...edge, when: e.target.value } : { source: edge.source, target: edge.target }) : edge));
-                    commit({ ...current, edges });
-                  }}
-                />
-              </label>
-              {errors.filter((e) => e.edge === selectedEdgeIndex).map((e, i) => (
-                <p key={i} className="error">
-                  {e.message}
-                </p>
-              ))}
-            </section>
+            <EdgeInspector
+              edge={definition.edges[selectedEdgeIndex]}
+              errors={errors.filter((e) => e.edge === selectedEdgeIndex)}
+              onWhen={(when) => {
+                const current = history.current.present;
+                const edges = current.edges.map((edge, i) => (i === selectedEdgeIndex ? (when ? { ...edge, when } : { source: edge.source, target: edge.target }) : edge));
+                commit({ ...current, edges });
+              }}
+            />
           ) : (
             <p className="muted hint">Drag node types from the palette, connect an output to an input, click a node to configure it. Ctrl+Z / Ctrl+Shift+Z undo and redo, Ctrl+C / Ctrl+V copy and paste nodes as JSON, Del deletes, Ctrl+S saves, Ctrl+Enter runs.</p>
           )}

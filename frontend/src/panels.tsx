@@ -4,7 +4,7 @@ import { Suspense, lazy } from "react";
 import type { Config } from "./ConfigForm";
 import { describeDifferences } from "./graph";
 import type { NodeRunState } from "./nodes";
-import type { Definition, DefinitionNode, MemoryView, NodeTypeSpec, ValidationError, Workflow, WorkflowRun } from "./types";
+import type { Definition, DefinitionEdge, DefinitionNode, MemoryView, NodeTypeSpec, ValidationError, Workflow, WorkflowRun } from "./types";
 
 const ConfigForm = lazy(() => import("./ConfigForm").then((m) => ({ default: m.ConfigForm })));
 
@@ -132,6 +132,25 @@ export function Inspector({ node, spec, errors, run, onConfig, onLabel, onDelete
           </details>
         </div>
       ) : null}
+    </section>
+  );
+}
+
+export function EdgeInspector({ edge, errors, onWhen }: { edge: DefinitionEdge; errors: ValidationError[]; onWhen: (when: string) => void }) {
+  return (
+    <section className="inspector" aria-label="Edge">
+      <h2>
+        Edge {edge.source} → {edge.target}
+      </h2>
+      <label className="label-field">
+        Only when this state key is truthy (empty: always)
+        <input value={edge.when ?? ""} onChange={(e) => onWhen(e.target.value)} />
+      </label>
+      {errors.map((e, i) => (
+        <p key={i} className="error">
+          {e.message}
+        </p>
+      ))}
     </section>
   );
 }
