@@ -25,6 +25,7 @@ fi
 if [ -n "${ENGRAM_ADMIN_PASSWORD:-}" ]; then
   .venv/bin/python manage.py ensure_admin --username "${ENGRAM_ADMIN_USER:-admin}"
 fi
+scripts/build_frontend.sh  # the builder at /builder/ (npm ci && npm run build, skipped when up to date)
 .venv/bin/python manage.py collectstatic --no-input -v 0
 # A production server (gunicorn: processes x threads); ENGRAM_SERVER=asgi serves the ASGI app with uvicorn.
 if [ "${ENGRAM_SERVER:-wsgi}" = "asgi" ]; then

@@ -61,6 +61,11 @@ echo "== style and import layers (ruff check, ruff format --check, lint-imports)
 "$lint_venv/bin/ruff" format --check .
 "$lint_venv/bin/lint-imports"
 
+# The builder: installed from the lockfile, built (the browser tests open the build), its unit tests.
+echo "== builder (frontend/): npm ci, npm run build, vitest"
+scripts/build_frontend.sh --force
+(cd frontend && npm test --silent)
+
 if [ "$recall" != "hybrid" ]; then
   suite .venv-keyword "keyword-only recall" "$@"
 fi

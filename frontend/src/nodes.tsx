@@ -1,0 +1,82 @@
+// The canvas's node components: a step (any registered type, ports from its inputs and outputs) and
+// the definition's START and END.
+import { Handle, Position, type NodeProps } from "@xyflow/react";
+import { createContext, useContext } from "react";
+import { END, GENERIC_IN, GENERIC_OUT, inputHandles, outputHandles, type StepData } from "./graph";
+import type { NodeMemory } from "./types";
+
+export interface NodeRunState {
+  status: "running" | "done" | "error";
+  input?: unknown;
+  output?: unknown;
+  durationMs?: number;
+  memory?: NodeMemory;
+  error?: string;
+}
+
+/** What the canvas shows over the definition: the last run's state and the server's errors per node. */
+export interface Overlay {
+  runs: Record<string, NodeRunState>;
+  errors: Record<string, string[]>;
+}
+
+export const OverlayContext = createContext<Overlay>({ runs: {}, errors: {} });
+
+export function StepNode({ id, data, selected }: NodeProps) {
+  const { node, spec } = data as StepData;
+  const overlay = useContext(OverlayContext);
+  const run = overlay.runs[id];
+  const errors = overlay.errors[id] ?? [];
+  const inputs = inputHandles(spec);
+  const outputs = outputHandles(spec);
+  const rows = Math.max(inputs.length, outputs.length);
+  const classes = ["step", selected ? "selected" : "", run ? `run-${run.status}` : "", errors.length ? "invalid" : "", spec ? "" : "unknown"];
+  return (
+    <div className={classes.filter(Boolean).join(" ")} data-node-id={id} data-status={run?.status ?? ""} title={errors.join("\n") || spec?.description}>
+      <div className="step-head">
+        <span className="step-label">{node.label || node.id}</span>
+        <span className="step-type">{node.type}</span>
+      </div>
+      {spec ? null : <div className="step-error">unknown node type</div>}
+      <div className="ports" style={{ height: rows * 18 }}>
+        {inputs.map((port, i) => (
+          <div key={`in-${port}`} className="port port-in" style={{ top: i * 18 }}>
+            <Handle type="target" position={Position.Left} id={port} style={{ top: 9 }} />
+            <span>{port === GENERIC_IN ? "" : port}</span>
+          </div>
+        ))}
+        {outputs.map((port, i) => (
+          <div key={`out-${port}`} className="port port-out" style={{ top: i * 18 }}>
+            <span>{port === GENERIC_OUT ? "" : port}</span>
+            <Handle type="source" position={Position.Right} id={port} style={{ top: 9 }} />
+          </div>
+        ))}
+      </div>
+      {errors.length ? (
+        <div className="step-error" role="alert">
+          {errors[0]}
+          {errors.length > 1 ? ` (+${errors.length - 1})` : ""}
+        </div>
+      ) : null}
+      {run ? (
+        <div className="step-run">
+          {run.status}
+          {run.durationMs !== undefined ? ` · ${Math.round(run.durationMs)} ms` : ""}
+        </div>
+      ) : null}
+    </div>
+  );
+}
+
+export function TerminalNode({ data }: NodeProps) {
+  const kind = (data as { kind: string }).kind;
+  return (
+    <div className={`terminal terminal-${kind.toLowerCase()}`} data-node-id={kind}>
+      {kind === END ? <Handle type="target" position={Position.Left} id={GENERIC_IN} /> : null}
+      {kind}
+      {kind === END ? null : <Handle type="source" position={Position.Right} id={GENERIC_OUT} />}
+    </div>
+  );
+}
+
+export const nodeTypes = { step: StepNode, terminal: TerminalNode };
