@@ -17,7 +17,7 @@ class MemoryConfig(AppConfig):
         )
         from .backends import sqlite  # noqa: F401  (registers SQL functions the SQLite index needs)
         from .backends.wal import prepare_connection
-        from .embeddings import log_mode
+        from .embedding.embedder import log_mode
 
         connection_created.connect(prepare_connection, dispatch_uid="memory_sqlite_connections")
 

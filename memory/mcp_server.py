@@ -29,11 +29,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from .asynchronous import off_the_loop
 from .conf import memory_settings
+from .domain.validation import check_int, check_user_id, clean_text
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
 from .models import FactType, Scope
 from .service import MemoryService
-from .validation import check_int, check_user_id, clean_text
 
 # Most hits one recall call may ask for.
 MAX_RECALL_LIMIT = 50

@@ -224,7 +224,7 @@ class FactVersion(models.Model):
     """A superseded state of a fact: what it said from `valid_from` until its next version, and who
     or what wrote it; or, with action `deleted`, the fact's end.
 
-    Written by the service in the change's own transaction, before the change (memory/history.py):
+    Written by the service in the change's own transaction, before the change (memory/domain/history.py):
     a fact's current state is its own row (Fact.change_*), so a create writes no version (as in
     SQL:2011 system-versioned tables). Read every version, the current ones included, through
     FactHistory. `fact_id` is a plain number, not a foreign key: a deleted fact keeps its history.
@@ -426,7 +426,7 @@ class RecallDocument(models.Model):
         indexes = [
             models.Index(fields=["owner", "vector_seq"], name="recall_doc_owner_seq"),
             models.Index(fields=["shadow_key", "kind", "owner"], name="recall_doc_shadow"),
-            # The embedding worker's backlog (memory/indexer.py), counted by every /healthz: small.
+            # The embedding worker's backlog (memory/recall/indexer.py), counted by every /healthz: small.
             models.Index(fields=["kind", "item_id"], condition=PENDING_VECTOR, name="recall_doc_pending"),
         ]
 
@@ -523,7 +523,7 @@ class DeletionRecord(models.Model):
 
 
 class Tombstone(models.Model):
-    """What is kept of a forgotten person: ids and keyed hashes, never a name (memory/tombstones.py).
+    """What is kept of a forgotten person: ids and keyed hashes, never a name (memory/operations/tombstones.py).
 
     One row per memory user id (`digest` of the id) and one per channel identity they had (`digest`
     of channel and external id), so an import of an export from before the forget can recognise them.
@@ -546,7 +546,7 @@ class StoreItem(models.Model):
 
     The namespace decides the owner: ("users", "<memory user id>", ...) belongs to that memory user
     (deleted with them), ("agents", "<agent id>", ...) to that agent, any other namespace to everyone
-    (global). Read and write them through MemoryService (memory/store_items.py).
+    (global). Read and write them through MemoryService (memory/domain/store_items.py).
     """
 
     # The namespace's labels joined by "." (LangGraph refuses labels holding a period).

@@ -3,38 +3,38 @@
 A facade: each concern lives in its own module, and MemoryService is all of them at once, so
 callers (nodes, tools, the admin, the REST API, commands) need one object and one import.
 
-    memory/facts.py       facts: get, set (confirm / update / skip), edit, search, list
-    memory/episodes.py    episodes: start, append, complete, record, recent
-    memory/users.py       memory users: identities, identify, merges, context
-    memory/procedures.py  procedures: save, match a goal, score by use
-    memory/recall_service.py  recall (hybrid keyword + vector) and its index upkeep
-    memory/operators.py   lists for operators, batch deletes, forget a person, list_memories
-    memory/lifecycle.py   consolidation, limits, export / import, clearing, health, counts
-    memory/store_items.py  items of LangGraph stores (workflows.store.EngramStore)
+    memory/domain/facts.py       facts: get, set (confirm / update / skip), edit, search, list
+    memory/domain/episodes.py    episodes: start, append, complete, record, recent
+    memory/domain/users.py       memory users: identities, identify, merges, context
+    memory/domain/procedures.py  procedures: save, match a goal, score by use
+    memory/recall/service.py  recall (hybrid keyword + vector) and its index upkeep
+    memory/operations/operators.py   lists for operators, batch deletes, forget a person, list_memories
+    memory/operations/lifecycle.py   consolidation, limits, export / import, clearing, health, counts
+    memory/domain/store_items.py  items of LangGraph stores (workflows.store.EngramStore)
     memory/asynchronous.py  aget_fact, aset_fact, arecall, aidentify, ...: the same, awaitable
 
-Shared argument checks are in memory/validation.py, owner keys in memory/owners.py.
+Shared argument checks are in memory/domain/validation.py, owner keys in memory/domain/owners.py.
 """
 
 from .asynchronous import AsyncMixin
 from .backends import get_backend
-from .episodes import EpisodesMixin
-from .facts import (
+from .domain.episodes import EpisodesMixin
+from .domain.facts import (
     MAX_FACT_SEARCH_WORDS,
     MAX_SEARCH_LENGTH,
     FactsMixin,
     FactWrite,
     WriteAction,
 )
-from .lifecycle import LifecycleMixin
-from .operators import BatchDelete, OperatorsMixin
-from .procedures import ProceduresMixin
-from .recall_service import RecallMixin
-from .store_items import StoreItemsMixin
-from .transfer import NaturalKey, TransferKind
-from .transfer import register_kind as register_transfer_kind
-from .users import Identified, UserContext, UsersMixin
-from .validation import MAX_ID, Viewer, check_id_list
+from .domain.procedures import ProceduresMixin
+from .domain.store_items import StoreItemsMixin
+from .domain.users import Identified, UserContext, UsersMixin
+from .domain.validation import MAX_ID, Viewer, check_id_list
+from .operations.lifecycle import LifecycleMixin
+from .operations.operators import BatchDelete, OperatorsMixin
+from .operations.transfer import NaturalKey, TransferKind
+from .operations.transfer import register_kind as register_transfer_kind
+from .recall.service import RecallMixin
 
 __all__ = [
     "MAX_FACT_SEARCH_WORDS",

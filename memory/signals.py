@@ -35,9 +35,10 @@ person_exporting = Signal()
 prune_requested = Signal()
 
 # ---- buffered statistics (access counts, recall events and reference counts) and graph edges.
-from . import access, recall_events, relations  # noqa: E402, F401  (their buffers join BUFFERS)
 from .buffers import flush_all  # noqa: E402
-from .indexer import indexer  # noqa: E402
+from .domain import access  # noqa: E402, F401  (their buffers join BUFFERS)
+from .recall import events, relations  # noqa: E402, F401
+from .recall.indexer import indexer  # noqa: E402
 
 
 @receiver(request_finished, dispatch_uid="memory_flush_buffers")

@@ -11,7 +11,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
 
-from memory.embeddings import get_embedder
+from memory.embedding.embedder import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Scope, StoreItem
 from workflows.store import EngramStore

@@ -35,9 +35,9 @@ from langchain_core.messages import AIMessage, HumanMessage, convert_to_messages
 from langchain_core.runnables import RunnableLambda
 
 from memory.asynchronous import off_the_loop
+from memory.domain.validation import check_user_id, clean_text
 from memory.exceptions import InvalidMemoryArgument, PersonForgotten
 from memory.service import MemoryService
-from memory.validation import check_user_id, clean_text
 
 from . import threads, turns
 from .chat_models import get_chat_model

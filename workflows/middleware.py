@@ -37,9 +37,9 @@ from langgraph.config import get_config
 from langgraph.types import Command
 
 from memory.asynchronous import off_the_loop
+from memory.domain.validation import check_user_id, clean_text, storable
 from memory.exceptions import MemoryServiceError
 from memory.service import MemoryService
-from memory.validation import check_user_id, clean_text, storable
 
 from .agent import _actions, since_last_human, with_memory
 from .memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt

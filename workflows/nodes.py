@@ -12,10 +12,10 @@ from datetime import datetime
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from memory.domain.validation import storable
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
 from memory.service import MemoryService
-from memory.validation import storable
 
 from . import threads
 from .agent import build_agent_node

@@ -8,9 +8,9 @@ from django.contrib.admin import helpers
 from django.db import transaction
 from django.template.response import TemplateResponse
 
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import Episode, Fact, Procedure, StoreItem
-from .service import MemoryService
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..models import Episode, Fact, Procedure, StoreItem
+from ..service import MemoryService
 
 CONFIRM_SAMPLE = 20
 

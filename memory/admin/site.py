@@ -1,9 +1,9 @@
-"""The /memories/ admin site and what its tabs share (memory/admin.py registers the tabs): staff browse and delete what agents remember, one tab per kind of memory.
+"""The /memories/ admin site and what its tabs share (memory/admin/tabs.py registers the tabs): staff browse and delete what agents remember, one tab per kind of memory.
 
 The index is five tabs (Facts, Episodes, Checkpoints, Procedures, Users), each the change list of its
 ModelAdmin. A tab remembers its own page, filters and search in the session, so switching tabs never
 loses another tab's place. Reads come from `MemoryService` querysets; deletes and merges go through
-`MemoryService` (see memory/actions.py). Other apps add tabs with `memories_site.register(...)` and a
+`MemoryService` (see memory/admin/actions.py). Other apps add tabs with `memories_site.register(...)` and a
 ModelAdmin that mixes in `MemoriesTab` (the conversation checkpoints tab lives in workflows/admin.py),
 and add sections to a memory user's page with `memories_site.register_user_section(...)`.
 """
@@ -19,12 +19,13 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
-from . import actions, validation
-from .actions import confirmation_label
-from .exceptions import InvalidMemoryArgument
-from .models import (
+from ..domain import validation
+from ..exceptions import InvalidMemoryArgument
+from ..models import (
     Fact,
 )
+from . import actions
+from .actions import confirmation_label
 
 TAB_STATE_SESSION_KEY = "memories_tabs"
 
@@ -55,7 +56,7 @@ class MemoriesAdminSite(admin.AdminSite):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._user_sections = []
-        # Bulk deletes go through MemoryService (memory/actions.py), never Django's per-object collector.
+        # Bulk deletes go through MemoryService (memory/admin/actions.py), never Django's per-object collector.
         self.disable_action("delete_selected")
 
     def register_user_section(self, title, render):

@@ -1,4 +1,4 @@
-"""The tabs of the /memories/ admin site (memory/admin_site.py): facts, episodes, procedures, users, deletions."""
+"""The tabs of the /memories/ admin site (memory/admin/site.py): facts, episodes, procedures, users, deletions."""
 
 import json
 
@@ -11,9 +11,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure, Promotion, StoreItem
+from ..service import MemoryService
 from . import actions
 from .actions import owner_label
-from .admin_site import (
+from .site import (
     FactForm,
     MemoriesTab,
     badge,
@@ -22,9 +25,6 @@ from .admin_site import (
     percent,
     truncate,
 )
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser, Procedure, Promotion, StoreItem
-from .service import MemoryService
 
 __all__ = ["MemoriesTab", "memories_site"]
 
@@ -486,7 +486,7 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
 
 @admin.register(Promotion, site=memories_site)
 class PromotionAdmin(MemoriesTab, admin.ModelAdmin):
-    """The promotion ledger (memory/promotion.py): what recall made durable, once each. Read only;
+    """The promotion ledger (memory/operations/promotion.py): what recall made durable, once each. Read only;
     a person's rows go with the person."""
 
     tab_label, tab_position = "Promotions", 85

@@ -14,7 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
 
-from .. import validation
+from ..domain import validation
 from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Episode,

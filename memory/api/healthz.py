@@ -9,9 +9,9 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from . import health
-from .indexer import indexer
-from .service import MemoryService
+from ..operations import health
+from ..recall.indexer import indexer
+from ..service import MemoryService
 
 logger = logging.getLogger("engram.memory")
 

@@ -4,13 +4,13 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .api.filters import check_query_parameters
-from .api.policy import StaffAPI
-from .embeddings import EmbeddingModelChanged
-from .exceptions import InvalidMemoryArgument
-from .recall import MODES
-from .recall_service import MAX_QUERY_LENGTH, MAX_RECALL_LIMIT
-from .service import MAX_ID, MemoryService
+from ..embedding.embedder import EmbeddingModelChanged
+from ..exceptions import InvalidMemoryArgument
+from ..recall.ranking import MODES
+from ..recall.service import MAX_QUERY_LENGTH, MAX_RECALL_LIMIT
+from ..service import MAX_ID, MemoryService
+from .filters import check_query_parameters
+from .policy import StaffAPI
 
 
 class RecallQuerySerializer(serializers.Serializer):

@@ -9,11 +9,11 @@ from functools import cache, lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from ..domain.owners import GLOBAL, fact_owner_key, owner_key
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
-from ..owners import GLOBAL, fact_owner_key, owner_key
-from .recall import RecallSQL
+from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
-from .store import StoreSQL
+from .store_rows import StoreSQL
 from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
@@ -297,7 +297,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
 
         `supersede`: first keep the state this write replaces as a history version (fact history,
-        memory/history.py), copied from the row in the database.
+        memory/domain/history.py), copied from the row in the database.
         """
         sql, params = fact_update_sql(changes)
         with connection.cursor() as cursor:

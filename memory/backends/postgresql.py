@@ -26,8 +26,8 @@ from .base import (
     indexable_words,
     selective_word,
 )
-from .recall import DOC_TABLE
-from .store import postgresql_equality_is_exact, postgresql_field_equals
+from .recall_index import DOC_TABLE
+from .store_rows import postgresql_equality_is_exact, postgresql_field_equals
 
 # The state a write replaces, kept as a version by the write's own statement (a CTE sees the row
 # as it was before the statement): one round trip, not two.

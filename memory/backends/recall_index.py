@@ -79,7 +79,7 @@ class RecallSQL:
         asking, length)}: asking is, for an episode, the share of its sentences that are questions (its
         "?" among its ".", "!" and "?", an unended last sentence counting as one more), 1 for a bare
         question, 0 for a text that only states; 0 for facts and procedures. What is asked is weak
-        evidence of what is so (memory/recall.py, step 4). length: an episode document's, in
+        evidence of what is so (memory/recall/ranking.py, step 4). length: an episode document's, in
         characters (0 for facts and procedures).
         """
         if not doc_ids:

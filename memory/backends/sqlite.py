@@ -27,8 +27,8 @@ from .base import (
     owners_sql,
     selective_word,
 )
-from .recall import DOC_TABLE
-from .store import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
+from .recall_index import DOC_TABLE
+from .store_rows import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
 
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
 _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches

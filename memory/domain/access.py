@@ -9,10 +9,10 @@ from collections import Counter
 
 from django.utils import timezone
 
-from .backends.rows import bump_counters
-from .buffers import WriteBuffer
-from .conf import memory_settings
-from .models import Fact
+from ..backends.rows import bump_counters
+from ..buffers import WriteBuffer
+from ..conf import memory_settings
+from ..models import Fact
 
 
 class _Counts(Counter):

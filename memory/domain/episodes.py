@@ -5,10 +5,10 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from . import pruning
-from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import Episode, RecallKind
+from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..models import Episode, RecallKind
+from ..operations import pruning
 from .validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
 
 # duration_ms is a positive integer column (at most 2**31 - 1 on PostgreSQL, about 24.8 days): a run

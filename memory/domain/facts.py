@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import history, pruning, relations
+from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
+from ..operations import pruning
+from ..recall import relations
+from ..text import fact_search_text, search_tokens
+from . import history
 from .access import access_counter
-from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
-from .models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
 from .owners import fact_owner_key, user_scope_key
-from .text import fact_search_text, search_tokens
 from .validation import (
     check_as_of,
     check_choice,
@@ -116,7 +118,7 @@ class FactsMixin:
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.UPDATED and history.enabled():
-                    # The graph's `contradicts` edge, once this write has committed (memory/relations.py).
+                    # The graph's `contradicts` edge, once this write has committed (memory/recall/relations.py).
                     fact_id = write.fact.pk
                     transaction.on_commit(lambda: relations.contradictions.note(fact_id))
                 if write.action == WriteAction.CREATED:

@@ -18,11 +18,11 @@ by the same statement as its write on PostgreSQL (a CTE), by the statement befor
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from .backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_terms, version_copy_sql
-from .backends.rows import fetch_models, select_columns
-from .conf import memory_settings
-from .models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
-from .text import fact_search_text
+from ..backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_terms, version_copy_sql
+from ..backends.rows import fetch_models, select_columns
+from ..conf import memory_settings
+from ..models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
+from ..text import fact_search_text
 from .validation import chunks
 
 _VALID_FROM = FactHistory._meta.get_field("valid_from")

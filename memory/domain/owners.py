@@ -10,7 +10,7 @@ database's copies of the same rule, tested against this one.
 from django.db.models import CharField, Subquery, Value
 from django.db.models.functions import Cast, Coalesce, Concat
 
-from .models import MemoryUser, Scope
+from ..models import MemoryUser, Scope
 
 GLOBAL = "global"
 

@@ -11,7 +11,7 @@ row and writes nothing for that person.
 
 from django.db import connection
 
-from .models import MemoryUser
+from ..models import MemoryUser
 from .validation import chunks
 
 

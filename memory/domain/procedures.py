@@ -5,10 +5,10 @@ from django.db.models import F, FloatField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from . import pruning
-from .exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..models import Procedure, ProcedureSource, ProcedureType, RecallKind
+from ..operations import pruning
 from .facts import MAX_SEARCH_LENGTH
-from .models import Procedure, ProcedureSource, ProcedureType, RecallKind
 from .validation import (
     check_choice,
     check_json,

@@ -16,13 +16,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import pruning, transfer
-from .backends.store import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
-from .exceptions import InvalidMemoryArgument
-from .indexer import STORE, indexer
-from .models import DeletionKind, MemoryUser, Scope, StoreItem
-from .operators import BatchDelete, existing_ids, write_deletion_record
-from .text import keyword_terms
+from ..backends.store_rows import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
+from ..exceptions import InvalidMemoryArgument
+from ..models import DeletionKind, MemoryUser, Scope, StoreItem
+from ..operations import pruning, transfer
+from ..operations.operators import BatchDelete, existing_ids, write_deletion_record
+from ..recall.indexer import STORE, indexer
+from ..text import keyword_terms
 from .validation import check_id_list, check_json, chunks, clean_text
 
 SEPARATOR = "."

@@ -10,13 +10,13 @@ from django.db.models import Count, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
+from ..models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
+from ..signals import users_merged
 from . import history
-from .conf import memory_settings
-from .exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from .facts import same_json
-from .models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
 from .owners import owner_key, survivor_id
-from .signals import users_merged
 from .validation import check_channel, check_external_id, check_user_id, clean_text
 
 # Attempts of a merge that keeps meeting concurrent merges of the same users before it gives up.

@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from .exceptions import InvalidMemoryArgument
-from .models import MemoryUser
+from ..exceptions import InvalidMemoryArgument
+from ..models import MemoryUser
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_JSON_DEPTH = 64

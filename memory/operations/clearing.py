@@ -11,8 +11,8 @@ delete of chosen facts keeps a `deleted` version of each.
 
 from django.db import transaction
 
-from .exceptions import InvalidMemoryArgument
-from .models import Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
+from ..exceptions import InvalidMemoryArgument
+from ..models import Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 
 FACTS, EPISODES, PROCEDURES, USERS = "facts", "episodes", "procedures", "users"
 KINDS = (FACTS, EPISODES, PROCEDURES, USERS)

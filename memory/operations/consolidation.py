@@ -30,10 +30,10 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .conf import memory_settings
-from .exceptions import ConsolidationFailed, MemoryServiceError
-from .models import FactType, Scope
-from .text import attribute_fact_type, value_text
+from ..conf import memory_settings
+from ..exceptions import ConsolidationFailed, MemoryServiceError
+from ..models import FactType, Scope
+from ..text import attribute_fact_type, value_text
 
 logger = logging.getLogger("engram.memory.consolidation")
 
@@ -65,7 +65,7 @@ class ConsolidationReport:
     actions: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     run_id: int | None = None
-    promotion: Any = None  # the promotion sweep that followed (memory.promotion.PromotionReport), if any
+    promotion: Any = None  # the promotion sweep that followed (memory.operations.promotion.PromotionReport), if any
 
     @property
     def ok(self):

@@ -3,8 +3,8 @@
 `MemoryService.delete_users(cascade=True)` deletes a person's rows; this module deletes everything
 else that names them, in the same transaction: their recall events, admin log entries, the keyword
 indexes' pending deltas and merged segments, operators' recall queries and admin sessions that name
-them (memory/erasure_scan.py says what "names" means), and buffered recall events and access counts.
-It also keeps a tombstone (memory/tombstones.py) so an old export cannot bring them back unasked.
+them (memory/operations/erasure_scan.py says what "names" means), and buffered recall events and access counts.
+It also keeps a tombstone (memory/operations/tombstones.py) so an old export cannot bring them back unasked.
 
 After the commit (`scrub_after_commit`, its result an `ErasureOutcome` on the BatchDelete):
 
@@ -22,7 +22,7 @@ Apps that keep per-person data elsewhere delete it through the `users_deleting` 
 rest with `register_participant(name, tables=..., scrub=..., scan=...)`: the tables to re-analyze, a
 scrub to run after the commit (returns the problems it could not fix) and a scan for verify-erasure.
 
-`memory verify-erasure` runs `find_traces` (memory/erasure_scan.py).
+`memory verify-erasure` runs `find_traces` (memory/operations/erasure_scan.py).
 """
 
 import logging
@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
 
-from .conf import memory_settings
-from .erasure_scan import file_traces, find_traces, sessions_naming, trace_scanners  # noqa: F401  (public here)
-from .models import (
+from ..conf import memory_settings
+from ..domain.owners import owner_key
+from ..domain.validation import chunks
+from ..models import (
     ChannelIdentity,
     Episode,
     Fact,
@@ -46,8 +47,7 @@ from .models import (
     Scope,
     StoreItem,
 )
-from .owners import owner_key
-from .validation import chunks
+from .erasure_scan import file_traces, find_traces, sessions_naming, trace_scanners  # noqa: F401  (public here)
 
 logger = logging.getLogger("engram.memory")
 
@@ -152,7 +152,7 @@ def erase_operator_traces(needles):
     from django.db.models import Q
     from django.utils.module_loading import import_string
 
-    from .recall_events import recall_log
+    from ..recall.events import recall_log
 
     if not needles:
         return 0, 0
@@ -180,7 +180,7 @@ def erase_related(user_ids, fact_ids, episode_ids):
     from django.contrib.admin.models import LogEntry
     from django.contrib.contenttypes.models import ContentType
 
-    from .recall_events import recall_log
+    from ..recall.events import recall_log
 
     recall_log.forget(user_ids, {RecallKind.FACT: fact_ids, RecallKind.EPISODE: episode_ids})
     removed = 0
@@ -219,8 +219,8 @@ def purge_indexes(backend, user_ids):
 
 def drop_buffered(user_ids, fact_ids, episode_ids, needles=()):
     """This process's buffered recall events and access counts naming the person go unwritten."""
-    from .access import access_counter
-    from .recall_events import recall_log
+    from ..domain.access import access_counter
+    from ..recall.events import recall_log
 
     recall_log.forget(user_ids, {RecallKind.FACT: fact_ids, RecallKind.EPISODE: episode_ids})
     if needles:
@@ -364,7 +364,7 @@ def export_person(user, out):
     from django.core.serializers.json import DjangoJSONEncoder
     from django.forms.models import model_to_dict
 
-    from .signals import person_exporting
+    from ..signals import person_exporting
 
     merged = list(MemoryUser.objects.filter(merged_into=user).order_by("pk"))
     user_ids = [user.pk, *(u.pk for u in merged)]

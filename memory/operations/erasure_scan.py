@@ -10,7 +10,7 @@
   copies from the rows and which stay until the next ANALYZE of that table;
 - `django_session`, decoded: the admin keeps each tab's search and filters there (URL-encoded);
 - SQLite: the raw bytes of the database file, its `-wal`, `-shm` and `-journal`, read by a child process
-  (memory/filebytes.py), needles in UTF-8 and JSON-escaped.
+  (memory/operations/filebytes.py), needles in UTF-8 and JSON-escaped.
 
 Apps add their own places with `trace_scanners.append(scan)`, `scan(needles, user_ids) -> [(where, what)]`
 (workflows: checkpoint threads of the user ids, and the SQLite checkpoint file's bytes).
@@ -22,9 +22,9 @@ from urllib.parse import unquote_plus
 
 from django.db import connection
 
+from ..domain.owners import owner_key
+from ..models import Scope
 from .filebytes import count_in_files
-from .models import Scope
-from .owners import owner_key
 
 # Other apps' scanners: callables (needles, user_ids) -> [(where, what)] of traces they keep.
 trace_scanners = []
@@ -209,7 +209,7 @@ def sqlite_files(path):
 def file_traces(path, needles):
     """Traces of the needles (case-insensitive, as written and JSON-escaped) in a SQLite file, its WAL,
     shared-memory index and rollback journal, read as raw bytes (by a child process: see
-    memory/filebytes.py for why this one must not open the files itself)."""
+    memory/operations/filebytes.py for why this one must not open the files itself)."""
     files = sqlite_files(path)
     forms = list(dict.fromkeys(form for n in needles for form in needle_forms(n)))
     counts = count_in_files(files, forms)

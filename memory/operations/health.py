@@ -11,7 +11,7 @@ recall keeps embeddings, these are their memory-only readings):
 | coverage     | 25%    | what share of finished episodes has been consolidated into facts?        |
 | coherence    | 20%    | how consistent are the facts? mean of 1 - contradicted / (confirmed + contradicted + 1) |
 | efficiency   | 15%    | what share of facts old enough to have been recalled has been recalled?  |
-| reachability | 15%    | what share of facts the memory graph reaches: with an edge (memory/relations.py) or a source episode? |
+| reachability | 15%    | what share of facts the memory graph reaches: with an edge (memory/recall/relations.py) or a source episode? |
 
 A metric with nothing to measure (no facts, no finished episodes) is None and left out; the score is
 the weighted mean of the others. Bands: red < 50, yellow 50-75, green >= 75; "unknown" when
@@ -32,10 +32,10 @@ from django.db.models import Avg, Count, F, FloatField, Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from .conf import memory_settings
-from .embeddings import configured_mode
-from .models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
-from .relations import contradictions
+from ..conf import memory_settings
+from ..embedding.embedder import configured_mode
+from ..models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
+from ..recall.relations import contradictions
 
 WEIGHTS = {"freshness": 25, "coverage": 25, "coherence": 20, "efficiency": 15, "reachability": 15}
 GREEN, YELLOW, RED, UNKNOWN = "green", "yellow", "red", "unknown"

@@ -3,15 +3,15 @@
 from django.db import transaction
 from django.utils import timezone
 
+from ..conf import memory_settings
+from ..domain.facts import FactWrite, WriteAction
+from ..domain.validation import check_choice, check_limit, check_user_id, clean_text
+from ..exceptions import InvalidMemoryArgument
+from ..models import ConsolidationRun, Episode, Scope
+from ..recall.relations import link_supports
 from . import clearing, health, pruning, transfer
-from .conf import memory_settings
 from .consolidation import consolidate_after_run, run_consolidation
-from .exceptions import InvalidMemoryArgument
-from .facts import FactWrite, WriteAction
-from .models import ConsolidationRun, Episode, Scope
 from .promotion import run_promotion
-from .relations import link_supports
-from .validation import check_choice, check_limit, check_user_id, clean_text
 
 
 class LifecycleMixin:
@@ -29,7 +29,7 @@ class LifecycleMixin:
         return report
 
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
-        """Promote memories recall keeps returning into durable facts, each once; see memory.promotion."""
+        """Promote memories recall keeps returning into durable facts, each once; see memory.operations.promotion."""
         return run_promotion(
             self, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
         )
@@ -114,7 +114,7 @@ class LifecycleMixin:
     def prune(self, *, agent_id=None, dry_run=False):
         """Bring memory within MEMORY["LIMITS"] (every agent, or one), let other apps prune, reclaim space.
 
-        Returns a PruneReport; see memory.pruning for what goes first.
+        Returns a PruneReport; see memory.operations.pruning for what goes first.
         """
         if agent_id is not None:
             agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
@@ -123,7 +123,7 @@ class LifecycleMixin:
     def export_memories(self, out, *, on_progress=None):
         """Write every memory row as JSON Lines to the text stream `out`; returns {kind: rows}.
 
-        See memory.transfer for the format. `on_progress(kind, done, total)` is called as rows go out.
+        See memory.operations.transfer for the format. `on_progress(kind, done, total)` is called as rows go out.
         """
 
         self.flush_access_counts()  # the export carries the counts recalls have noted so far
@@ -142,7 +142,7 @@ class LifecycleMixin:
     def clear_memories(self, kinds=None, *, scope=None, agent_id=None, user_id=None, actor="command"):
         """Delete memory by kind (facts, episodes, procedures, users), scope, agent or user, atomically.
 
-        Returns {kind: rows deleted}. See memory.clearing for what each filter selects.
+        Returns {kind: rows deleted}. See memory.operations.clearing for what each filter selects.
         """
 
         if scope is not None:
@@ -157,7 +157,7 @@ class LifecycleMixin:
         return clearing.clear(self, kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
 
     def memory_health(self, *, agent_id=None, fresh=True):
-        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.health.
+        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.operations.health.
 
         `fresh=False` may return a result up to HEALTH["CACHE_SECONDS"] old.
         """

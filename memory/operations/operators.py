@@ -10,9 +10,10 @@ from django.db import transaction
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from . import erasure, history, persons, tombstones
-from .exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
-from .models import (
+from ..domain import history, persons
+from ..domain.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
+from ..exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
+from ..models import (
     ChannelIdentity,
     DeletionKind,
     DeletionRecord,
@@ -30,8 +31,8 @@ from .models import (
     Scope,
     StoreItem,
 )
-from .signals import users_deleting, users_footprint
-from .validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
+from ..signals import users_deleting, users_footprint
+from . import erasure, tombstones
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class BatchDelete:
     deleted: int
     not_found: list[int]
     cascaded: dict[str, int] = field(default_factory=dict)
-    # Forgetting people: what the scrub after the commit did (memory.erasure.ErasureOutcome), else None.
+    # Forgetting people: what the scrub after the commit did (memory.operations.erasure.ErasureOutcome), else None.
     erasure: object = None
 
 
@@ -84,15 +85,15 @@ class OperatorsMixin:
         return Procedure.objects.all()
 
     def fact_version_list(self):
-        """Every fact version (fact history, memory/history.py), of facts present and deleted, current ones included."""
+        """Every fact version (fact history, memory/domain/history.py), of facts present and deleted, current ones included."""
         return FactHistory.objects.all()
 
     def promotion_list(self):
-        """The promotion ledger (memory/promotion.py)."""
+        """The promotion ledger (memory/operations/promotion.py)."""
         return Promotion.objects.all()
 
     def relation_list(self):
-        """Every edge of the memory graph (memory/relations.py), with the documents it joins."""
+        """Every edge of the memory graph (memory/recall/relations.py), with the documents it joins."""
         return MemoryRelation.objects.select_related("source", "target")
 
     def memory_user_list(self):
@@ -121,12 +122,12 @@ class OperatorsMixin:
         episodes, channel identities, the users merged into them, their recall events and admin log
         entries, the keyword indexes' copies of their words, and (through the `users_deleting`
         signal) their conversation threads and checkpoints; after the commit the database files let
-        go of them too (memory/erasure.py). Without it, a user who still holds memories raises
+        go of them too (memory/operations/erasure.py). Without it, a user who still holds memories raises
         MemoryInUse naming the `cascade` field, and nothing is deleted. Either way an audit record
         (DeletionRecord: who, when, how many, which ids; never whose name) is written.
         `BatchDelete.cascaded` counts everything that went, threads and checkpoints included;
-        `BatchDelete.erasure` says what the scrub after the commit did (memory.erasure.ErasureOutcome).
-        With `tombstone` (the default) their ids are kept as a tombstone (memory/tombstones.py), so an
+        `BatchDelete.erasure` says what the scrub after the commit did (memory.operations.erasure.ErasureOutcome).
+        With `tombstone` (the default) their ids are kept as a tombstone (memory/operations/tombstones.py), so an
         import of an older export does not bring them back unasked; `memory clear` of every user does not.
         """
         if not isinstance(cascade, bool):
@@ -177,7 +178,7 @@ class OperatorsMixin:
 
     def hold_person(self, user_id):
         """Inside the caller's transaction: hold this person against a concurrent forget until it ends
-        (memory/persons.py). Raises PersonForgotten if they were forgotten: write nothing for them."""
+        (memory/domain/persons.py). Raises PersonForgotten if they were forgotten: write nothing for them."""
         user_id = check_user_id("user_id", user_id, required=True)
         if user_id not in persons.hold_people([user_id]):
             raise PersonForgotten(user_id)

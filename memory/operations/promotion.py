@@ -2,7 +2,7 @@
 
     report = MemoryService().promote()   # `python manage.py memory promote`; also after each consolidation
 
-A sweep reads the recall events (one per hit a recall returned, memory/recall_events.py):
+A sweep reads the recall events (one per hit a recall returned, memory/recall/events.py):
 - a session fact recalled at least PROMOTION["MIN_RECALLS"] times for one memory user becomes that
   user's fact (same key, value, type and confidence; provenance "promotion"), so what was useful in
   one conversation outlives it. The session fact stays as it is.
@@ -24,13 +24,13 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from .conf import memory_settings
+from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument, MemoryServiceError
+from ..models import Episode, Fact, Promotion, RecallEvent, RecallKind, Scope
 from .consolidation import fact_owner, get_extractor
-from .exceptions import InvalidMemoryArgument, MemoryServiceError
-from .models import Episode, Fact, Promotion, RecallEvent, RecallKind, Scope
 from .pruning import expired_recall_events, recall_event_cutoff
 
-logger = logging.getLogger("engram.memory.promotion")
+logger = logging.getLogger("engram.memory.operations.promotion")
 
 PROVENANCE = "promotion"
 

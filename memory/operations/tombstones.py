@@ -11,8 +11,8 @@ SECRET_KEY_FALLBACKS too, so a rotated key still recognises them while the old k
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
-from .models import ChannelIdentity, MemoryUser, Tombstone
-from .validation import chunks
+from ..domain.validation import chunks
+from ..models import ChannelIdentity, MemoryUser, Tombstone
 
 _SALT = "engram.memory.tombstone"
 

@@ -60,9 +60,10 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import history, tombstones, validation
-from .exceptions import ImportRejected, InvalidMemoryArgument
-from .models import (
+from ..domain import history, validation
+from ..domain.owners import owner_key
+from ..exceptions import ImportRejected, InvalidMemoryArgument
+from ..models import (
     ChannelIdentity,
     Episode,
     Fact,
@@ -77,9 +78,9 @@ from .models import (
     Relation,
     Scope,
 )
-from .owners import owner_key
-from .relations import contradictions
-from .text import fact_search_text
+from ..recall.relations import contradictions
+from ..text import fact_search_text
+from . import tombstones
 
 FORMAT, VERSION = "engram-memory", 1
 _BATCH = 2000
@@ -555,7 +556,7 @@ def _clean_row(data, lineno, plans, errors):
 def validate(stream, *, on_progress=None, fingerprint=None, allow_forgotten=False):
     """Pass 1: check every line; returns {kind: ids already in the database}. Raises ImportRejected.
 
-    Rows of a forgotten person (memory/tombstones.py) are refused unless `allow_forgotten`."""
+    Rows of a forgotten person (memory/operations/tombstones.py) are refused unless `allow_forgotten`."""
     header = _read_header(stream, fingerprint)
     plans = _plans()
     errors = []
@@ -709,7 +710,7 @@ def import_(stream, *, dry_run=False, on_progress=None, allow_forgotten=False):
             if on_progress:
                 on_progress(inserter.kind.name, added[inserter.kind.name])
 
-    from .backends import get_backend
+    from ..backends import get_backend
 
     backend = get_backend()
     new_facts = []

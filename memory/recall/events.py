@@ -9,11 +9,11 @@ count. Hits still in the buffer when a process is killed are lost; they are stat
 import logging
 from collections import Counter
 
-from .backends.rows import bump_counters
-from .buffers import WriteBuffer
-from .conf import memory_settings
-from .models import RecallDocument, RecallEvent
-from .persons import hold_people
+from ..backends.rows import bump_counters
+from ..buffers import WriteBuffer
+from ..conf import memory_settings
+from ..domain.persons import hold_people
+from ..models import RecallDocument, RecallEvent
 
 logger = logging.getLogger("engram.memory")
 

@@ -7,18 +7,18 @@ vector in one short transaction, only where the document still has that text and
 write changed it meanwhile: its own turn embeds the new text). Writers never wait for the model, and
 concurrent writers share its calls.
 
-The bundled model computes in a child process at the lowest CPU priority (memory/model_process.py),
+The bundled model computes in a child process at the lowest CPU priority (memory/embedding/model_process.py),
 which uses the CPU the requests leave; a batch still unanswered when its oldest write is due
 (MEMORY["EMBED_DUE_MS"] after that commit) goes to a second child at the requests' priority. The
 worker itself runs at the requests' priority: one that ran below them (nice +10, as it once did)
 fell behind for good on a busy machine, and vector recall missed writes for minutes.
 
-The `similar` edges of what it embedded (memory/relations.py) wait until no more writes wait for it
+The `similar` edges of what it embedded (memory/recall/relations.py) wait until no more writes wait for it
 (at most LINK_AFTER_SECONDS): a link loads each document's owner into this process's vector index,
 and between the batches of a burst of writes those loads held up the writers of the process. Edges a
 killed process had not written yet are hints lost, not memories: `memory reindex` rebuilds them.
 
-EngramStore's items (memory/store_items.py) go through the same worker under the kind STORE: their
+EngramStore's items (memory/domain/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
 
 "Pending" is a state the database answers (`embedding IS NULL`, text not blank), so nothing is lost
@@ -41,18 +41,18 @@ import time
 from django.db import connection, transaction
 from django.db.models import Q
 
-from .backends.rows import held_rows
-from .conf import memory_settings
-from .embeddings import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
-from .model_process import vectors_due
-from .models import PENDING_VECTOR, RecallDocument, StoreItem
+from ..backends.rows import held_rows
+from ..conf import memory_settings
+from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
+from ..embedding.model_process import vectors_due
+from ..models import PENDING_VECTOR, RecallDocument, StoreItem
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
 
 MAX_PAUSE_SECONDS = 60.0
 # The `similar` edges of what the worker embedded wait until no more writes wait for it, at most this
-# long and this many documents (memory/relations.py; Indexer._link_when_quiet).
+# long and this many documents (memory/recall/relations.py; Indexer._link_when_quiet).
 LINK_AFTER_SECONDS = 5.0
 LINK_MAX_WAITING = 4096
 STORE = "store"  # the queue's kind of EngramStore items (their own table); other kinds are recall documents
@@ -65,7 +65,7 @@ def embed_documents(docs, model=RecallDocument, *, link=True):
     Never call inside a transaction: the model call happens here, the writes in one short transaction.
     `link`: also link recall documents to their closest ones now (the worker links later, in bulk).
     """
-    from .recall import model_guard
+    from .ranking import model_guard
 
     embedder = get_embedder()
     if embedder is None or not docs:

@@ -62,7 +62,7 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
 6. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
    shadowing) before it can rank, so a stale vector can never return a hidden or deleted item.
 7. Walk (RECALL_WALK_DEPTH hops, 0 by default): documents joined to the hits by the memory graph
-   (memory/relations.py) join them, once checked like every candidate, each scored WALK_SHARE (1/2)
+   (memory/recall/relations.py) join them, once checked like every candidate, each scored WALK_SHARE (1/2)
    x the edge's weight x the score of the hit it was reached from: a hop is weaker evidence than a
    match, and a neighbour never outranks the hit that led to it. Such hits carry `via`.
 
@@ -79,11 +79,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from .backends.rows import models_by_id
-from .conf import memory_settings, on_memory_settings_changed
-from .embeddings import EmbeddingModelChanged, get_embedder
-from .exceptions import InvalidMemoryArgument
-from .models import (
+from ..backends.rows import models_by_id
+from ..conf import memory_settings, on_memory_settings_changed
+from ..embedding.embedder import EmbeddingModelChanged, get_embedder
+from ..exceptions import InvalidMemoryArgument
+from ..models import (
     EmbeddingModelRecord,
     Episode,
     Fact,
@@ -521,7 +521,7 @@ def viewer_owners(backend, viewer):
 
 
 def _owner_sql():
-    from .backends.base import USER_OWNER_SQL, owner_terms
+    from ..backends.base import USER_OWNER_SQL, owner_terms
 
     return owner_terms, USER_OWNER_SQL
 

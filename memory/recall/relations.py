@@ -1,21 +1,21 @@
 """The memory graph (seed 001's memory_relations): edges between recall documents, off the write path.
 
 - `similar`: once the embedding worker has stored vectors (after the writes committed, in its own
-  short transaction) and no more writes wait for it (memory/indexer.py: a burst is linked after it,
+  short transaction) and no more writes wait for it (memory/recall/indexer.py: a burst is linked after it,
   within seconds), it links each document to its RELATIONS["SIMILAR_TOP"] closest documents of the
   same owner whose cosine is at least RELATIONS["SIMILAR_MIN_COSINE"]; the weight is the cosine.
   Same owner only, so an edge never joins two people's memories.
 - `supports`: consolidation links each fact it wrote to the episode it was distilled from (weight 1),
   in the consolidation's own transaction.
 - `contradicts`: a write that replaced a fact's value links the fact to the version of the value it
-  replaced (fact history, memory/history.py), after the write has committed (nothing is added to the
+  replaced (fact history, memory/domain/history.py), after the write has committed (nothing is added to the
   write's transaction), in batches (ContradictionLog). Without history there is nothing to link.
 
 Recall may walk MEMORY["RECALL_WALK_DEPTH"] hops (0, the default: none) from its hits along edges in
 either direction; a document reached that way is shown only if the viewer may see it (the same check
 as every candidate) and is marked with the hit it came from. Deleting a memory deletes its edges
 (a trigger on the documents, migration 0015). The health metric "reachability" is the share of facts
-with at least one edge (memory/health.py).
+with at least one edge (memory/operations/health.py).
 """
 
 import logging
@@ -25,13 +25,13 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .backends.base import VERSION_TABLE
-from .backends.rows import fetch_in_chunks, held_rows
-from .buffers import WriteBuffer
-from .conf import memory_settings
-from .embeddings import from_blobs
-from .models import FACT_HISTORY_VIEW, FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
-from .validation import chunks
+from ..backends.base import VERSION_TABLE
+from ..backends.rows import fetch_in_chunks, held_rows
+from ..buffers import WriteBuffer
+from ..conf import memory_settings
+from ..domain.validation import chunks
+from ..embedding.embedder import from_blobs
+from ..models import FACT_HISTORY_VIEW, FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
 
 logger = logging.getLogger("engram.memory")
 

@@ -5,23 +5,23 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from .access import access_counter
-from .conf import memory_settings
-from .embeddings import (
+from ..conf import memory_settings
+from ..domain.access import access_counter
+from ..domain.validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
+from ..embedding.embedder import (
     EmbeddingModelChanged,
     configured_mode,
     get_embedder,
     reset_embedder,
     to_blob,
 )
-from .exceptions import InvalidMemoryArgument, MemoryServiceError
+from ..exceptions import InvalidMemoryArgument, MemoryServiceError
+from ..models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
+from ..text import keyword_terms
+from .events import recall_log
 from .indexer import indexer, pending_count
-from .models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
-from .recall import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
-from .recall_events import recall_log
+from .ranking import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
 from .relations import link_contradictions, relations_of, relink_similar
-from .text import keyword_terms
-from .validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from .vectors import reset_vector_index
 
 logger = logging.getLogger("engram.memory")
@@ -58,7 +58,7 @@ def _check_types(types):
 
 
 class RecallMixin:
-    """Recall and its index upkeep; part of MemoryService (see memory/recall.py for the ranking)."""
+    """Recall and its index upkeep; part of MemoryService (see memory/recall/ranking.py for the ranking)."""
 
     def recall(
         self,
@@ -93,7 +93,7 @@ class RecallMixin:
         vector_score) with `mode` (the mode used) and `embed_ms` (how long the recall waited for the
         query's embedding, which runs alongside its database work).
         Records one RecallEvent per hit and bumps the hits' reference counts, buffered (see
-        memory/recall_events.py): a recall never commits. Raises InvalidMemoryArgument for bad
+        memory/recall/events.py): a recall never commits. Raises InvalidMemoryArgument for bad
         arguments and EmbeddingModelChanged when stored vectors are from another model.
         """
         # Free text (a whole message): any number of words, but clean and at most MAX_QUERY_LENGTH.
@@ -167,7 +167,7 @@ class RecallMixin:
         return list(items[:limit])
 
     def memory_relations(self, kind, item_id):
-        """The memory graph's edges of one fact, episode or procedure (memory/relations.py):
+        """The memory graph's edges of one fact, episode or procedure (memory/recall/relations.py):
         [(direction "to"/"from", relation, weight, other kind, other id)], strongest first."""
         kind = check_choice("kind", kind, RecallKind)
         return relations_of(kind, check_int("item_id", item_id, minimum=1))
@@ -187,7 +187,7 @@ class RecallMixin:
     # ---- upkeep
 
     def _embed_for_recall(self, kind, item_ids):
-        """Have these items' recall documents embedded once the write commits (memory/indexer.py).
+        """Have these items' recall documents embedded once the write commits (memory/recall/indexer.py).
 
         The triggers have already written the document and cleared a stale vector; no model is
         called here, inside the write's transaction (unless MEMORY["EMBED_ON_WRITE"] is "inline").

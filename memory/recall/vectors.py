@@ -30,9 +30,9 @@ import threading
 
 import numpy as np
 
-from .backends.rows import fetch_in_chunks
-from .conf import memory_settings, on_memory_settings_changed
-from .embeddings import from_blobs
+from ..backends.rows import fetch_in_chunks
+from ..conf import memory_settings, on_memory_settings_changed
+from ..embedding.embedder import from_blobs
 
 _DOC_TABLE = "memory_recall_doc"
 _FETCH = 10_000
@@ -87,7 +87,7 @@ class OwnerMatrix:
         self.ids, self.vectors, self.signs = ids, vectors, signs
 
     def rows(self, doc_id):
-        """The rows of a document: one per piece of its text (memory.embeddings.split_pieces)."""
+        """The rows of a document: one per piece of its text (memory.embedding.embedder.split_pieces)."""
         rows = self.row_of.get(doc_id, ())
         return (rows,) if isinstance(rows, int) else rows
 
@@ -325,7 +325,7 @@ class VectorIndex:
 
 def _counters(owner):
     """The owner's (generation, removed) as the database has them now; (0, 0) for an owner without a row."""
-    from .models import RecallScope
+    from ..models import RecallScope
 
     return RecallScope.objects.filter(owner=owner).values_list("generation", "removed").first() or (0, 0)
 

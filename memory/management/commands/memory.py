@@ -507,8 +507,8 @@ class ReindexSubcommand(Subcommand):
         parser.add_argument("--batch-size", type=int, default=256, help="documents per transaction (default 256)")
 
     def handle(self, command, options):
-        from memory.embeddings import EmbeddingModelChanged
-        from memory.recall_service import NoEmbedder
+        from memory.embedding.embedder import EmbeddingModelChanged
+        from memory.recall.service import NoEmbedder
 
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
@@ -555,7 +555,7 @@ class VerifyErasureSubcommand(Subcommand):
         )
 
     def handle(self, command, options):
-        from memory.erasure import find_traces
+        from memory.operations.erasure import find_traces
 
         needles = [*options["identifiers"], *options["texts"]]
         for ident in options["identifiers"]:  # a canonical id also names its external id
