@@ -50,7 +50,7 @@ def scratch_django(database_url=None, mode=None):
         finally:
             from django.db import connections
 
-            from memory.domain.access import access_counter
+            from memory.recall.access import access_counter
             from memory.recall.events import recall_log
             from memory.recall.indexer import indexer
             from memory.recall.relations import contradictions

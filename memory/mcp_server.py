@@ -29,10 +29,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from .asynchronous import off_the_loop
 from .conf import memory_settings
-from .domain.validation import check_int, check_user_id, clean_text
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
 from .models import FactType, Scope
+from .rules.validation import check_int, check_user_id, clean_text
 from .service import MemoryService
 
 # Most hits one recall call may ask for.

@@ -18,6 +18,7 @@ Shared argument checks are in memory/domain/validation.py, owner keys in memory/
 
 from .asynchronous import AsyncMixin
 from .backends import get_backend
+from .domain.deletions import BatchDelete
 from .domain.episodes import EpisodesMixin
 from .domain.facts import (
     MAX_FACT_SEARCH_WORDS,
@@ -29,12 +30,12 @@ from .domain.facts import (
 from .domain.procedures import ProceduresMixin
 from .domain.store_items import StoreItemsMixin
 from .domain.users import Identified, UserContext, UsersMixin
-from .domain.validation import MAX_ID, Viewer, check_id_list
 from .operations.lifecycle import LifecycleMixin
-from .operations.operators import BatchDelete, OperatorsMixin
-from .operations.transfer import NaturalKey, TransferKind
-from .operations.transfer import register_kind as register_transfer_kind
+from .operations.operators import OperatorsMixin
+from .operations.transfer_kinds import NaturalKey, TransferKind
+from .operations.transfer_kinds import register_kind as register_transfer_kind
 from .recall.service import RecallMixin
+from .rules.validation import MAX_ID, Viewer, check_id_list
 
 __all__ = [
     "MAX_FACT_SEARCH_WORDS",

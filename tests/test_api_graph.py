@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from memory.models import Fact, FactHistory, FactVersion, MemoryRelation, Promotion, Scope
 from memory.operations.consolidation import BaseExtractor, ExtractedFact
-from memory.signals import flush_buffers
+from memory.recall.upkeep import flush_buffers
 
 pytestmark = pytest.mark.django_db
 

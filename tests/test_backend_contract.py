@@ -14,8 +14,8 @@ from memory.backends.base import USER_OWNER_SQL, owner_terms
 from memory.backends.interface import StorageBackend
 from memory.backends.postgresql import PostgreSQLBackend
 from memory.backends.sqlite import SQLiteBackend
-from memory.domain.validation import Viewer
 from memory.models import Episode, Fact, Scope
+from memory.rules.validation import Viewer
 
 INTERFACE = [name for name, _ in inspect.getmembers(StorageBackend, inspect.isfunction) if not name.startswith("_")]
 

@@ -11,8 +11,8 @@ from langchain_core.embeddings import Embeddings
 from memory.models import Fact, MemoryRelation, RecallDocument
 from memory.operations.consolidation import BaseExtractor, ExtractedFact
 from memory.recall.relations import contradictions, link_contradictions
+from memory.recall.upkeep import flush_buffers
 from memory.recall.vectors import reset_vector_index
-from memory.signals import flush_buffers
 
 SIZE = 256
 

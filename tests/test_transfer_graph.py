@@ -10,7 +10,7 @@ from test_relations import words  # noqa: F401  (the fixture: a bag-of-words emb
 from memory.exceptions import ImportRejected
 from memory.models import Fact, FactVersion, MemoryRelation, MemoryUser, Promotion, Scope
 from memory.operations.consolidation import BaseExtractor, ExtractedFact
-from memory.signals import flush_buffers
+from memory.recall.upkeep import flush_buffers
 
 pytestmark = pytest.mark.django_db
 

@@ -35,8 +35,8 @@ from langchain_core.messages import AIMessage, HumanMessage, convert_to_messages
 from langchain_core.runnables import RunnableLambda
 
 from memory.asynchronous import off_the_loop
-from memory.domain.validation import check_user_id, clean_text
 from memory.exceptions import InvalidMemoryArgument, PersonForgotten
+from memory.rules.validation import check_user_id, clean_text
 from memory.service import MemoryService
 
 from . import threads, turns

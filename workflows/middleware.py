@@ -37,8 +37,8 @@ from langgraph.config import get_config
 from langgraph.types import Command
 
 from memory.asynchronous import off_the_loop
-from memory.domain.validation import check_user_id, clean_text, storable
 from memory.exceptions import MemoryServiceError
+from memory.rules.validation import check_user_id, clean_text, storable
 from memory.service import MemoryService
 
 from .agent import _actions, since_last_human, with_memory

@@ -12,9 +12,9 @@ from datetime import datetime
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from memory.domain.validation import storable
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
+from memory.rules.validation import storable
 from memory.service import MemoryService
 
 from . import threads

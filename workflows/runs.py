@@ -17,8 +17,8 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from memory.admin.site import memories_site
-from memory.domain.validation import storable
 from memory.models import ChannelIdentity, MemoryUser
+from memory.rules.validation import storable
 from memory.service import BatchDelete
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 

@@ -13,8 +13,8 @@ one-to-one conversations are "direct".
 
 from dataclasses import dataclass
 
-from memory.domain.validation import INT64_MAX, INT64_MIN, check_json
 from memory.exceptions import InvalidMemoryArgument
+from memory.rules.validation import INT64_MAX, INT64_MIN, check_json
 
 from .exceptions import InvalidTrigger
 

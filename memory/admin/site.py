@@ -19,11 +19,11 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
-from ..domain import validation
 from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Fact,
 )
+from ..rules import validation
 from . import actions
 from .actions import confirmation_label
 

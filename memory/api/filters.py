@@ -14,7 +14,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
 
-from ..domain import validation
 from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Episode,
@@ -32,6 +31,7 @@ from ..models import (
     Scope,
     StoreItem,
 )
+from ..rules import validation
 from ..service import MAX_ID
 from ..text import search_tokens
 

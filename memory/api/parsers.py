@@ -3,8 +3,8 @@
 from rest_framework import exceptions, parsers, status
 
 from ..conf import memory_settings
-from ..domain import validation
 from ..exceptions import InvalidMemoryArgument
+from ..rules import validation
 
 
 class RequestBodyTooLarge(exceptions.APIException):

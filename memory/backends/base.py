@@ -9,8 +9,8 @@ from functools import cache, lru_cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from ..domain.owners import GLOBAL, fact_owner_key, owner_key
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
+from ..rules.owners import GLOBAL, fact_owner_key, owner_key
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
 from .store_rows import StoreSQL

@@ -8,8 +8,8 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Episode, RecallKind
-from ..operations import pruning
-from .validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
+from ..rules.validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
+from . import limits
 
 # duration_ms is a positive integer column (at most 2**31 - 1 on PostgreSQL, about 24.8 days): a run
 # recorded long after it started (a conversation imported with its own dates) keeps that ceiling
@@ -40,7 +40,7 @@ class EpisodesMixin:
                 trigger_type=clean_text("trigger_type", trigger_type, required=False, max_length=50),
                 trigger_input=check_json("trigger_input", {} if trigger_input is None else trigger_input),
             )
-            pruning.enforce_after_create(pruning.EPISODES, episode)
+            limits.enforce_after_create(limits.EPISODES, episode)
         return episode
 
     def _append_to_episode(self, episode_id, field_name, item):

@@ -12,13 +12,10 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
-from ..operations import pruning
 from ..recall import relations
-from ..text import fact_search_text, search_tokens
-from . import history
-from .access import access_counter
-from .owners import fact_owner_key, user_scope_key
-from .validation import (
+from ..recall.access import access_counter
+from ..rules.owners import fact_owner_key, user_scope_key
+from ..rules.validation import (
     check_as_of,
     check_choice,
     check_json,
@@ -29,6 +26,8 @@ from .validation import (
     clean_text,
     make_viewer,
 )
+from ..text import fact_search_text, search_tokens
+from . import history, limits
 
 # The longest text a fact search or a procedure match takes (a whole message is fine; a book is not).
 MAX_SEARCH_LENGTH = 4000
@@ -113,8 +112,8 @@ class FactsMixin:
                     self.backend.hold_user(fact.user_id)
                 write = self._upsert_fact(fact, overwrite)  # and its history version
                 if write.action == WriteAction.CREATED:
-                    pruning.refuse_past_user_cap(write.fact)  # raises: nothing of this write stays
-                pruning.enforce_versions(write.fact)
+                    limits.refuse_past_user_cap(write.fact)  # raises: nothing of this write stays
+                limits.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
                     self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.UPDATED and history.enabled():
@@ -122,7 +121,7 @@ class FactsMixin:
                     fact_id = write.fact.pk
                     transaction.on_commit(lambda: relations.contradictions.note(fact_id))
                 if write.action == WriteAction.CREATED:
-                    pruning.enforce_after_create(pruning.FACTS, write.fact)
+                    limits.enforce_after_create(limits.FACTS, write.fact)
                 return write
         except IntegrityError as exc:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
@@ -260,9 +259,9 @@ class FactsMixin:
             fact.save(
                 update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at", *changed]
             )
-            limit = pruning.limit_for(pruning.VERSIONS, fact.agent_id)
+            limit = limits.limit_for(limits.VERSIONS, fact.agent_id)
             if limit is not None:  # edits bump no counter, so enforce_versions could not tell
-                pruning.trim_versions(fact.pk, limit)
+                limits.trim_versions(fact.pk, limit)
             self._embed_for_recall(RecallKind.FACT, [fact.pk])
             if history.enabled():
                 transaction.on_commit(lambda: relations.contradictions.note(fact.pk))

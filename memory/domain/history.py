@@ -22,8 +22,8 @@ from ..backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_ter
 from ..backends.rows import fetch_models, select_columns
 from ..conf import memory_settings
 from ..models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
+from ..rules.validation import chunks
 from ..text import fact_search_text
-from .validation import chunks
 
 _VALID_FROM = FactHistory._meta.get_field("valid_from")
 

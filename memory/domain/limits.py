@@ -35,12 +35,12 @@ from django.db.models.functions import Cast, Coalesce, Floor
 from django.utils import timezone
 
 from ..conf import memory_settings
-from ..domain.access import access_counter
-from ..domain.history import record_deleted
-from ..domain.owners import fact_owner_key, owner_key
 from ..exceptions import LimitReached
 from ..models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
+from ..recall.access import access_counter
+from ..rules.owners import fact_owner_key, owner_key
 from ..signals import prune_requested
+from .history import record_deleted
 
 FACTS, EPISODES, PROCEDURES, VERSIONS = "facts", "episodes", "procedures", "fact_versions"
 STORE_ITEMS = "store_items"

@@ -7,9 +7,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Procedure, ProcedureSource, ProcedureType, RecallKind
-from ..operations import pruning
-from .facts import MAX_SEARCH_LENGTH
-from .validation import (
+from ..rules.validation import (
     check_choice,
     check_json,
     check_limit,
@@ -17,6 +15,8 @@ from .validation import (
     check_user_id,
     clean_text,
 )
+from . import limits
+from .facts import MAX_SEARCH_LENGTH
 
 
 class ProceduresMixin:
@@ -54,7 +54,7 @@ class ProceduresMixin:
             procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
             self._embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
             if created:
-                pruning.enforce_after_create(pruning.PROCEDURES, procedure)
+                limits.enforce_after_create(limits.PROCEDURES, procedure)
         return procedure
 
     def get_procedure(self, name, *, agent_id=""):

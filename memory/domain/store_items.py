@@ -19,11 +19,11 @@ from django.utils import timezone
 from ..backends.store_rows import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from ..exceptions import InvalidMemoryArgument
 from ..models import DeletionKind, MemoryUser, Scope, StoreItem
-from ..operations import pruning, transfer
-from ..operations.operators import BatchDelete, existing_ids, write_deletion_record
 from ..recall.indexer import STORE, indexer
+from ..rules.validation import check_id_list, check_json, chunks, clean_text
 from ..text import keyword_terms
-from .validation import check_id_list, check_json, chunks, clean_text
+from . import limits
+from .deletions import BatchDelete, existing_ids, write_deletion_record
 
 SEPARATOR = "."
 # How much of a query search's score the words decide when vectors are there too (the rest: cosine).
@@ -212,7 +212,7 @@ class StoreItemsMixin:
                     "agent_id",
                 ],
             )
-            pruning.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
+            limits.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
             indexer.schedule(STORE, [row.pk for row in rows if row.embedding is None and row.text])
 
@@ -295,7 +295,7 @@ class StoreItemsMixin:
         return BatchDelete(len(found), [i for i in ids if i not in found])
 
 
-def _check_imported(row):
+def check_imported_item(row):
     if not row["namespace"] or any(not label for label in row["namespace"].split(".")):
         return "namespace", "must be non-empty labels joined by '.'"
     owner = {"user": row["user_id"] is not None, "agent": bool(row["agent_id"])}
@@ -307,24 +307,10 @@ def _check_imported(row):
     return None
 
 
-def _prepare_imported(row):
+def prepare_imported_item(row):
     # Vectors are not exported (they belong to one model); an imported item is found by its words
     # until it is written again (no model runs inside the import's transaction).
     row["embedding"] = None
-
-
-transfer.register_kind(
-    transfer.TransferKind(
-        "store_item",
-        StoreItem,
-        derived=("embedding",),
-        check=_check_imported,
-        prepare=_prepare_imported,
-        natural_keys=(
-            transfer.NaturalKey("namespace, key", ("namespace", "key"), lambda r: (r["namespace"], r["key"])),
-        ),
-    )
-)
 
 
 def _items(rows, names=STORE_NAMES):

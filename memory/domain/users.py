@@ -13,11 +13,11 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from ..models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
+from ..rules.owners import owner_key, survivor_id
+from ..rules.validation import check_channel, check_external_id, check_user_id, clean_text
 from ..signals import users_merged
 from . import history
 from .facts import same_json
-from .owners import owner_key, survivor_id
-from .validation import check_channel, check_external_id, check_user_id, clean_text
 
 # Attempts of a merge that keeps meeting concurrent merges of the same users before it gives up.
 _MERGE_ATTEMPTS = 5

@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError, connection, transaction
 
 from ..conf import memory_settings
-from ..domain.owners import owner_key
-from ..domain.validation import chunks
 from ..models import (
     ChannelIdentity,
     Episode,
@@ -47,6 +45,8 @@ from ..models import (
     Scope,
     StoreItem,
 )
+from ..rules.owners import owner_key
+from ..rules.validation import chunks
 from .erasure_scan import file_traces, find_traces, sessions_naming, trace_scanners  # noqa: F401  (public here)
 
 logger = logging.getLogger("engram.memory")
@@ -219,7 +219,7 @@ def purge_indexes(backend, user_ids):
 
 def drop_buffered(user_ids, fact_ids, episode_ids, needles=()):
     """This process's buffered recall events and access counts naming the person go unwritten."""
-    from ..domain.access import access_counter
+    from ..recall.access import access_counter
     from ..recall.events import recall_log
 
     recall_log.forget(user_ids, {RecallKind.FACT: fact_ids, RecallKind.EPISODE: episode_ids})

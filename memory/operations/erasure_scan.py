@@ -22,8 +22,8 @@ from urllib.parse import unquote_plus
 
 from django.db import connection
 
-from ..domain.owners import owner_key
 from ..models import Scope
+from ..rules.owners import owner_key
 from .filebytes import count_in_files
 
 # Other apps' scanners: callables (needles, user_ids) -> [(where, what)] of traces they keep.

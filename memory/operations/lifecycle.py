@@ -4,12 +4,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..conf import memory_settings
+from ..domain import limits
 from ..domain.facts import FactWrite, WriteAction
-from ..domain.validation import check_choice, check_limit, check_user_id, clean_text
 from ..exceptions import InvalidMemoryArgument
 from ..models import ConsolidationRun, Episode, Scope
 from ..recall.relations import link_supports
-from . import clearing, health, pruning, transfer
+from ..rules.validation import check_choice, check_limit, check_user_id, clean_text
+from . import clearing, health, transfer
 from .consolidation import consolidate_after_run, run_consolidation
 from .promotion import run_promotion
 
@@ -118,7 +119,7 @@ class LifecycleMixin:
         """
         if agent_id is not None:
             agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
-        return pruning.prune_all(agent_id=agent_id, dry_run=bool(dry_run))
+        return limits.prune_all(agent_id=agent_id, dry_run=bool(dry_run))
 
     def export_memories(self, out, *, on_progress=None):
         """Write every memory row as JSON Lines to the text stream `out`; returns {kind: rows}.

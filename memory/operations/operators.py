@@ -4,19 +4,16 @@ Querysets for the /memories/ admin and the REST API (read only: filter, order, p
 deletes by id that are all-or-nothing and report the ids that did not exist.
 """
 
-from dataclasses import dataclass, field
-
 from django.db import transaction
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from ..domain import history, persons
-from ..domain.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
+from ..domain import history
+from ..domain.deletions import MEMORY_HELD, BatchDelete, existing_ids, write_deletion_record
 from ..exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
 from ..models import (
     ChannelIdentity,
     DeletionKind,
-    DeletionRecord,
     Episode,
     Fact,
     FactHistory,
@@ -31,37 +28,10 @@ from ..models import (
     Scope,
     StoreItem,
 )
+from ..rules import persons
+from ..rules.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
 from ..signals import users_deleting, users_footprint
 from . import erasure, tombstones
-
-
-@dataclass(frozen=True)
-class BatchDelete:
-    """What a batch delete did: how many rows went, which requested ids did not exist."""
-
-    deleted: int
-    not_found: list[int]
-    cascaded: dict[str, int] = field(default_factory=dict)
-    # Forgetting people: what the scrub after the commit did (memory.operations.erasure.ErasureOutcome), else None.
-    erasure: object = None
-
-
-# What makes a user "in use" for a delete without cascade: memories, not statistics or threads.
-MEMORY_HELD = ("facts", "episodes", "identities", "merged_users", "store_items")
-
-
-def write_deletion_record(actor, kind, ids, cascaded=None):
-    """The audit record of one deletion (in its transaction): ids and counts, never a name."""
-    DeletionRecord.objects.create(
-        actor=(str(actor).strip() or "code")[:200], kind=kind, count=len(ids), ids=list(ids), cascaded=cascaded or {}
-    )
-
-
-def existing_ids(model, ids):
-    found = set()
-    for chunk in chunks(ids):
-        found.update(model._base_manager.filter(pk__in=chunk).values_list("pk", flat=True))
-    return found
 
 
 def count_by_user(model):

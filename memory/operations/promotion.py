@@ -25,10 +25,10 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..conf import memory_settings
+from ..domain.limits import expired_recall_events, recall_event_cutoff
 from ..exceptions import InvalidMemoryArgument, MemoryServiceError
 from ..models import Episode, Fact, Promotion, RecallEvent, RecallKind, Scope
 from .consolidation import fact_owner, get_extractor
-from .pruning import expired_recall_events, recall_event_cutoff
 
 logger = logging.getLogger("engram.memory.operations.promotion")
 

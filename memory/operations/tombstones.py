@@ -11,8 +11,8 @@ SECRET_KEY_FALLBACKS too, so a rotated key still recognises them while the old k
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
-from ..domain.validation import chunks
 from ..models import ChannelIdentity, MemoryUser, Tombstone
+from ..rules.validation import chunks
 
 _SALT = "engram.memory.tombstone"
 

@@ -12,8 +12,8 @@ from collections import Counter
 from ..backends.rows import bump_counters
 from ..buffers import WriteBuffer
 from ..conf import memory_settings
-from ..domain.persons import hold_people
 from ..models import RecallDocument, RecallEvent
+from ..rules.persons import hold_people
 
 logger = logging.getLogger("engram.memory")
 

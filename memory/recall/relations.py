@@ -29,9 +29,9 @@ from ..backends.base import VERSION_TABLE
 from ..backends.rows import fetch_in_chunks, held_rows
 from ..buffers import WriteBuffer
 from ..conf import memory_settings
-from ..domain.validation import chunks
 from ..embedding.embedder import from_blobs
 from ..models import FACT_HISTORY_VIEW, FactAction, MemoryRelation, RecallDocument, RecallScope, Relation
+from ..rules.validation import chunks
 
 logger = logging.getLogger("engram.memory")
 

@@ -6,8 +6,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..conf import memory_settings
-from ..domain.access import access_counter
-from ..domain.validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from ..embedding.embedder import (
     EmbeddingModelChanged,
     configured_mode,
@@ -17,7 +15,9 @@ from ..embedding.embedder import (
 )
 from ..exceptions import InvalidMemoryArgument, MemoryServiceError
 from ..models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
+from ..rules.validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from ..text import keyword_terms
+from .access import access_counter
 from .events import recall_log
 from .indexer import indexer, pending_count
 from .ranking import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
