@@ -1,4 +1,4 @@
-"""Episodes (episodic memory): what started a run, what was said and done, how it ended. Part of MemoryService."""
+"""Episodes (episodic memory): what started a run, what was said and done, how it ended. MemoryService delegates to it."""
 
 from datetime import datetime
 
@@ -21,8 +21,13 @@ def duration_ms(started_at, ended_at):
     return min(MAX_DURATION_MS, max(0, int((ended_at - started_at).total_seconds() * 1000)))
 
 
-class EpisodesMixin:
-    """Episodes: started and appended to as a run goes, or recorded whole when it ends; part of MemoryService."""
+class Episodes:
+    """Episodes: started and appended to as a run goes, or recorded whole when it ends; MemoryService builds it and delegates."""
+
+    def __init__(self, backend, users, recall_index):
+        self.backend = backend
+        self.users = users
+        self.recall_index = recall_index
 
     def start_episode(
         self, *, agent_id="", user_id=None, session_id="", workflow="", trigger_type="", trigger_input=None
@@ -31,7 +36,7 @@ class EpisodesMixin:
         with transaction.atomic():
             if user_id is not None:
                 self.backend.hold_user(user_id)
-                user_id = self.resolve_user(user_id).pk
+                user_id = self.users.resolve_user(user_id).pk
             episode = Episode.objects.create(
                 agent_id=clean_text("agent_id", agent_id, required=False, max_length=128),
                 user_id=user_id,
@@ -49,7 +54,7 @@ class EpisodesMixin:
             getattr(episode, field_name).append(item)
             Episode.objects.filter(pk=episode.pk).update(**{field_name: getattr(episode, field_name)})
             if field_name == "conversation":
-                self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
+                self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def _locked_episode(self, episode_id):
@@ -85,7 +90,7 @@ class EpisodesMixin:
             episode.error = clean_text("error", error, required=False)
             episode.summary = clean_text("summary", summary, required=False)
             episode.save(update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary"])
-            self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
+            self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def get_episode(self, episode_id):
@@ -154,7 +159,7 @@ class EpisodesMixin:
             self.backend.insert_episode(episode)
             if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")
-            self._embed_for_recall(RecallKind.EPISODE, [episode.pk])
+            self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
     def mark_episode_failed(self, episode_id, error):

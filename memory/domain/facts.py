@@ -1,6 +1,6 @@
 """Facts (semantic memory): a JSON value under a key, owned by a session, a user, an agent or everyone.
 
-A lookup returns the most specific visible fact (session, user, agent, global). Part of MemoryService.
+A lookup returns the most specific visible fact (session, user, agent, global). MemoryService delegates to it.
 """
 
 import json
@@ -62,8 +62,13 @@ def same_json(a, b):
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-class FactsMixin:
-    """Reads and writes of facts; part of MemoryService."""
+class Facts:
+    """Reads and writes of facts; MemoryService builds it and delegates."""
+
+    def __init__(self, backend, users, recall_index):
+        self.backend = backend
+        self.users = users
+        self.recall_index = recall_index
 
     def get_fact(self, key, *, agent_id="", user_id=None, session_id="", as_of=None):
         """The most specific visible fact for `key` (session, user, agent, global), or None. One query.
@@ -115,7 +120,7 @@ class FactsMixin:
                     limits.refuse_past_user_cap(write.fact)  # raises: nothing of this write stays
                 limits.enforce_versions(write.fact)
                 if write.action in (WriteAction.CREATED, WriteAction.UPDATED):
-                    self._embed_for_recall(RecallKind.FACT, [write.fact.pk])
+                    self.recall_index.embed_for_recall(RecallKind.FACT, [write.fact.pk])
                 if write.action == WriteAction.UPDATED and history.enabled():
                     # The graph's `contradicts` edge, once this write has committed (memory/recall/relations.py).
                     fact_id = write.fact.pk
@@ -218,7 +223,7 @@ class FactsMixin:
         self.backend.update_fact(existing.pk, changes, supersede=history.enabled())
         return FactWrite(action, existing)
 
-    def _stored_fact(self, arguments):
+    def stored_fact(self, arguments):
         """The fact set_fact(**arguments) would write to, as stored now (None when there is none)."""
         probe = self._new_fact(
             arguments["key"],
@@ -262,7 +267,7 @@ class FactsMixin:
             limit = limits.limit_for(limits.VERSIONS, fact.agent_id)
             if limit is not None:  # edits bump no counter, so enforce_versions could not tell
                 limits.trim_versions(fact.pk, limit)
-            self._embed_for_recall(RecallKind.FACT, [fact.pk])
+            self.recall_index.embed_for_recall(RecallKind.FACT, [fact.pk])
             if history.enabled():
                 transaction.on_commit(lambda: relations.contradictions.note(fact.pk))
         return fact
@@ -362,7 +367,7 @@ class FactsMixin:
             key, None, Scope.GLOBAL if scope is None else scope, agent_id, user_id, session_id, None, None, None, ""
         )
         if owner.user_id is not None:
-            owner.user_id = self.resolve_user(owner.user_id).pk
+            owner.user_id = self.users.resolve_user(owner.user_id).pk
         return history.versions_of(scope_key=fact_owner_key(owner), key=owner.key, limit=limit)
 
     def _as_of(self, when):

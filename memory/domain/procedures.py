@@ -1,4 +1,4 @@
-"""Procedures (procedural memory): how to do something, when it applies, how well it has worked. Part of MemoryService."""
+"""Procedures (procedural memory): how to do something, when it applies, how well it has worked. MemoryService delegates to it."""
 
 from django.db import transaction
 from django.db.models import F, FloatField
@@ -19,8 +19,12 @@ from . import limits
 from .facts import MAX_SEARCH_LENGTH
 
 
-class ProceduresMixin:
-    """Procedures: saved, matched to a goal, scored by use; part of MemoryService."""
+class Procedures:
+    """Procedures: saved, matched to a goal, scored by use; MemoryService builds it and delegates."""
+
+    def __init__(self, backend, recall_index):
+        self.backend = backend
+        self.recall_index = recall_index
 
     def save_procedure(
         self,
@@ -52,7 +56,7 @@ class ProceduresMixin:
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
             procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
-            self._embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
+            self.recall_index.embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
             if created:
                 limits.enforce_after_create(limits.PROCEDURES, procedure)
         return procedure

@@ -1,4 +1,4 @@
-"""Items of LangGraph stores (workflows.store.EngramStore), owned like every other memory. Part of MemoryService.
+"""Items of LangGraph stores (workflows.store.EngramStore), owned like every other memory. MemoryService delegates to it.
 
 A namespace is a tuple of labels; its owner follows from its head: ("users", "<memory user id>", ...)
 is that memory user's (isolated to them, exported with them, deleted when they are forgotten),
@@ -103,8 +103,12 @@ def matches(value, wanted):
 STORE_CHANNEL = "langgraph"  # the channel of the user ids ("users", <id>, ...) namespaces name
 
 
-class StoreItemsMixin:
-    """What EngramStore asks of the memory; part of MemoryService."""
+class StoreItems:
+    """What EngramStore asks of the memory; MemoryService builds it and delegates."""
+
+    def __init__(self, backend, users):
+        self.backend = backend
+        self.users = users
 
     def store_owner(self, namespace):
         """{"scope", "user_id", "agent_id"} of a namespace.
@@ -117,13 +121,13 @@ class StoreItemsMixin:
         """
         if len(namespace) >= 2 and namespace[0] == "users":
             label = namespace[1]
-            user = self._user_by_identity(STORE_CHANNEL, label)
+            user = self.users.user_by_identity(STORE_CHANNEL, label)
             if user is None and label.isascii() and label.isdigit() and 0 < int(label) < 2**63:
                 found = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
                 if found is not None:
                     return {"scope": Scope.USER, "user_id": found[1] or found[0], "agent_id": ""}
             if user is None:
-                user, _ = self.get_or_create_user(STORE_CHANNEL, label)
+                user, _ = self.users.get_or_create_user(STORE_CHANNEL, label)
             return {"scope": Scope.USER, "user_id": user.pk, "agent_id": ""}
         if len(namespace) >= 2 and namespace[0] == "agents":
             return {

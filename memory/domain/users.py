@@ -1,4 +1,4 @@
-"""Memory users: one person across channels, identified, merged and described. Part of MemoryService."""
+"""Memory users: one person across channels, identified, merged and described. MemoryService delegates to it."""
 
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -81,8 +81,11 @@ class Identified:
     created: bool
 
 
-class UsersMixin:
-    """Memory users, their identities, merges and context; part of MemoryService."""
+class Users:
+    """Memory users, their identities, merges and context; MemoryService builds it and delegates."""
+
+    def __init__(self, backend):
+        self.backend = backend
 
     def get_or_create_user(self, channel, external_id, *, display_name=""):
         """The memory user behind (channel, external id), created if new; returns (user, created).
@@ -92,7 +95,7 @@ class UsersMixin:
         channel = check_channel(channel)
         external_id = check_external_id(external_id)
         display_name = clean_text("display_name", display_name, required=False, max_length=200)
-        user = self._user_by_identity(channel, external_id)
+        user = self.user_by_identity(channel, external_id)
         if user is not None:
             return user, False
         try:
@@ -104,7 +107,7 @@ class UsersMixin:
             return user, True
         except IntegrityError:
             # Someone else created this identity (or this canonical id) first.
-            user = self._user_by_identity(channel, external_id)
+            user = self.user_by_identity(channel, external_id)
             if user is None:
                 raise
             return user, False
@@ -112,9 +115,9 @@ class UsersMixin:
     def find_user(self, channel, external_id):
         """The memory user behind (channel, external id), following merges; None if that identity is
         unknown. Nothing is created (a preview of what a run would see must not make a person)."""
-        return self._user_by_identity(check_channel(channel), check_external_id(external_id))
+        return self.user_by_identity(check_channel(channel), check_external_id(external_id))
 
-    def _user_by_identity(self, channel, external_id):
+    def user_by_identity(self, channel, external_id):
         identity = (
             ChannelIdentity.objects.select_related("user__merged_into")
             .filter(channel=channel, external_id=external_id)
@@ -150,7 +153,7 @@ class UsersMixin:
         user = self.resolve_user(user_id)
         channel = check_channel(channel)
         external_id = check_external_id(external_id)
-        current = self._user_by_identity(channel, external_id)
+        current = self.user_by_identity(channel, external_id)
         if current is not None:
             if current.pk == user.pk:
                 return ChannelIdentity.objects.get(channel=channel, external_id=external_id)

@@ -1,4 +1,4 @@
-"""Memory over time: consolidation, limits and pruning, export and import, clearing, health. Part of MemoryService."""
+"""Memory over time: consolidation, limits and pruning, export and import, clearing, health. MemoryService delegates to it."""
 
 from django.db import transaction
 from django.utils import timezone
@@ -15,8 +15,14 @@ from .consolidation import consolidate_after_run, run_consolidation
 from .promotion import run_promotion
 
 
-class LifecycleMixin:
-    """Consolidation, pruning, export/import, clearing and health; part of MemoryService."""
+class Lifecycle:
+    """Consolidation, pruning, export/import, clearing and health; MemoryService builds it and delegates."""
+
+    def __init__(self, service, facts, episodes, users):
+        self.service = service
+        self.facts = facts
+        self.episodes = episodes
+        self.users = users
 
     def consolidate(self, **kwargs):
         """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation.
@@ -24,7 +30,7 @@ class LifecycleMixin:
         Then, with PROMOTION["AFTER_CONSOLIDATION"], a promotion sweep with the same extractor (its
         report is the consolidation report's `promotion`).
         """
-        report = run_consolidation(self, **kwargs)
+        report = run_consolidation(self.service, **kwargs)
         if memory_settings.PROMOTION["AFTER_CONSOLIDATION"]:
             report.promotion = self.promote(extractor=kwargs.get("extractor"))
         return report
@@ -32,7 +38,7 @@ class LifecycleMixin:
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
         """Promote memories recall keeps returning into durable facts, each once; see memory.operations.promotion."""
         return run_promotion(
-            self, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
+            self.service, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
         )
 
     def consolidate_after_run(self, episode_id):
@@ -40,7 +46,7 @@ class LifecycleMixin:
 
         Never raises; returns the report, or None when the setting is off.
         """
-        return consolidate_after_run(self, episode_id)
+        return consolidate_after_run(self.service, episode_id)
 
     def unconsolidated_episodes(self, *, limit, agent_id=None, episode_ids=None):
         """Finished episodes not yet processed for facts, oldest first (one agent's, or the given ids)."""
@@ -61,16 +67,18 @@ class LifecycleMixin:
         whose stored version changed after the episode began is left as it is (`kept_newer`): the
         run's own remember node stored it, or a later conversation said something newer.
         """
-        episode = self.get_episode(episode_id)
+        episode = self.episodes.get_episode(episode_id)
         with transaction.atomic():
             writes = []
             for fact in facts:
-                stored = self._stored_fact(fact)
+                stored = self.facts.stored_fact(fact)
                 if stored is not None and self._said_since(stored, episode, provenance):
                     writes.append(FactWrite(WriteAction.KEPT_NEWER, stored))
                     continue
                 writes.append(
-                    self.set_fact(**fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance)
+                    self.facts.set_fact(
+                        **fact, overwrite=overwrite, source_episode_id=episode_id, provenance=provenance
+                    )
                 )
             marked = Episode.objects.filter(pk=episode_id, processed_for_facts=False).update(processed_for_facts=True)
             if not marked:
@@ -127,7 +135,7 @@ class LifecycleMixin:
         See memory.operations.transfer for the format. `on_progress(kind, done, total)` is called as rows go out.
         """
 
-        self.flush_access_counts()  # the export carries the counts recalls have noted so far
+        self.facts.flush_access_counts()  # the export carries the counts recalls have noted so far
         return transfer.export(out, on_progress=on_progress)
 
     def import_memories(self, stream, *, dry_run=False, on_progress=None, allow_forgotten=False):
@@ -151,11 +159,11 @@ class LifecycleMixin:
         if agent_id is not None:
             agent_id = clean_text("agent_id", agent_id, max_length=128)
         if user_id is not None:
-            user_id = self.resolve_user(user_id).pk
+            user_id = self.users.resolve_user(user_id).pk
         if kinds is not None and (isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds)):
             raise InvalidMemoryArgument("kinds", "must be a list of kind names")
-        self.flush_access_counts()
-        return clearing.clear(self, kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
+        self.facts.flush_access_counts()
+        return clearing.clear(self.service, kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
 
     def memory_health(self, *, agent_id=None, fresh=True):
         """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.operations.health.
@@ -167,5 +175,5 @@ class LifecycleMixin:
             agent_id = clean_text("agent_id", agent_id, max_length=128)
         if not fresh:
             return health.cached(agent_id)
-        self.flush_access_counts()  # efficiency counts recalls still buffered
+        self.facts.flush_access_counts()  # efficiency counts recalls still buffered
         return health.compute(agent_id)

@@ -1,4 +1,4 @@
-"""What operators do: list every row, delete by id (forget a person included), count. Part of MemoryService.
+"""What operators do: list every row, delete by id (forget a person included), count. MemoryService delegates to it.
 
 Querysets for the /memories/ admin and the REST API (read only: filter, order, paginate them), and
 deletes by id that are all-or-nothing and report the ids that did not exist.
@@ -38,8 +38,12 @@ def count_by_user(model):
     return model.objects.filter(user=OuterRef("pk")).order_by().values("user").annotate(n=Count("id")).values("n")
 
 
-class OperatorsMixin:
-    """Lists, batch deletes and counts for operators; part of MemoryService."""
+class Operators:
+    """Lists, batch deletes and counts for operators; MemoryService builds it and delegates."""
+
+    def __init__(self, backend, users):
+        self.backend = backend
+        self.users = users
 
     # Querysets for the /memories/ admin and the REST API (read only: filter, order, paginate them),
     # and deletes by id that are all-or-nothing and report the ids that did not exist.
@@ -193,7 +197,7 @@ class OperatorsMixin:
         facts, episodes, recall events, and what other apps keep (threads and their messages, through
         the `person_exporting` signal). Returns how many lines were written.
         """
-        user = self.resolve_user(user_id)
+        user = self.users.resolve_user(user_id)
         return erasure.export_person(user, out)
 
     def _batch_delete(self, model, ids, max_ids, actor, kind):
@@ -232,7 +236,7 @@ class OperatorsMixin:
             if value is not None and name not in allowed:
                 raise InvalidMemoryArgument(name, f"does not apply to {kind}")
         if user_id is not None:
-            user_id = self.resolve_user(user_id).pk
+            user_id = self.users.resolve_user(user_id).pk
         if agent_id is not None:
             agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
         if kind == "facts":

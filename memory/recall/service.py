@@ -1,4 +1,5 @@
-"""MemoryService's recall methods: recall(), the embedding upkeep of writes, reindexing (mixed into MemoryService)."""
+"""Recall as MemoryService offers it: recall() and what a viewer may list and forget (Recall), and the
+recall index's upkeep: embedding after writes, reindexing, compacting (RecallIndex)."""
 
 import logging
 
@@ -57,8 +58,13 @@ def _check_types(types):
     return kinds
 
 
-class RecallMixin:
-    """Recall and its index upkeep; part of MemoryService (see memory/recall/ranking.py for the ranking)."""
+class Recall:
+    """What a viewer recalls, lists and forgets (see memory/recall/ranking.py for the ranking)."""
+
+    def __init__(self, backend, facts, operators):
+        self.backend = backend
+        self.facts = facts
+        self.operators = operators
 
     def recall(
         self,
@@ -129,7 +135,11 @@ class RecallMixin:
         refused = InvalidMemoryArgument("id", f"there is no {kind} {item_id} among the memories you can see")
         if not RecallDocument.objects.filter(kind=kind, item_id=item_id, owner__in=owners).exists():
             raise refused
-        delete = {"fact": self.delete_facts, "episode": self.delete_episodes, "procedure": self.delete_procedures}
+        delete = {
+            "fact": self.operators.delete_facts,
+            "episode": self.operators.delete_episodes,
+            "procedure": self.operators.delete_procedures,
+        }
         if delete[kind]([item_id], actor=actor).deleted != 1:  # deleted meanwhile by someone else
             raise refused
         return True
@@ -151,7 +161,7 @@ class RecallMixin:
                 raise InvalidMemoryArgument(
                     "category", f"a fact's category is its type: one of {', '.join(FactType.values)}"
                 )
-            return self.list_facts(
+            return self.facts.list_facts(
                 agent_id=agent_id, user_id=user_id, session_id=session_id, fact_type=category, limit=limit
             )
         owners = viewer_owners(self.backend, make_viewer(agent_id, user_id, session_id))
@@ -176,6 +186,13 @@ class RecallMixin:
         """ "hybrid" when an embedder is configured and installed, else "keyword-only". Loads no model."""
         return configured_mode()
 
+
+class RecallIndex:
+    """The recall index's upkeep: documents embedded after writes commit, reindexing, compacting."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
     def flush_recall_log(self):
         """Write buffered recall events and reference counts now; returns how many events were written."""
         return recall_log.flush()
@@ -184,9 +201,7 @@ class RecallMixin:
         """Compact the keyword recall index; worth it after a bulk load."""
         self.backend.optimize_recall_index()
 
-    # ---- upkeep
-
-    def _embed_for_recall(self, kind, item_ids):
+    def embed_for_recall(self, kind, item_ids):
         """Have these items' recall documents embedded once the write commits (memory/recall/indexer.py).
 
         The triggers have already written the document and cleared a stale vector; no model is
