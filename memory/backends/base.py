@@ -10,7 +10,7 @@ from functools import cache, lru_cache
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
-from ..rules.owners import GLOBAL, fact_owner_key, owner_key
+from ..models.owners import GLOBAL, fact_owner_key, owner_key, user_owner_sql
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
 from .store_rows import StoreSQL
@@ -55,7 +55,7 @@ def owner_keys(viewer, include_user=True):
 # The scope key of a user, or of the user it was merged into: `merged_into` always names a
 # surviving user, so one hop inside the query is enough. Takes the user id twice.
 SURVIVOR_SQL = f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)"
-USER_OWNER_SQL = f"'user:' || CAST({SURVIVOR_SQL} AS TEXT)"
+USER_OWNER_SQL = user_owner_sql(SURVIVOR_SQL)
 
 
 def owner_terms(viewer):

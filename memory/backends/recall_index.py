@@ -6,7 +6,8 @@ PostgreSQL full-text search.
 
 from django.db import connection
 
-from ..models import Episode, RecallDocument
+from ..models import Episode, RecallDocument, Scope
+from ..models.owners import agent_suffix, owner_prefix
 
 DOC_TABLE = RecallDocument._meta.db_table
 EPISODE_TABLE = Episode._meta.db_table
@@ -51,7 +52,9 @@ class RecallSQL:
         """
         terms = list(owner_terms(viewer))
         if viewer.user_id is not None and viewer.agent_id:
-            terms.append((f"{user_owner_sql} || %s", [viewer.user_id, viewer.user_id, f"/agent:{viewer.agent_id}"], 1))
+            terms.append(
+                (f"{user_owner_sql} || %s", [viewer.user_id, viewer.user_id, agent_suffix(viewer.agent_id)], 1)
+            )
         values = ", ".join(f"({sql}, {rank})" for sql, _, rank in terms)
         params = [p for _, term_params, _ in terms for p in term_params]
         sql = (
@@ -96,7 +99,8 @@ class RecallSQL:
             where.append("(d.kind <> 'fact' OR d.importance >= %s)")
             params.append(min_confidence)
         if for_person:
-            where.append("(d.kind <> 'episode' OR d.owner LIKE 'user:%%' OR d.owner LIKE 'session:%%')")
+            person = (owner_prefix(Scope.USER), owner_prefix(Scope.SESSION))
+            where.append("(d.kind <> 'episode' OR d.owner LIKE '{}%%' OR d.owner LIKE '{}%%')".format(*person))
         sql = (
             f"WITH viewer_owners(k, r) AS (VALUES {values}) "
             f"SELECT d.id, d.kind, d.item_id, d.owner, d.importance, {_EPOCH[connection.vendor]}, d.reference_count, "

@@ -12,9 +12,10 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
+from ..models.owners import fact_owner_key
 from ..recall import relations
 from ..recall.access import access_counter
-from ..rules.owners import fact_owner_key, user_scope_key
+from ..rules.owners import user_scope_key
 from ..rules.validation import (
     check_as_of,
     check_choice,

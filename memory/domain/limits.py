@@ -37,8 +37,8 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import LimitReached
 from ..models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
+from ..models.owners import fact_owner_key, owner_key
 from ..recall.access import access_counter
-from ..rules.owners import fact_owner_key, owner_key
 from ..signals import prune_requested
 from .history import record_deleted
 

@@ -13,7 +13,8 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from ..models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
-from ..rules.owners import owner_key, survivor_id
+from ..models.owners import owner_key
+from ..rules.owners import survivor_id
 from ..rules.validation import check_channel, check_external_id, check_user_id, clean_text
 from ..signals import users_merged
 from . import history

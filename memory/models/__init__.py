@@ -7,7 +7,6 @@ Read and write them through `memory.service.MemoryService`; nothing else should 
 from .memories import (
     FACT_HISTORY_VIEW,
     PENDING_VECTOR,
-    SCOPE_RANK,
     ChannelIdentity,
     Episode,
     Fact,
@@ -19,10 +18,10 @@ from .memories import (
     Procedure,
     ProcedureSource,
     ProcedureType,
-    Scope,
     StoreItem,
     episode_gist,
 )
+from .owners import SCOPE_RANK, Scope
 from .recall import (
     EmbeddingModelRecord,
     MemoryRelation,

@@ -4,25 +4,12 @@ Read and write them through `memory.service.MemoryService`; nothing else should 
 """
 
 from django.db import models
-from django.db.models import Case, F, Q, Value, When
-from django.db.models.functions import Cast, Concat
+from django.db.models import F, Q
 
 from ..text import clip, fact_search_text
+from .owners import Scope, owner_key_expression
 
 PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
-
-
-class Scope(models.TextChoices):
-    """Who a fact belongs to, from most to least specific."""
-
-    SESSION = "session", "Session"
-    USER = "user", "User"
-    AGENT = "agent", "Agent"
-    GLOBAL = "global", "Global"
-
-
-# Lower is more specific; a lookup returns the visible fact with the lowest rank.
-SCOPE_RANK = {Scope.SESSION: 0, Scope.USER: 1, Scope.AGENT: 2, Scope.GLOBAL: 3}
 
 
 class FactType(models.TextChoices):
@@ -153,15 +140,10 @@ class Fact(models.Model):
     agent_id = models.CharField(max_length=128, blank=True, default="")
     user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="facts")
     session_id = models.CharField(max_length=128, blank=True, default="")
-    # The owner in one indexable value ("session:<id>", "user:<id>", "agent:<id>", "global"),
-    # derived by the database so it can never disagree with the columns above.
+    # The owner in one indexable value (its owner key, memory/models/owners.py), derived by the
+    # database so it can never disagree with the columns above.
     scope_key = models.GeneratedField(
-        expression=Case(
-            When(scope=Scope.SESSION, then=Concat(Value("session:"), "session_id")),
-            When(scope=Scope.USER, then=Concat(Value("user:"), Cast("user_id", models.CharField()))),
-            When(scope=Scope.AGENT, then=Concat(Value("agent:"), "agent_id")),
-            default=Value("global"),
-        ),
+        expression=owner_key_expression(),
         output_field=models.CharField(max_length=300),
         db_persist=True,
     )

@@ -45,7 +45,7 @@ from ..models import (
     Scope,
     StoreItem,
 )
-from ..rules.owners import owner_key
+from ..models.owners import owner_key
 from ..rules.validation import chunks
 from .erasure_scan import file_traces, find_traces, sessions_naming, trace_scanners  # noqa: F401  (public here)
 

@@ -23,7 +23,7 @@ from urllib.parse import unquote_plus
 from django.db import connection
 
 from ..models import Scope
-from ..rules.owners import owner_key
+from ..models.owners import owner_key
 from .filebytes import count_in_files
 
 # Other apps' scanners: callables (needles, user_ids) -> [(where, what)] of traces they keep.

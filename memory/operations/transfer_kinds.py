@@ -31,8 +31,8 @@ from ..models import (
     Scope,
     StoreItem,
 )
+from ..models.owners import owner_key
 from ..rules import validation
-from ..rules.owners import owner_key
 from ..text import fact_search_text
 
 FORMAT, VERSION = "engram-memory", 1
