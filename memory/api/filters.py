@@ -102,15 +102,19 @@ class IdFilter(django_filters.Filter):
     field_class = _IdField
 
 
-class _StrictBooleanField(forms.TypedChoiceField):
-    def __init__(self, **kwargs):
-        kwargs.update(choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", empty_value=None)
-        super().__init__(**kwargs)
+class _StrictBooleanField(forms.Field):
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        try:
+            return validation.check_bool(self.label or "value", value, spelled=True)
+        except InvalidMemoryArgument as exc:
+            raise forms.ValidationError(exc.message) from None
 
 
 @extend_schema_field({"type": "boolean"})
 class StrictBooleanFilter(django_filters.Filter):
-    """`true` or `false`; anything else is a 400 naming the filter (django-filter's own ignores it)."""
+    """`true` or `false` (or 1 / 0); anything else is a 400 naming the filter (django-filter's own ignores it)."""
 
     field_class = _StrictBooleanField
 

@@ -12,6 +12,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument
+from ..rules.validation import check_bool
 from ..service import MemoryService
 from . import serializers
 from .filters import (
@@ -225,8 +227,9 @@ class MemoryUserViewSet(MemoryViewSet):
         )
 
     def perform_destroy(self, instance):
-        raw = self.request.query_params.get("cascade", "false").strip().lower()
-        if raw not in {"true", "false", "1", "0"}:
-            raise ValidationError({"cascade": ["Must be true or false."]})
+        try:
+            cascade = check_bool("cascade", self.request.query_params.get("cascade", "false"), spelled=True)
+        except InvalidMemoryArgument:
+            raise ValidationError({"cascade": ["Must be true or false."]}) from None
         with transaction.atomic():
-            self.delete_ids([instance.pk], {"cascade": raw in {"true", "1"}})
+            self.delete_ids([instance.pk], {"cascade": cascade})

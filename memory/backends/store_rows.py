@@ -1,8 +1,7 @@
 """The store's reads, shared by the storage backends: items by key, and items under a namespace.
 
 A graph reads its store on every step, so these are hand-written statements built once: through
-the ORM a get took ~770 us on this machine, most of it compiling the queryset (bench.store:
-1,293 gets/s against SqliteStore's 23,220). Filters of one top-level field equal to a string or a
+the ORM most of a get was compiling the queryset (`python -m bench.store` compares). Filters of one top-level field equal to a string or a
 number are pushed into the query (SQLite's json_extract, PostgreSQL's jsonb containment), so a
 filtered search reads only the matching rows; the service still checks every filter exactly.
 """
@@ -106,12 +105,9 @@ def postgresql_field_equals(backend, name, wanted):
 class SQLiteStoreReads:
     """SQLite's store reads on the DB-API connection Django holds (inside the same transaction, if any).
 
-    Django's cursor wrapper, placeholder rewrite and per-value converters were most of a get that
-    SqliteStore answers in ~45 us; this path builds the same rows (JSON decoded, aware datetimes)
-    itself. Measured in one session, 5,000 reads by key on 10,000 items, three rounds: 7,493 / 11,304
-    / 13,293 per second through Django's cursor, 15,917 / 29,004 / 28,860 here (2.2x, median ratio).
-    Filtered searches take the same path: Django's converters were a quarter of one (three datetimes
-    per row).
+    Django's cursor wrapper, placeholder rewrite and per-value converters were most of a get by key;
+    this path builds the same rows (JSON decoded, aware datetimes) itself. Filtered searches take the
+    same path: Django's converters were a large share of one (three datetimes per row).
     """
 
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):

@@ -310,8 +310,8 @@ _pools = {}
 
 
 def _query_pool():
-    """The process's helper threads for query embeddings (two: this machine class has two cores; a
-    forked child makes its own, as threads do not survive a fork)."""
+    """The process's helper threads for query embeddings (two: more would only queue on a small
+    server's cores; a forked child makes its own, as threads do not survive a fork)."""
     pid = os.getpid()
     if pid not in _pools:
         with _lock:

@@ -2,13 +2,10 @@
 
 Why a process and not the embedding worker's thread: the worker shares its interpreter with the
 requests of its process, and every statement a request runs hands the interpreter over and has to
-take it back. `python -m bench.facts` (SQLite, hybrid, 2 cores, one session): sets at about 1,500/s
-with the model in the worker's thread, about 1,800/s with it here (about 1,930/s with no embedding
-at all). At nice 19 the child takes only the CPU the rest leaves. It runs the model on one thread,
-as the catch-up child below does: ONNX Runtime splits each product evenly between its threads and
-waits for the last, so a second thread on a core the requests keep busy holds up the whole batch
-(bench.facts, SQLite, hybrid: sets at 1,300-1,520/s with two threads, 1,610-1,630/s with one, before
-the catch-up child was waited for). The vectors are the same: the same code and weights
+take it back, so a model in that thread slows every write (`python -m bench.facts` shows it). At
+nice 19 the child takes only the CPU the rest leaves. It runs the model on one thread, as the
+catch-up child below does: ONNX Runtime splits each product evenly between its threads and waits for
+the last, so a second thread on a core the requests keep busy holds up the whole batch. The vectors are the same: the same code and weights
 (memory/embedding/local_model.py) run there.
 
 The child reads lists of texts from its stdin and answers with their vectors on its stdout
@@ -23,8 +20,8 @@ for its characters. A batch the child has not answered by then is late, and goes
 child, the catch-up child, which runs at the parent's priority with one thread (started the
 first time a batch is late, and waited for while it loads its weights): the vectors take their
 share of the CPU now. Not the worker's own thread: there the model would hold the interpreter the
-requests of the process need (bench.webhook, SQLite, hybrid: 27 updates/s with late batches
-embedded in the worker's thread).
+requests of the process need (bench.webhook slows to a crawl with late batches embedded in the
+worker's thread).
 The background child finishes a late batch in the CPU left over; its late answer is read and
 dropped before it is sent another, and until then, as while it loads its weights, batches go
 straight to the catch-up child. A child that fails to start, dies or answers garbage is logged and
@@ -120,8 +117,8 @@ class ModelProcess:
                 if due is not None:  # the writes' own deadline, however long the batch
                     allowance = due - time.monotonic()
                 # The catch-up child loading its weights is waited for: embedding here instead would
-                # take the CPU and the interpreter of the requests in this process (bench.facts,
-                # SQLite, hybrid: a burst of sets at 1,680-1,690/s with that, 1,900-2,050/s without).
+                # take the CPU and the interpreter of the requests in this process (bench.facts shows
+                # a burst of sets slowing when it does).
                 wait = allowance if self.catch_up and self._loading else 0.0
                 # Loading its weights, still on a batch it was late with, or the batch is late already.
                 if allowance <= 0 or not self._caught_up(child, wait):

@@ -33,7 +33,7 @@ from django.utils.module_loading import import_string
 from ..conf import memory_settings
 from ..exceptions import ConsolidationFailed, MemoryServiceError
 from ..models import FactType, Scope
-from ..text import attribute_fact_type, value_text
+from ..text import attribute_fact_type, value_text, words
 
 logger = logging.getLogger("engram.memory.consolidation")
 
@@ -159,10 +159,10 @@ _NOT_ATTRIBUTES = {
 
 
 def slug(text, max_words=None, max_length=60):
-    words = re.findall(r"[a-z0-9]+", text.lower())
+    found = words(text, ascii_only=True)
     if max_words:
-        words = words[:max_words]
-    return "_".join(words)[:max_length].strip("_")
+        found = found[:max_words]
+    return "_".join(found)[:max_length].strip("_")
 
 
 def _clean_value(text):
@@ -170,7 +170,7 @@ def _clean_value(text):
 
 
 class RuleExtractor(BaseExtractor):
-    """The built-in extractor, no model needed (seed 002's end-of-session consolidation).
+    """The built-in extractor, no model needed (end-of-session consolidation).
 
     From the user's messages: "my X is Y" (key X, a preference, or a relationship when X names one)
     and "remember that ..." (key from the statement's subject when it reads "X is Y", else

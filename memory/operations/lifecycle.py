@@ -166,7 +166,7 @@ class Lifecycle:
         return clearing.clear(self.service, kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
 
     def memory_health(self, *, agent_id=None, fresh=True):
-        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.operations.health.
+        """The five health metrics, score and colour band (of one agent, or all); see memory.operations.health.
 
         `fresh=False` may return a result up to HEALTH["CACHE_SECONDS"] old.
         """

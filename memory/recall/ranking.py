@@ -58,7 +58,7 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    counts twice. The exponent was chosen by cross-validation over conversations (bench/README.md).
 5. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
    b = RECALL_BOOST_WEIGHT; importance is a fact's confidence, a procedure's smoothed success rate,
-   0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS) (seed 001's formula).
+   0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS).
 6. Visibility: every candidate is checked in the database (owner, kind, active, min confidence,
    shadowing) before it can rank, so a stale vector can never return a hidden or deleted item.
 7. Walk (RECALL_WALK_DEPTH hops, 0 by default): documents joined to the hits by the memory graph
@@ -234,7 +234,7 @@ model_guard = ModelGuard()
 
 
 def boost(importance, item_seconds, references, now_seconds):
-    """importance x recency x reference boost (seed 001), in 0..~1.6. Times are Unix seconds."""
+    """importance x recency x reference boost, in 0..~1.6. Times are Unix seconds."""
     recency = 1.0
     if item_seconds is not None:
         days = max(0.0, (now_seconds - float(item_seconds)) / 86400.0)

@@ -16,7 +16,7 @@ row can cost a candidate slot, never return a hidden or deleted item.
 
 The scan: an owner of up to EXACT_ROWS documents is scanned exactly (one float32 matrix-vector
 product, then a partial sort). A larger one is too big for that (1M x 384 float32 is 1.5 GB: one
-exact product reads all of it, 200-400 ms on this machine), so it is searched in two stages: every
+exact product reads all of it, far too slow for a recall), so it is searched in two stages: every
 vector also keeps its sign bits (48 bytes for 384 dimensions, 48 MB per million), the Hamming
 distance of the query's sign bits to all of them picks a shortlist of max(SHORTLIST_MIN, n *
 SHORTLIST_FACTOR) rows, and those are ranked by their exact float32 cosine. The shortlist is an

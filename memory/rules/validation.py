@@ -69,15 +69,19 @@ def check_int(field_name, value, *, minimum=INT64_MIN, maximum=INT64_MAX):
     return value
 
 
-def parse_int(field_name, text, *, minimum=INT64_MIN, maximum=INT64_MAX):
-    """An integer written in ASCII digits (optional leading '-'), e.g. a query parameter.
+def check_bool(field_name, value, *, spelled=False):
+    """`value` as a bool: JSON true or false; with `spelled` (a query parameter), also the text
+    "true"/"false"/"1"/"0" in any case. The one boolean parser of every entry point."""
+    if isinstance(value, bool):
+        return value
+    if spelled and isinstance(value, str):
+        word = value.strip().lower()
+        if word in _SPELLED_BOOLS:
+            return _SPELLED_BOOLS[word]
+    raise InvalidMemoryArgument(field_name, "must be true or false")
 
-    `str.isdigit` and `int()` accept other scripts' digits and superscripts ("²", "٣"); a query
-    parameter is ASCII or it is wrong.
-    """
-    if not isinstance(text, str) or not text.isascii() or not text.lstrip("-").isdigit() or text.count("-") > 1:
-        raise InvalidMemoryArgument(field_name, f"must be a whole number, got {text!r}")
-    return check_int(field_name, int(text), minimum=minimum, maximum=maximum)
+
+_SPELLED_BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def check_json(field_name, value, *, max_depth=MAX_JSON_DEPTH):
