@@ -28,6 +28,8 @@ from .domain.facts import MAX_FACT_SEARCH_WORDS, MAX_SEARCH_LENGTH, Facts, FactW
 from .domain.procedures import Procedures
 from .domain.store_items import StoreItems
 from .domain.users import Identified, UserContext, Users
+from .operations.erasure import register_participant as register_erasure_participant
+from .operations.health import register_component as register_health_component
 from .operations.lifecycle import Lifecycle
 from .operations.operators import Operators
 from .operations.transfer_kinds import NaturalKey, TransferKind
@@ -49,6 +51,8 @@ __all__ = [
     "Viewer",
     "WriteAction",
     "check_id_list",
+    "register_erasure_participant",
+    "register_health_component",
     "register_transfer_kind",
 ]
 

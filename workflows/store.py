@@ -8,7 +8,7 @@ Items live in MemoryService's tables (memory/domain/store_items.py), owned by th
 ("users", "<user id>", ...) is that person's (MemoryService.store_owner: shown on their page in
 /memories/, exported with them, deleted when they are forgotten), ("agents", "<agent id>", ...) that
 agent's, anything else global. Query searches are hybrid: the cosine of the query's and the item's
-vectors and the share of the query's words the item holds (memory.store_items.KEYWORD_SHARE);
+vectors and the share of the query's words the item holds (memory.domain.store_items.KEYWORD_SHARE);
 without an embedder, the words alone. No embedding model runs inside a database transaction: with
 an `index`, values are embedded before their transaction; on Engram's embedder, after it commits.
 
