@@ -312,7 +312,7 @@ def crash_main(args):
     console.print(
         f"Killed at {results['killed_at_s']} s, Bot API down at {results['bot_api_down_at_s']} s; "
         f"{results['http_tries']:,} webhook requests for {results['updates']:,} updates "
-        f"({results['gave_up']} given up); all answered after {results['answered_s']:.1f} s, replies drained "
+        f"({results['requests_cut']} cut off without an answer, {results['gave_up']} given up); all answered after {results['answered_s']:.1f} s, replies drained "
         f"after {results['wall_s']:.1f} s; {results['replies_failed']} replies failed for good."
     )
     if results["first_lost"]:

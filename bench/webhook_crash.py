@@ -93,13 +93,13 @@ def run_crash(bot, *, updates, users, concurrency, workers, outage, progress, gi
                 if response.status_code == 200:
                     return tries, response.json().get("status", "")
             except (httpx.HTTPError, ValueError):
-                pass  # the server process died under the request, or refused it: Telegram tries again
+                cut.append(1)  # the server process died under the request, or refused it: Telegram tries again
             if time.monotonic() > deadline:
                 return tries, "gave up"
             time.sleep(pause)
             pause = min(pause * 2, 8)
 
-    events = {}
+    events, cut = {}, []
     try:
         wait_until_serving(server, port)
         warmup = [telegram_update(10_000_000 + i, 999_000 + i, "hello") for i in range(WARMUP * workers)]
@@ -168,6 +168,7 @@ def run_crash(bot, *, updates, users, concurrency, workers, outage, progress, gi
         "bot_api_down_s": outage,
         "bot_api_down_at_s": events.get("outage"),
         "http_tries": sum(tries),
+        "requests_cut": len(cut),
         "gave_up": statuses.get("gave up", 0),
         "replies_failed": failed_replies,
         "answered_s": answered,
