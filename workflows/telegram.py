@@ -149,9 +149,12 @@ class UpdateOutcome:
 
 
 def forget_old_updates():
-    """Delete finished update records older than TELEGRAM_UPDATE_RETENTION_HOURS; returns how many."""
-    cutoff = timezone.now() - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
-    deleted, _ = TelegramUpdate.objects.filter(received_at__lt=cutoff, status=UpdateStatus.DONE).delete()
+    """Delete update records older than TELEGRAM_UPDATE_RETENTION_HOURS (Telegram stopped redelivering them
+    long before), except a run some live process still holds; returns how many."""
+    now = timezone.now()
+    cutoff = now - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
+    old = TelegramUpdate.objects.filter(received_at__lt=cutoff)
+    deleted, _ = old.exclude(status=UpdateStatus.RUNNING, claimed_until__gt=now).delete()
     return deleted
 
 

@@ -91,8 +91,8 @@ async def telegram_webhook(request, slug):
 
     Answers: 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
     "duplicate" or "ignored"; 503 "busy" while another server process runs the update, and 503 with
-    `reply_pending` while its reply waits in the outbox (so Telegram's retry comes back); 200 "rejected" (logged, nothing written) for an update that can never
-    succeed — not JSON, nested too deep, not shaped like an update, text no database can store — so
+    `reply_pending` while its reply waits in the outbox (so Telegram's retry comes back); 200
+    "rejected" (logged, nothing written) for an update that can never succeed — not JSON, nested too deep, not shaped like an update, text no database can store — so
     Telegram does not retry it forever; 503 when the run cannot answer now (no bot token configured, the
     database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
     """
