@@ -190,18 +190,22 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     callback_id = update.get("callback_query", {}).get("id") if "callback_query" in update else ""
     text = result.reply if result.trigger.reply_to else ""
     user_id = (result.user or {}).get("id")
-    with transaction.atomic():
-        finished = finish(claim)
-        reply = None
-        if finished and (text or callback_id):
-            reply = queue_reply(
-                claim.row,
-                claim.token,
-                user_id=user_id,
-                chat_id=result.trigger.reply_to,
-                text=text,
-                callback_query_id=str(callback_id or ""),
-            )
+    try:
+        with transaction.atomic():
+            finished = finish(claim)
+            reply = None
+            if finished and (text or callback_id):
+                reply = queue_reply(
+                    claim.row,
+                    claim.token,
+                    user_id=user_id,
+                    chat_id=result.trigger.reply_to,
+                    text=text,
+                    callback_query_id=str(callback_id or ""),
+                )
+    except Exception:  # the finish was not recorded: released, so that Telegram's retry runs it again
+        release(claim)
+        raise
     if not finished:  # this process stalled past its lease and another took the update over
         logger.warning(
             "workflow %s: update %s was taken over by another process mid-run", workflow.slug, claim.row.update_id
