@@ -232,3 +232,25 @@ def test_store_field_equality_keeps_every_equal_item_and_only_those_when_it_says
         assert kept >= equal, wanted  # never loses an equal item (the service re-checks the rest)
         if backend.store_equality_is_exact(wanted):
             assert kept == equal, wanted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_deletion_commits_the_database_lets_go_of_its_rows(backend, service, user_factory):
+    ada = user_factory("ada")
+    service.set_fact("boat", "a red kayak", scope=Scope.USER, user_id=ada.pk)
+    service.delete_users([ada.pk], cascade=True)
+    refreshed, problems = backend.scrub_after_erasure(["memory_fact", "no_such_table"])
+    assert problems == [] and set(refreshed) <= {"memory_fact"}  # a table that does not exist is passed over
+    assert isinstance(backend.reclaim_space(), int)  # outside a transaction: done now, pages counted
+    with transaction.atomic():
+        freed = backend.reclaim_space()  # inside one: at its commit (None), or nothing to do (0)
+    assert freed in (None, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_snapshot_reads_what_was_committed_before_it(backend, service):
+    service.set_fact("tz", "UTC", scope=Scope.GLOBAL)
+    with transaction.atomic():
+        backend.begin_snapshot()
+        assert backend.get_fact("tz", Viewer()).value == "UTC"
+        assert [f.key for f in backend.visible_facts(Viewer())] == ["tz"]

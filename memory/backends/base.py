@@ -139,6 +139,9 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
     def optimize(self):
         """Compact the search index after a bulk load (a no-op where the database needs none)."""
 
+    def begin_snapshot(self):
+        """Make the transaction's reads one snapshot (a no-op where a transaction's reads are one already)."""
+
     @contextlib.contextmanager
     def bulk_load(self):
         """Inside a transaction, around inserts of many items: the search indexes take them in one go on exit.

@@ -82,6 +82,18 @@ class StorageBackend(Protocol):
     def optimize_recall_index(self):
         """Compact the keyword recall index."""
 
+    # ---- what the database keeps of deleted rows, and consistent reads
+    def scrub_after_erasure(self, tables):
+        """After a deletion commits: the database lets go of what it keeps of the deleted rows of these
+        tables (statistics, free pages, a write-ahead log). Returns ([tables refreshed], [problems])."""
+
+    def reclaim_space(self):
+        """Return free pages to the file system: how many (0 where the database reclaims them itself;
+        None inside a transaction, where it happens at the commit)."""
+
+    def begin_snapshot(self):
+        """First thing in a new transaction: its reads become one consistent, read-only snapshot (export)."""
+
     # ---- LangGraph store items
     def store_rows_by_key(self, pairs, now):
         """Rows of these (joined namespace, key) pairs that have not expired."""

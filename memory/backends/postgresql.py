@@ -27,6 +27,7 @@ from .base import (
     selective_word,
 )
 from .recall_index import DOC_TABLE
+from .space import postgresql_scrub
 from .store_rows import postgresql_equality_is_exact, postgresql_field_equals
 
 # The state a write replaces, kept as a version by the write's own statement (a CTE sees the row
@@ -36,6 +37,15 @@ _SUPERSEDED = f"WITH superseded AS ({SUPERSEDE_FROM}f.id = %s) "
 
 class PostgreSQLBackend(MemoryBackend):
     vendor = "postgresql"
+    scrub_after_erasure = postgresql_scrub
+
+    def reclaim_space(self):
+        return 0  # autovacuum reclaims dead rows itself
+
+    def begin_snapshot(self):
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
     store_field_equals = postgresql_field_equals
     store_equality_is_exact = postgresql_equality_is_exact
 

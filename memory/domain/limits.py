@@ -29,11 +29,12 @@ events older than PROMOTION["RECALL_EVENT_RETENTION_DAYS"].
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F, FloatField
 from django.db.models.functions import Cast, Coalesce, Floor
 from django.utils import timezone
 
+from ..backends import get_backend
 from ..conf import memory_settings
 from ..exceptions import LimitReached
 from ..models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
@@ -301,7 +302,7 @@ def prune_all(*, agent_id=None, dry_run=False):
         for name, count in (result or {}).items():
             report.deleted[name] = report.deleted.get(name, 0) + count
     if report.total and not dry_run and memory_settings.LIMITS["VACUUM_AFTER_PRUNE"]:
-        report.reclaimed_pages = reclaim_space()
+        report.reclaimed_pages = get_backend().reclaim_space()
     return report
 
 
@@ -315,27 +316,3 @@ def expired_recall_events(cutoff=None):
     """Recall events older than the retention (none when it is None)."""
     cutoff = cutoff or recall_event_cutoff()
     return RecallEvent.objects.none() if cutoff is None else RecallEvent.objects.filter(created_at__lt=cutoff)
-
-
-def reclaim_space():
-    """SQLite: return free pages to the file system (incremental vacuum); returns how many were freed.
-
-    Python's sqlite3 steps `execute("PRAGMA incremental_vacuum")` once, which frees one page; its
-    `executescript` runs the pragma to the end, but commits any open transaction first. So inside a
-    transaction the vacuum waits for the commit (`on_commit`) and this returns None. 0 on PostgreSQL,
-    whose autovacuum reclaims dead rows itself.
-    """
-    if connection.vendor != "sqlite":
-        return 0
-    if connection.in_atomic_block:
-        transaction.on_commit(_incremental_vacuum)
-        return None
-    return _incremental_vacuum()
-
-
-def _incremental_vacuum():
-    connection.ensure_connection()
-    raw = connection.connection
-    before = raw.execute("PRAGMA freelist_count").fetchone()[0]
-    raw.executescript("PRAGMA incremental_vacuum;")
-    return before - raw.execute("PRAGMA freelist_count").fetchone()[0]

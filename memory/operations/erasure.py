@@ -26,13 +26,13 @@ scrub to run after the commit (returns the problems it could not fix) and a scan
 """
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connection, transaction
+from django.db import transaction
 
-from ..conf import memory_settings
+from ..backends import get_backend
+from ..backends.space import truncate_wal  # noqa: F401  (other apps' SQLite files use it from here)
 from ..models import (
     ChannelIdentity,
     Episode,
@@ -239,10 +239,9 @@ def scrub_after_commit(user_ids=(), fact_ids=(), episode_ids=(), needles=()):
     def scrub():
         # Noted by this process while the deletion ran (a recall that read the rows before they went).
         drop_buffered(user_ids, fact_ids, episode_ids, needles)
-        if connection.vendor == "postgresql":
-            _analyze(outcome)
-        elif connection.vendor == "sqlite":
-            _truncate_sqlite_wal(outcome)
+        refreshed, problems = get_backend().scrub_after_erasure(person_tables())
+        outcome.statistics_refreshed += refreshed
+        outcome.problems += problems
         for participant in participants:
             if participant.scrub is None:
                 continue
@@ -257,101 +256,6 @@ def scrub_after_commit(user_ids=(), fact_ids=(), episode_ids=(), needles=()):
 
     transaction.on_commit(scrub, robust=True)
     return outcome
-
-
-def _analyze(outcome):
-    """PostgreSQL: new statistics of every table that held the person, so pg_stats lets go of them.
-
-    ANALYZE of a table left empty keeps its old statistics (there is no sample to replace them with),
-    so an empty table's are cleared: by deleting its pg_statistic rows where the role may (a superuser),
-    else by restating each column's own type, which drops that column's statistics (table owners may;
-    no rewrite for the same type, and the table is empty).
-    """
-    existing = set(connection.introspection.table_names())
-    for table in person_tables():
-        if table not in existing:
-            continue
-        quoted = connection.ops.quote_name(table)
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"ANALYZE {quoted}")
-                cursor.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {quoted})")
-                empty = cursor.fetchone()[0]
-            if empty:
-                _clear_statistics(table)
-            outcome.statistics_refreshed.append(table)
-        except DatabaseError as exc:
-            logger.exception("erasure: could not refresh the statistics of %s", table)
-            outcome.problems.append(f"the statistics of {table} were not refreshed: {exc}")
-
-
-def _clear_statistics(table):
-    quoted = connection.ops.quote_name(table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), co.collname FROM pg_stats s "
-            "JOIN pg_attribute a ON a.attrelid = %s::regclass AND a.attname = s.attname "
-            "LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0 "
-            "WHERE s.schemaname = current_schema() AND s.tablename = %s",
-            [quoted, table],
-        )
-        columns = cursor.fetchall()
-    if not columns:
-        return
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("DELETE FROM pg_statistic WHERE starelid = %s::regclass", [quoted])
-        return
-    except DatabaseError:  # not a superuser: the owner's way, column by column
-        pass
-    with transaction.atomic(), connection.cursor() as cursor:
-        for column, type_sql, collation in columns:
-            collate = f" COLLATE {connection.ops.quote_name(collation)}" if collation else ""
-            cursor.execute(
-                f"ALTER TABLE {quoted} ALTER COLUMN {connection.ops.quote_name(column)} TYPE {type_sql}{collate}"
-            )
-
-
-def truncate_wal(execute, wait_seconds, what):
-    """Truncate a SQLite WAL, retrying while a reader holds older frames, for at most `wait_seconds`.
-
-    `execute(sql)` runs one statement and returns its first row. Returns None when the WAL is empty,
-    else why not. Each try waits at most 100 ms for readers (the busy timeout), then tries again.
-    """
-    (previous,) = execute("PRAGMA busy_timeout")
-    execute("PRAGMA busy_timeout = 100")
-    deadline = time.monotonic() + max(0.0, float(wait_seconds))
-    try:
-        while True:
-            busy, frames, _copied = execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            if not busy:
-                return None
-            if time.monotonic() >= deadline:
-                return (
-                    f"a reader kept {what}'s WAL ({frames} frames) from being truncated for {wait_seconds} s: "
-                    "the deleted words may still be in its -wal file until the next erasure or checkpoint"
-                )
-            time.sleep(0.05)
-    finally:
-        execute(f"PRAGMA busy_timeout = {int(previous)}")
-
-
-def _truncate_sqlite_wal(outcome):
-    def execute(sql):
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            return cursor.fetchone()
-
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA incremental_vacuum")  # freed pages back to the file system
-            cursor.fetchall()
-        problem = truncate_wal(execute, memory_settings.ERASURE_WAL_WAIT_SECONDS, "the database")
-    except DatabaseError as exc:
-        logger.exception("erasure: could not truncate the database's WAL")
-        problem = f"the database's WAL could not be truncated: {exc}"
-    if problem:
-        outcome.problems.append(problem)
 
 
 # ---------------------------------------------------------------- subject access

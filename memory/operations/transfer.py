@@ -57,6 +57,7 @@ from django.db import (
 )
 from django.utils import timezone
 
+from ..backends import get_backend
 from ..domain import history
 from ..exceptions import ImportRejected, InvalidMemoryArgument
 from ..recall.relations import contradictions
@@ -75,9 +76,8 @@ def export(out, *, on_progress=None):
     if outermost:
         contradictions.flush()  # the edges of this process's latest writes belong in the file
     with transaction.atomic():
-        if connection.vendor == "postgresql" and outermost:
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        if outermost:
+            get_backend().begin_snapshot()
         counts = {k.name: k.model.objects.count() for k in kinds}
         header = {
             "format": FORMAT,
