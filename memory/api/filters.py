@@ -114,7 +114,7 @@ class _StrictBooleanField(forms.Field):
 
 @extend_schema_field({"type": "boolean"})
 class StrictBooleanFilter(django_filters.Filter):
-    """`true` or `false` (or 1 / 0); anything else is a 400 naming the filter (django-filter's own ignores it)."""
+    """`true` or `false`; anything else is a 400 naming the filter (django-filter's own ignores it)."""
 
     field_class = _StrictBooleanField
 

@@ -70,18 +70,17 @@ def check_int(field_name, value, *, minimum=INT64_MIN, maximum=INT64_MAX):
 
 
 def check_bool(field_name, value, *, spelled=False):
-    """`value` as a bool: JSON true or false; with `spelled` (a query parameter), also the text
-    "true"/"false"/"1"/"0" in any case. The one boolean parser of every entry point."""
+    """`value` as a bool: JSON true or false; with `spelled` (a query parameter), also the text "true"
+    or "false", as OpenAPI spells a boolean parameter (the schema says so: nothing else is accepted).
+    The one boolean parser of every entry point."""
     if isinstance(value, bool):
         return value
-    if spelled and isinstance(value, str):
-        word = value.strip().lower()
-        if word in _SPELLED_BOOLS:
-            return _SPELLED_BOOLS[word]
+    if spelled and value in _SPELLED_BOOLS:
+        return _SPELLED_BOOLS[value]
     raise InvalidMemoryArgument(field_name, "must be true or false")
 
 
-_SPELLED_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+_SPELLED_BOOLS = {"true": True, "false": False}
 
 
 def check_json(field_name, value, *, max_depth=MAX_JSON_DEPTH):
