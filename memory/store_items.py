@@ -283,12 +283,9 @@ class StoreItemsMixin:
 
     def store_namespaces(self, *, prefix=None, suffix=None, max_depth=None, limit=100, offset=0):
         """The distinct namespaces (cut to `max_depth`) matching `prefix` / `suffix` ("*" matches any label), sorted."""
-        now = timezone.now()
-        names = StoreItem.objects.filter(_alive(now))
-        if prefix and "*" not in prefix:
-            names = names.filter(_prefix_filter(prefix))
+        fixed = joined(prefix) if prefix and "*" not in prefix else ""
         found = set()
-        for text in names.order_by().values_list("namespace", flat=True).distinct():
+        for text in self.backend.store_namespace_names(fixed, timezone.now()):
             namespace = split(text)
             if prefix and not _labels_match(namespace[: len(prefix)], prefix, len(namespace) >= len(prefix)):
                 continue

@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+import numpy as np
 import pytest
 from django.conf import settings
 from django.db import transaction
@@ -12,7 +13,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
+from langgraph.store.memory import InMemoryStore
 
+from memory.backends import reset_backend
 from memory.embeddings import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Scope, StoreItem
@@ -90,6 +93,64 @@ def test_query_search_ranks_by_meaning_with_an_index(db):
     assert found[-1].key == "hidden" and found[-1].score is None  # not indexed: last, unscored
 
 
+def _cosine(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_a_query_searchs_score_is_langgraphs_cosine_and_orders_the_results(db):
+    """The score InMemoryStore gives for the same items and query: the cosine, the best of an item's vectors."""
+    embeddings = LetterEmbeddings()
+    index = {"dims": 26, "embed": embeddings, "fields": ["title", "body"]}
+    engram, langgraphs = EngramStore(index=index), InMemoryStore(index=index)
+    items = {
+        "tea": {"title": "tea time", "body": "a pot of oolong"},
+        "zoo": {"title": "zebra zone", "body": "quiet keepers"},
+        "mix": {"title": "xylophone", "body": "a cup of tea"},  # its body is what matches
+        "bare": {"other": "nothing indexed"},
+    }
+    for key, value in items.items():
+        engram.put(("docs",), key, value)
+        langgraphs.put(("docs",), key, value)
+    query = "a cup of tea"
+    found = engram.search(("docs",), query=query)
+    expected = langgraphs.search(("docs",), query=query)
+    assert [i.key for i in found] == [i.key for i in expected]
+    assert [i.score for i in found] == pytest.approx([i.score for i in expected])
+    assert found[0].key == "mix" and found[0].score == pytest.approx(1.0)  # "a cup of tea" itself
+    best_of_tea = max(_cosine(embeddings.embed_query(query), embeddings.embed_query(t)) for t in items["tea"].values())
+    assert next(i.score for i in found if i.key == "tea") == pytest.approx(best_of_tea)
+    assert found[-1].key == "bare" and found[-1].score is None  # nothing indexed: last, unscored
+    assert [i.score for i in found[:-1]] == sorted((i.score for i in found[:-1]), reverse=True)
+    assert all(i.score is None for i in engram.search(("docs",)))  # no query, no score
+
+
+def test_on_engrams_embedder_words_help_order_but_score_stays_the_cosine(db, settings):
+    """Hybrid ranking may order the results; the score is still the cosine LangGraph documents."""
+    settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": "tests.test_store.LetterEmbeddings"}
+    reset_backend()
+    store = EngramStore()  # Engram's embedder: the letters embedder above, embedded on write (tests: inline)
+    store.put(("docs",), "words", {"text": "tea garden"})  # shares the query's words
+    store.put(("docs",), "letters", {"text": "a tag tea"})
+    query = "tea garden?"
+    found = {i.key: i.score for i in store.search(("docs",), query=query)}
+    letters = LetterEmbeddings()
+    for key, text in (("words", '{"text": "tea garden"}'), ("letters", '{"text": "a tag tea"}')):
+        assert found[key] == pytest.approx(_cosine(letters.embed_query(query), letters.embed_query(text)), abs=1e-6)
+    reset_backend()
+
+
+def test_without_an_embedder_a_query_search_finds_by_words_and_scores_none(store, settings):
+    if get_embedder() is not None:
+        settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": None}
+        reset_backend()
+    store.put(("docs",), "tea", {"text": "green tea"})
+    store.put(("docs",), "sun", {"text": "sunny days"})
+    found = store.search(("docs",), query="tea please")
+    assert found[0].key == "tea" and all(i.score is None for i in found)
+    reset_backend()
+
+
 def test_list_namespaces_prefix_suffix_wildcards_depth_and_pages(store):
     spaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f"), ("x",)]
     for i, ns in enumerate(spaces):
@@ -111,7 +172,39 @@ def test_items_expire_after_their_ttl_and_reads_refresh_it(db):
     time.sleep(0.8)
     assert store.get(("t",), "short") is None and store.get(("t",), "forever") is not None
     assert [i.key for i in store.search(("t",))] == ["forever"]
-    assert store.sweep_ttl() == 1 and StoreItem.objects.count() == 1
+    assert store.list_namespaces() == [("t",)]
+    store.put(("gone",), "k", {"v": 3}, ttl=0.005)
+    time.sleep(0.5)
+    assert store.list_namespaces() == [("t",)]  # a namespace whose items all expired is not listed
+    assert store.sweep_ttl() == 2 and StoreItem.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the sweeper's thread sees committed rows only
+def test_the_ttl_sweeper_runs_every_sweep_interval_minutes_and_stops():
+    store = EngramStore(ttl={"default_ttl": 0.001, "sweep_interval_minutes": 0.005})  # 0.06 s, 0.3 s
+    assert store.start_ttl_sweeper().done() is False
+    store.put(("t",), "short", {"v": 1})
+    store.put(("t",), "kept", {"v": 2}, ttl=None)
+    deadline = time.monotonic() + 10
+    while StoreItem.objects.filter(key="short").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(StoreItem.objects.values_list("key", flat=True)) == ["kept"]  # deleted, not only hidden
+    assert store.stop_ttl_sweeper(timeout=5) is True
+    assert store.stop_ttl_sweeper() is True  # stopping a stopped sweeper is fine
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ttl_sweepers_interval_comes_from_its_argument_then_the_config():
+    store = EngramStore(ttl={"default_ttl": 0.001, "sweep_interval_minutes": 60})
+    store.start_ttl_sweeper(sweep_interval_minutes=0.005)  # the argument wins: 0.3 s, not an hour
+    store.put(("t",), "short", {"v": 1})
+    deadline = time.monotonic() + 10
+    while StoreItem.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not StoreItem.objects.exists()
+    future = store.start_ttl_sweeper()  # already running: another handle; cancelling it stops the thread
+    assert future.cancel() and store.stop_ttl_sweeper(timeout=5)
+    assert EngramStore().start_ttl_sweeper().done()  # no TTL config: nothing to sweep, nothing started
 
 
 @pytest.mark.parametrize(
