@@ -218,6 +218,8 @@ def test_store_statements_read_live_items_by_key_and_under_a_namespace(backend, 
     assert [row[2] for row in backend.store_rows_under("", later, {"n": 1}, 10)] in (["a", "c"], ["c", "a"])
     scored = backend.store_rows_under("docs", later, {"lang": "fr"}, 10, scored=True)
     assert [row[2] for row in scored] == ["b"] and len(scored[0]) == len(by_key[0]) + 2  # with text and vector
+    assert sorted(backend.store_namespace_names("docs", now)) == ["docs.en", "docs.fr"]  # not "docsx"
+    assert sorted(backend.store_namespace_names("", later)) == ["docs.en", "docs.fr", "docsx"]
 
 
 def test_store_field_equality_keeps_every_equal_item_and_only_those_when_it_says_exact(backend, service):

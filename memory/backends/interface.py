@@ -101,6 +101,9 @@ class StorageBackend(Protocol):
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
         """Rows under a joined namespace prefix whose top-level fields equal `equal_to`, newest first."""
 
+    def store_namespace_names(self, prefix, now):
+        """The distinct joined namespaces under a joined prefix ("" for all) holding an item alive at `now`."""
+
     def store_field_equals(self, name, wanted):
         """(SQL condition, parameter): an item's top-level field equals a string or number."""
 
