@@ -153,7 +153,7 @@ class StoreItems:
             raise InvalidMemoryArgument("namespace", f"{namespace!r}: no memory user has id {label}")
         if found[1] is None:
             return found[0]
-        return self._follow_merges(MemoryUser.objects.get(pk=found[0])).pk
+        return self.users.resolve_user(found[0]).pk
 
     def store_get_many(self, keys, *, refresh_ttl=True):
         """{(joined namespace, key): StoredItem} of these that exist and have not expired. One query (two with TTLs)."""
