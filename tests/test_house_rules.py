@@ -81,6 +81,24 @@ def private_reaches(source, module, is_package=False):
                 and owner.attr in held
             ):
                 found.append(f"line {node.lineno}: self.{owner.attr}.{node.attr}")
+    found += foreign_self_names(tree)
+    return found
+
+
+def foreign_self_names(tree):
+    """`self._x` in a class of its own (no bases) that defines no `_x`: a private name reached through
+    `self` that only another class has (what mixins did)."""
+    found = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef) or cls.bases:
+            continue
+        defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        defined |= {t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        uses = [n for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)]
+        defined |= {n.attr for n in uses if n.value.id == "self" and isinstance(n.ctx, ast.Store)}
+        for node in uses:
+            if node.value.id == "self" and is_private(node.attr) and node.attr not in defined:
+                found.append(f"line {node.lineno}: self.{node.attr}, which {cls.name} does not define")
     return found
 
 
@@ -103,12 +121,15 @@ def test_the_rule_sees_each_kind_of_reach():
         "    def go(self):\n"
         "        self._own()\n"
         "        facts._helper()\n"
-        "        return self.users._user_by_id(1)\n"
+        "        return self.users._user_by_id(1) or self._follow()\n\n"
+        "    def _own(self):\n"
+        "        return 1\n"
     )
     assert private_reaches(sample, "memory.domain.sample") == [
         "line 2: imports _hidden",
         "line 11: facts._helper",
         "line 12: self.users._user_by_id",
+        "line 12: self._follow, which Sample does not define",
     ]
 
 
