@@ -13,11 +13,10 @@ import {
   type Node,
   type NodeChange,
   type EdgeChange,
-  type Viewport as FlowViewport,
 } from "@xyflow/react";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 
-import { loadForms, useValidation } from "./validation";
+import { loadForms, trustLoaded, useValidation } from "./validation";
 import {
   ApiError,
   StaleWorkflow,
@@ -43,9 +42,11 @@ import {
   toFlowEdges,
   toFlowNodes,
   withPositions,
+  type Overlay,
 } from "./graph";
 import { History } from "./history";
-import { OverlayContext, nodeTypes, type Overlay } from "./nodes";
+import { nodeTypes } from "./nodes";
+import { fittingViewport, reconcileEdges, reconcileNodes } from "./canvas";
 import { DRAG_MIME, Palette } from "./Palette";
 import { slugify, errorText, download } from "./util";
 import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
@@ -56,6 +57,11 @@ import { templates } from "./templates";
 import { Topbar } from "./Topbar";
 import type { Definition, MemoryView, NodeTypeSpec, Workflow, WorkflowRun } from "./types";
 
+
+// Props of the canvas that never change, defined once so it never sees them as new.
+const DELETE_KEYS = ["Delete", "Backspace"];
+const PRO_OPTIONS = { hideAttribution: true };
+const MIN_ZOOM = 0.1;
 
 interface Draft extends Workflow {
   draft?: boolean;
@@ -86,13 +92,23 @@ function Builder() {
   const wrapper = useRef<HTMLDivElement>(null);
   const [fitPending, setFitPending] = useState(false);
   const measured = useNodesInitialized();
+  const estimated = useRef(false);
   useEffect(() => {
-    // Fit once the nodes have been measured (before that, fitView has no sizes to fit).
-    if (fitPending && measured) {
-      flow.fitView({ padding: 0.15, maxZoom: 1.2 });
-      setFitPending(false);
+    if (!fitPending) return;
+    if (!estimated.current && wrapper.current) {
+      // Look where the fit will be from the positions alone, so the nodes are first drawn there, once.
+      estimated.current = true;
+      const size = { width: wrapper.current.clientWidth, height: wrapper.current.clientHeight };
+      const viewport = fittingViewport(history.current.present, specs, terminals.current, size, { padding: 0.15, maxZoom: 1.2, minZoom: MIN_ZOOM });
+      if (viewport) flow.setViewport(viewport);
     }
-  }, [fitPending, measured, flow]);
+    if (measured) {
+      // Then fit exactly (React Flow waits until the nodes have been measured).
+      flow.fitView({ padding: 0.15, maxZoom: 1.2, minZoom: MIN_ZOOM });
+      setFitPending(false);
+      estimated.current = false;
+    }
+  }, [fitPending, measured, flow, specs]);
 
   const say = useCallback((text: string, options: { undo?: boolean; error?: boolean } = {}) => setToast({ text, ...options }), []);
 
@@ -118,13 +134,6 @@ function Builder() {
     }
   }, []);
 
-  // The canvas follows the definition (keeping what is selected).
-  useEffect(() => {
-    setFlowNodes((previous) => {
-      const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
-      return toFlowNodes(definition, specs, terminals.current, selected);
-    });
-  }, [definition, specs]);
   const flowEdges = useMemo(() => toFlowEdges(definition, specs, selectedEdges), [definition, specs, selectedEdges]);
 
   // ------------------------------------------------------------ loading
@@ -132,7 +141,7 @@ function Builder() {
     async (slug: string) => {
       try {
         const loaded = await getWorkflow(slug);
-        const def = withPositions(loaded.definition);
+        const def = trustLoaded(withPositions(loaded.definition));
         terminals.current = terminalPositions(def);
         history.current.reset(def);
         setDefinition(def);
@@ -146,7 +155,12 @@ function Builder() {
         url.searchParams.set("workflow", slug);
         window.history.replaceState(null, "", url);
         const viewport = def.layout?.viewport;
-        if (viewport) requestAnimationFrame(() => flow.setViewport(viewport));
+        if (viewport) {
+          // Before the nodes are drawn (they are drawn once, where they stay); again on the next frame
+          // in case the canvas was not ready to move yet.
+          flow.setViewport(viewport);
+          requestAnimationFrame(() => flow.setViewport(viewport));
+        }
         else setFitPending(true);
         listRuns(slug)
           .then((rows) => {
@@ -202,7 +216,7 @@ function Builder() {
     else requestAnimationFrame(() => flow.setViewport({ x: 0, y: 0, zoom: 1 }));
   }, [flow]);
 
-  const { errors, validationNote } = useValidation(definition, specs, types.length > 0);
+  const { errors, validationNote, saving: validationSaving, saved: validationSaved } = useValidation(definition, specs, types.length > 0);
 
   const overlay: Overlay = useMemo(() => {
     const byNode: Record<string, string[]> = {};
@@ -210,16 +224,32 @@ function Builder() {
     return { runs: run.nodes, errors: byNode };
   }, [errors, run.nodes]);
 
+  // The canvas follows the definition, the run and the errors (keeping what is selected); only the
+  // nodes whose drawing changed get new objects, so only they re-render.
+  useEffect(() => {
+    setFlowNodes((previous) => {
+      const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
+      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay));
+    });
+  }, [definition, specs, overlay]);
+
+  const shownEdges = useRef<Edge[]>([]);
   const displayedEdges = useMemo(() => {
     const bad = new Set(errors.filter((e) => e.edge !== null && e.edge !== undefined).map((e) => e.edge as number));
-    return flowEdges.map((edge) => {
+    const next = flowEdges.map((edge) => {
       const index = (edge.data as { index: number }).index;
       const running = run.nodes[edge.source]?.status === "done" && run.nodes[edge.target];
       return { ...edge, className: [bad.has(index) ? "invalid" : "", running ? "ran" : ""].filter(Boolean).join(" "), animated: Boolean(running && run.status === "running") };
     });
+    shownEdges.current = reconcileEdges(shownEdges.current, next);
+    return shownEdges.current;
   }, [flowEdges, errors, run]);
 
-  const dirty = workflow ? Boolean(workflow.draft) || comparable(definition) !== comparable(workflow.definition) : false;
+  // Serialising the definition is the costly part of this comparison: once per edit, not per render.
+  const dirty = useMemo(
+    () => (workflow ? Boolean(workflow.draft) || comparable(definition) !== comparable(workflow.definition) : false),
+    [workflow, definition],
+  );
   const blocked = errors.length ? `${errors.length} problem${errors.length > 1 ? "s" : ""}: ${errorText(errors[0])}` : !workflow ? "no workflow open" : null;
 
   useEffect(() => {
@@ -330,8 +360,11 @@ function Builder() {
       const target = force ?? workflow;
       if (!target) return null;
       const viewport = flow.getViewport();
-      const def: Definition = { ...history.current.present, layout: { ...history.current.present.layout, viewport: { x: Math.round(viewport.x), y: Math.round(viewport.y), zoom: Number(viewport.zoom.toFixed(3)) } } };
+      const present = history.current.present;
+      const def: Definition = { ...present, layout: { ...present.layout, viewport: { x: Math.round(viewport.x), y: Math.round(viewport.y), zoom: Number(viewport.zoom.toFixed(3)) } } };
       setSaving(true);
+      validationSaving(present); // one request: the save checks the definition itself
+      let accepted = false;
       try {
         let saved: Workflow;
         if ((target as Draft).draft) {
@@ -343,6 +376,7 @@ function Builder() {
         } else {
           saved = await saveWorkflow(target, { definition: def });
         }
+        accepted = true;
         setWorkflow(saved);
         say(`Saved version ${saved.version}.`);
         return saved;
@@ -352,9 +386,10 @@ function Builder() {
         return null;
       } finally {
         setSaving(false);
+        validationSaved(present, accepted);
       }
     },
-    [workflow, flow, say],
+    [workflow, flow, say, validationSaving, validationSaved],
   );
 
   // ------------------------------------------------------------ runs
@@ -463,8 +498,7 @@ function Builder() {
       <div className="main">
         <Palette types={types} onAdd={(spec) => addNode(spec)} />
         <div className="canvas" ref={wrapper} onDragOver={(e) => { e.preventDefault(); e.dataTransfer.dropEffect = "copy"; }} onDrop={onDrop}>
-          <OverlayContext.Provider value={overlay}>
-            <ReactFlow
+          <ReactFlow
               nodes={flowNodes}
               edges={displayedEdges}
               nodeTypes={nodeTypes}
@@ -472,17 +506,15 @@ function Builder() {
               onEdgesChange={onEdgesChange}
               onConnect={onConnect}
               onDelete={onDelete}
-              deleteKeyCode={["Delete", "Backspace"]}
+              deleteKeyCode={DELETE_KEYS}
               onlyRenderVisibleElements
-              minZoom={0.1}
-              onMoveEnd={(_e: unknown, _v: FlowViewport) => undefined}
-              proOptions={{ hideAttribution: true }}
+              minZoom={MIN_ZOOM}
+              proOptions={PRO_OPTIONS}
             >
               <Background />
               <Controls />
               <MiniMap pannable zoomable />
             </ReactFlow>
-          </OverlayContext.Provider>
           <div className="problems" data-testid="problems">
             {validationNote ? <p className="muted">{validationNote}</p> : null}
             {errors.filter((e) => !e.node).map((e, i) => (
