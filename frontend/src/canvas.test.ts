@@ -1,3 +1,4 @@
+import type { Node } from "@xyflow/react";
 import { describe, expect, it } from "vitest";
 import { fittingViewport, reconcileEdges, reconcileNodes } from "./canvas";
 import { terminalPositions, toFlowEdges, toFlowNodes } from "./graph";
@@ -17,8 +18,7 @@ function chain(n: number): Definition {
 describe("the canvas keeps its node objects across changes", () => {
   const definition = chain(200);
   const terminals = terminalPositions(definition);
-  const measured = () =>
-    toFlowNodes(definition, specs, terminals).map((n) => ({ ...n, measured: { width: 200, height: 100 } }));
+  const measured = (): Node[] => toFlowNodes(definition, specs, terminals).map((n) => ({ ...n, measured: { width: 200, height: 100 } }));
 
   it("replaces only the node a run event names, keeping its measured size", () => {
     const before = measured();
