@@ -6,7 +6,6 @@ import {
   ReactFlow,
   ReactFlowProvider,
   applyNodeChanges,
-  useNodesInitialized,
   useReactFlow,
   type Connection,
   type Edge,
@@ -46,7 +45,7 @@ import {
 } from "./graph";
 import { History } from "./history";
 import { nodeTypes } from "./nodes";
-import { fittingViewport, reconcileEdges, reconcileNodes } from "./canvas";
+import { reconcileEdges, reconcileNodes, useFitting } from "./canvas";
 import { DRAG_MIME, Palette } from "./Palette";
 import { slugify, errorText, download } from "./util";
 import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
@@ -90,25 +89,9 @@ function Builder() {
   const [runForm, setRunForm] = useState<RunForm>({ message: "", channel: "telegram", external_id: "42", display_name: "", conversation_id: "" });
   const [loadError, setLoadError] = useState<string | null>(null);
   const wrapper = useRef<HTMLDivElement>(null);
-  const [fitPending, setFitPending] = useState(false);
-  const measured = useNodesInitialized();
-  const estimated = useRef(false);
-  useEffect(() => {
-    if (!fitPending) return;
-    if (!estimated.current && wrapper.current) {
-      // Look where the fit will be from the positions alone, so the nodes are first drawn there, once.
-      estimated.current = true;
-      const size = { width: wrapper.current.clientWidth, height: wrapper.current.clientHeight };
-      const viewport = fittingViewport(history.current.present, specs, terminals.current, size, { padding: 0.15, maxZoom: 1.2, minZoom: MIN_ZOOM });
-      if (viewport) flow.setViewport(viewport);
-    }
-    if (measured) {
-      // Then fit exactly (React Flow waits until the nodes have been measured).
-      flow.fitView({ padding: 0.15, maxZoom: 1.2, minZoom: MIN_ZOOM });
-      setFitPending(false);
-      estimated.current = false;
-    }
-  }, [fitPending, measured, flow, specs]);
+  const specsRef = useRef(specs);
+  specsRef.current = specs;
+  const fitSoon = useFitting(flow, wrapper, specsRef, terminals, () => history.current.present, flowNodes);
 
   const say = useCallback((text: string, options: { undo?: boolean; error?: boolean } = {}) => setToast({ text, ...options }), []);
 
@@ -161,7 +144,7 @@ function Builder() {
           flow.setViewport(viewport);
           requestAnimationFrame(() => flow.setViewport(viewport));
         }
-        else setFitPending(true);
+        else fitSoon(def);
         listRuns(slug)
           .then((rows) => {
             setRuns(rows);
@@ -174,7 +157,7 @@ function Builder() {
       }
     },
     // eslint-disable-next-line react-hooks/exhaustive-deps
-    [flow],
+    [flow, fitSoon],
   );
 
   useEffect(() => {
@@ -182,6 +165,7 @@ function Builder() {
       try {
         const [nodeTypesList, workflowList] = await Promise.all([getNodeTypes(), listWorkflows()]);
         setTypes(nodeTypesList);
+        specsRef.current = new Map(nodeTypesList.map((t) => [t.name, t]));
         setWorkflows(workflowList);
         const wanted = new URL(window.location.href).searchParams.get("workflow");
         const slug = wanted ?? workflowList[0]?.slug;
@@ -212,9 +196,9 @@ function Builder() {
     url.searchParams.delete("workflow");
     window.history.replaceState(null, "", url);
     // An empty canvas at scale 1: fitting START and END alone would zoom in on them.
-    if (def.nodes.length) setFitPending(true);
+    if (def.nodes.length) fitSoon(def);
     else requestAnimationFrame(() => flow.setViewport({ x: 0, y: 0, zoom: 1 }));
-  }, [flow]);
+  }, [flow, fitSoon]);
 
   const { errors, validationNote, saving: validationSaving, saved: validationSaved } = useValidation(definition, specs, types.length > 0);
 
@@ -229,9 +213,9 @@ function Builder() {
   useEffect(() => {
     setFlowNodes((previous) => {
       const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
-      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay));
+      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay), (id) => flow.getInternalNode(id)?.measured);
     });
-  }, [definition, specs, overlay]);
+  }, [definition, specs, overlay, flow]);
 
   const shownEdges = useRef<Edge[]>([]);
   const displayedEdges = useMemo(() => {
@@ -287,8 +271,11 @@ function Builder() {
 
   const onNodesChange = useCallback(
     (changes: NodeChange[]) => {
-      const kept = changes.filter((c) => c.type !== "remove"); // deletions go through onDelete (undoable)
-      setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
+      // Deletions go through onDelete (undoable). Sizes stay in React Flow's store (reconcileNodes reads
+      // them there when it replaces a node): applying them here would replace every node object once
+      // more after the first draw, and React Flow would render every node again.
+      const kept = changes.filter((c) => c.type !== "remove" && c.type !== "dimensions");
+      if (kept.length) setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
       const moved = kept.filter((c) => c.type === "position" && c.dragging === false && c.position);
       if (moved.length) {
         const current = history.current.present;
@@ -454,8 +441,9 @@ function Builder() {
   const onImport = async (file: File) => {
     try {
       const { definition: imported } = parseImport(await file.text());
-      commit(withPositions(imported));
-      setFitPending(true);
+      const def = withPositions(imported);
+      commit(def);
+      fitSoon(def);
       say(`Imported ${file.name} (undo to go back).`, { undo: true });
     } catch (error) {
       say(`Not imported: ${(error as Error).message}`, { error: true });

@@ -2,7 +2,8 @@
 // React Flow re-renders (and, without its `measured` sizes, re-measures) every node whose object is new;
 // rebuilding all of them on each change made a large workflow slow to open and to edit. Here an object
 // is replaced only when what it draws changed, and a replaced node keeps its measured size.
-import { getViewportForBounds, type Edge, type Node } from "@xyflow/react";
+import { getViewportForBounds, type Edge, type Node, type ReactFlowInstance } from "@xyflow/react";
+import { useCallback, useEffect, useState, type RefObject } from "react";
 import { inputHandles, outputHandles } from "./graph";
 import type { Definition, NodeTypeSpec, Viewport } from "./types";
 
@@ -23,11 +24,15 @@ function sameData(a: Record<string, unknown>, b: Record<string, unknown>): boole
   });
 }
 
+type Measured = Node["measured"];
+
 /**
- * The next nodes, reusing each previous node object that draws the same thing. Selection, dragging and
- * the measured size come from the previous object (the canvas owns them, not the definition).
+ * The next nodes, reusing each previous node object that draws the same thing. Selection and dragging
+ * come from the previous object (the canvas owns them, not the definition), the measured size from
+ * `measuredOf` (React Flow's own measurement) or else the previous object: a replaced node keeps it, so
+ * React Flow neither re-measures it nor drops its edges meanwhile.
  */
-export function reconcileNodes(previous: Node[], next: Node[]): Node[] {
+export function reconcileNodes(previous: Node[], next: Node[], measuredOf: (id: string) => Measured = () => undefined): Node[] {
   if (!previous.length) return next;
   const before = new Map(previous.map((n) => [n.id, n]));
   let changed = previous.length !== next.length;
@@ -48,7 +53,7 @@ export function reconcileNodes(previous: Node[], next: Node[]): Node[] {
       return old;
     }
     changed = true;
-    return { ...node, selected: old.selected, dragging: old.dragging, measured: old.measured, width: old.width, height: old.height };
+    return { ...node, selected: old.selected, dragging: old.dragging, measured: measuredOf(node.id) ?? old.measured, width: old.width, height: old.height };
   });
   return changed ? result : previous;
 }
@@ -106,3 +111,42 @@ export function fittingViewport(
   return getViewportForBounds({ x: x0, y: y0, width: x1 - x0, height: y1 - y0 }, size.width, size.height, options.minZoom, options.maxZoom, options.padding);
 }
 
+
+type Terminals = { start: { x: number; y: number }; end: { x: number; y: number } };
+const FIT = { padding: 0.15, maxZoom: 1.2, minZoom: 0.1 };
+
+/**
+ * Fitting a definition to the canvas: at once where the fit will be, from its positions alone, so its
+ * nodes are drawn there once; then exactly, once the canvas holds them (React Flow's store has them when
+ * the effect runs: its own effects run first), which React Flow does as soon as it has measured them.
+ * Returns `fitSoon(definition)`.
+ */
+export function useFitting(
+  flow: ReactFlowInstance,
+  canvas: RefObject<HTMLDivElement | null>,
+  specs: { current: Map<string, NodeTypeSpec> },
+  terminals: { current: Terminals },
+  present: () => Definition,
+  shownNodes: Node[],
+) {
+  const [pending, setPending] = useState(false);
+  const fitSoon = useCallback(
+    (definition: Definition) => {
+      if (canvas.current) {
+        const size = { width: canvas.current.clientWidth, height: canvas.current.clientHeight };
+        const viewport = fittingViewport(definition, specs.current, terminals.current, size, FIT);
+        if (viewport) flow.setViewport(viewport);
+      }
+      setPending(true);
+    },
+    [flow, canvas, specs, terminals],
+  );
+  useEffect(() => {
+    if (!pending) return;
+    const shown = new Set(shownNodes.map((n) => n.id));
+    if (!present().nodes.every((n) => shown.has(n.id))) return;
+    setPending(false);
+    flow.fitView(FIT);
+  }, [pending, shownNodes, flow, present]);
+  return fitSoon;
+}
