@@ -45,7 +45,7 @@ import {
 } from "./graph";
 import { History } from "./history";
 import { nodeTypes } from "./nodes";
-import { reconcileEdges, reconcileNodes, useFitting } from "./canvas";
+import { keepMeasured, reconcileEdges, reconcileNodes, selectOnly, useFitting } from "./canvas";
 import { DRAG_MIME, Palette } from "./Palette";
 import { slugify, errorText, download } from "./util";
 import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
@@ -68,6 +68,7 @@ interface Draft extends Workflow {
 
 function Builder() {
   const flow = useReactFlow();
+  const measuredOf = useCallback((id: string) => flow.getInternalNode(id)?.measured, [flow]);
   const [types, setTypes] = useState<NodeTypeSpec[]>([]);
   const specs = useMemo(() => new Map(types.map((t) => [t.name, t])), [types]);
   const [workflows, setWorkflows] = useState<Workflow[]>([]);
@@ -213,9 +214,9 @@ function Builder() {
   useEffect(() => {
     setFlowNodes((previous) => {
       const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
-      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay), (id) => flow.getInternalNode(id)?.measured);
+      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay), measuredOf);
     });
-  }, [definition, specs, overlay, flow]);
+  }, [definition, specs, overlay, measuredOf]);
 
   const shownEdges = useRef<Edge[]>([]);
   const displayedEdges = useMemo(() => {
@@ -252,9 +253,9 @@ function Builder() {
       const id = freeNodeId(current, spec.name);
       const at = position ?? { x: 80 + current.nodes.length * 40, y: 80 + current.nodes.length * 40 };
       commit({ ...current, nodes: [...current.nodes, { id, type: spec.name, config: defaultConfig(spec.config_schema), position: at }] });
-      setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: n.id === id })));
+      setFlowNodes((nodes) => selectOnly(nodes, new Set([id]), measuredOf));
     },
-    [commit],
+    [commit, measuredOf],
   );
 
   const onDrop = useCallback(
@@ -271,11 +272,10 @@ function Builder() {
 
   const onNodesChange = useCallback(
     (changes: NodeChange[]) => {
-      // Deletions go through onDelete (undoable). Sizes stay in React Flow's store (reconcileNodes reads
-      // them there when it replaces a node): applying them here would replace every node object once
-      // more after the first draw, and React Flow would render every node again.
+      // Deletions go through onDelete (undoable). Sizes stay in React Flow's store (read back when a node
+      // is replaced): applying them here would replace, and render, every node again after the first draw.
       const kept = changes.filter((c) => c.type !== "remove" && c.type !== "dimensions");
-      if (kept.length) setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
+      if (kept.length) setFlowNodes((nodes) => keepMeasured(applyNodeChanges(kept, nodes), nodes, measuredOf));
       const moved = kept.filter((c) => c.type === "position" && c.dragging === false && c.position);
       if (moved.length) {
         const current = history.current.present;
@@ -286,7 +286,7 @@ function Builder() {
         commit({ ...current, nodes: current.nodes.map((n) => (positions.has(n.id) ? { ...n, position: positions.get(n.id) } : n)) });
       }
     },
-    [commit],
+    [commit, measuredOf],
   );
 
   const onEdgesChange = useCallback((changes: EdgeChange[]) => {
@@ -435,7 +435,7 @@ function Builder() {
     }
   }, [workflow, running, dirty, save, runForm, refreshMemory]);
 
-  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: ids.has(n.id) }))) });
+  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => selectOnly(nodes, ids, measuredOf)) });
 
   // ------------------------------------------------------------ import / export / templates
   const onImport = async (file: File) => {

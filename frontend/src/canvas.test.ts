@@ -1,6 +1,6 @@
 import type { Node } from "@xyflow/react";
 import { describe, expect, it } from "vitest";
-import { fittingViewport, reconcileEdges, reconcileNodes } from "./canvas";
+import { fittingViewport, keepMeasured, reconcileEdges, reconcileNodes, selectOnly } from "./canvas";
 import { terminalPositions, toFlowEdges, toFlowNodes } from "./graph";
 import type { Definition, NodeTypeSpec } from "./types";
 
@@ -54,6 +54,16 @@ describe("the canvas keeps its node objects across changes", () => {
     const after = reconcileNodes(before, toFlowNodes(edited, specs, terminalPositions(edited), new Set()));
     const kept = new Set(before);
     expect(after.filter((n) => !kept.has(n)).map((n) => n.id).sort()).toEqual(["END", "START", "extra", "r1"].sort());
+  });
+
+  it("selecting or dragging replaces only the nodes concerned, with the size React Flow measured", () => {
+    const before = toFlowNodes(definition, specs, terminals);
+    const size = { width: 200, height: 110 };
+    const selected = selectOnly(before, new Set(["r4"]), () => size);
+    expect(selected.filter((n, i) => n !== before[i]).map((n) => [n.id, n.selected, n.measured])).toEqual([["r4", true, size]]);
+    const moved = before.map((n) => (n.id === "r9" ? { ...n, position: { x: 1, y: 2 } } : n));
+    const kept = keepMeasured(moved, before, () => size);
+    expect(kept.filter((n, i) => n !== before[i]).map((n) => [n.id, n.measured])).toEqual([["r9", size]]);
   });
 
   it("keeps edge objects unless their drawing changes", () => {

@@ -58,6 +58,21 @@ export function reconcileNodes(previous: Node[], next: Node[], measuredOf: (id: 
   return changed ? result : previous;
 }
 
+/**
+ * After the canvas's own changes (selection, dragging): each node object they replaced takes its
+ * measured size from React Flow's store, where sizes stay; without one React Flow would drop the node's
+ * handles, and its edges, until it had measured it again.
+ */
+export function keepMeasured(next: Node[], previous: Node[], measuredOf: (id: string) => Measured): Node[] {
+  const before = new Set(previous);
+  return next.map((node) => (before.has(node) || node.measured ? node : { ...node, measured: measuredOf(node.id) }));
+}
+
+/** Select exactly these nodes, replacing only the objects whose selection changes (sizes kept). */
+export function selectOnly(nodes: Node[], ids: Set<string>, measuredOf: (id: string) => Measured): Node[] {
+  return nodes.map((n) => (Boolean(n.selected) === ids.has(n.id) ? n : { ...n, selected: ids.has(n.id), measured: n.measured ?? measuredOf(n.id) }));
+}
+
 const EDGE_KEYS = ["source", "target", "sourceHandle", "targetHandle", "label", "className", "animated", "selected"] as const;
 
 /** The next edges, reusing each previous edge object that draws the same thing. */
