@@ -77,11 +77,13 @@ class ExternalIdField(serializers.Field):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, (str, int)):
             self.fail("invalid")
-        text = str(data).strip()
-        if not text:
-            self.fail("blank")
+        text = str(data)
+        # The length is the one sent, as the schema's maxLength counts it (surrounding spaces included).
         if len(text) > 255:
             raise serializers.ValidationError("Ensure this field has no more than 255 characters.")
+        text = text.strip()
+        if not text:
+            self.fail("blank")
         return text
 
     def to_representation(self, value):
