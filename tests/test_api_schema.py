@@ -6,6 +6,7 @@ not match the schema fails the test. `scripts/api_fuzz.sh` runs the same check l
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,10 +92,7 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
 
 
 def _failures(output):
-    """What a failing run needs to be read: each failure's details (the operation, the check, the request
-    to reproduce it with, the response) and the summary, not just the output's tail."""
-    start = output.find("FAILURES")
-    if start == -1:
-        return output[-3000:]
-    start = output.rfind("\n", 0, start) + 1
-    return output[start:]
+    """What a failing run needs to be read: from its first ERRORS or FAILURES section on, each problem's
+    details (operation, check, the request to reproduce it, the response), the warnings and the summary."""
+    section = re.search(r"^=+ (ERRORS|FAILURES) =+$", output, re.MULTILINE)
+    return output[section.start() :] if section else output[-3000:]
