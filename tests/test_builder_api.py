@@ -5,6 +5,7 @@ what memory each run used and wrote, the memory a run will see, and the /builder
 import copy
 import json
 
+import jsonschema
 import pytest
 
 from memory.models import Fact
@@ -162,6 +163,13 @@ def test_validate_needs_a_definition(api, db):
     assert response.status_code == 400 and "definition" in response.json()
 
 
+@pytest.mark.parametrize("definition", ["", None, [], 3])
+def test_validate_refuses_a_definition_that_is_not_an_object_naming_the_field(api, db, definition):
+    """The schema declares the definition a JSON object: anything else is a 400, not a 200 {"valid": false}."""
+    response = api.post("/api/v1/workflows/validate/", {"definition": definition}, format="json")
+    assert response.status_code == 400 and "definition" in response.json()
+
+
 def test_definition_errors_and_validate_definition_agree(db):
     data = laid_out()
     data["nodes"][1]["config"] = {"limit": 0}
@@ -210,6 +218,20 @@ def test_stream_sends_each_node_and_the_run_as_events_and_keeps_the_run(api, dem
     assert run.input["message"] == "my name is Ada" and run.workflow_version == 1
 
 
+def test_every_streamed_event_is_what_the_openapi_schema_declares(api, demo_workflow):
+    """Clients generated from /api/schema/ read each event as its fields: a known `event` and `data`
+    holding a JSON object (the declared schema of the stream's items)."""
+    document = api.get("/api/schema/?format=json").json()
+    operation = document["paths"]["/api/v1/workflows/{slug}/runs/stream/"]["post"]
+    declared = operation["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    raw = b"".join(stream(api, external_id=42).streaming_content).decode()
+    blocks = [dict(line.split(": ", 1) for line in block.splitlines()) for block in raw.strip().split("\n\n")]
+    assert [b["event"] for b in blocks][:: len(blocks) - 1] == ["run_started", "run_finished"]
+    for block in blocks:
+        jsonschema.validate(block, declared)
+        assert isinstance(json.loads(block["data"]), dict)
+
+
 def test_recall_and_remember_events_show_what_memory_was_used_and_written(api, demo_workflow):
     MemoryService().set_fact("name", "Nobody", scope="global")
     events = parse_sse(b"".join(stream(api).streaming_content).decode())
@@ -243,6 +265,7 @@ def test_recall_and_remember_events_show_what_memory_was_used_and_written(api, d
         ({"channel": None}, "channel"),
         ({"external_id": True}, "external_id"),
         ({"external_id": " "}, "external_id"),
+        ({"external_id": " " * 250 + "42" + " " * 10}, "external_id"),
         ({"colour": "red"}, "colour"),
     ],
 )

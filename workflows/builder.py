@@ -22,8 +22,7 @@ from django.middleware.csrf import get_token
 from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import escape
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.negotiation import BaseContentNegotiation
@@ -39,7 +38,7 @@ from memory.service import MemoryService
 from .conf import workflow_settings
 from .exceptions import InvalidTrigger
 from .models import RunStatus, WorkflowRun
-from .runs import admin_url, delete_runs
+from .runs import EventType, admin_url, delete_runs
 from .runtime import RunStream
 from .serializers import StrictCharField
 from .threads import thread_id_for
@@ -61,6 +60,15 @@ class JSONOnly(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"\S"},
+            {"type": "integer"},
+        ],
+        "description": "The sender's id on that channel: a string or an integer (a Telegram user id is a number).",
+    }
+)
 class ExternalIdField(serializers.Field):
     """A person's id on their channel: a JSON string or integer (a Telegram user id is a number)."""
 
@@ -69,11 +77,13 @@ class ExternalIdField(serializers.Field):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, (str, int)):
             self.fail("invalid")
-        text = str(data).strip()
-        if not text:
-            self.fail("blank")
+        text = str(data)
+        # The length is the one sent, as the schema's maxLength counts it (surrounding spaces included).
         if len(text) > 255:
             raise serializers.ValidationError("Ensure this field has no more than 255 characters.")
+        text = text.strip()
+        if not text:
+            self.fail("blank")
         return text
 
     def to_representation(self, value):
@@ -85,7 +95,7 @@ class StreamRunSerializer(serializers.Serializer):
 
     message = StrictCharField(help_text="What the person says.")
     channel = StrictCharField(max_length=50, help_text="The sender's channel: telegram, email, chat, ...")
-    external_id = ExternalIdField(help_text="The sender's id on that channel (a string or an integer).")
+    external_id = ExternalIdField()
     display_name = StrictCharField(required=False, allow_blank=True, max_length=200)
     conversation_id = StrictCharField(
         required=False, allow_blank=True, max_length=100, help_text=f"A group chat's id; default {DIRECT!r}."
@@ -314,13 +324,35 @@ class RunViewSet(
         return Response(BatchDeleteResultSerializer({"deleted": result.deleted, "not_found": result.not_found}).data)
 
 
+# One server-sent event as OpenAPI 3.0 describes an event stream's item (the schema of
+# `text/event-stream` is each event's fields: `event` and `data`, as clients such as EventSource parse
+# them). Every event names its type and carries a JSON object; the stream sends no `id` or `retry`.
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "event": {
+            "type": "string",
+            "enum": [
+                EventType.RUN_STARTED,
+                EventType.NODE_STARTED,
+                EventType.NODE_FINISHED,
+                EventType.NODE_ERROR,
+                EventType.RUN_FINISHED,
+            ],
+        },
+        "data": {"type": "string", "pattern": r"^\{", "description": "The event's payload, a JSON object."},
+    },
+    "required": ["event", "data"],
+    "additionalProperties": False,
+}
+
 STREAM_SCHEMA = extend_schema(
     request=StreamRunSerializer,
     responses={
         (200, "text/event-stream"): OpenApiResponse(
-            OpenApiTypes.STR,
+            SSE_EVENT_SCHEMA,
             description="Server-sent events: run_started, node_started, node_finished | node_error, run_finished; "
-            "each `event: <type>` with `data: <JSON>`.",
+            "each `event: <type>` with `data: <JSON object>`.",
         )
     },
     description="Run the workflow for a message from a person (channel + external id) and stream its events.",

@@ -27,11 +27,11 @@ class NodeTypeSerializer(serializers.Serializer):
         "between them, and the builder's layout (viewport); checked against the node registry on save (unknown "
         "type, bad config, dangling edge, cycle without exit: a 400 naming the node).",
         "properties": {
-            "nodes": {"type": "array", "items": {"type": "object"}},
-            "edges": {"type": "array", "items": {"type": "object"}},
-            "layout": {"type": "object"},
+            "nodes": {"type": "array", "items": {"type": "object"}, "minItems": 1},
+            "edges": {"type": "array", "items": {"type": "object"}, "description": "Default: none."},
+            "layout": {"type": "object", "nullable": True},
         },
-        "required": ["nodes", "edges"],
+        "required": ["nodes"],
     }
 )
 class DefinitionField(serializers.JSONField):
@@ -92,8 +92,20 @@ class WorkflowSerializer(serializers.ModelSerializer):
         return value
 
 
+@extend_schema_field({"type": "object"})
+class AnyDefinitionField(serializers.JSONField):
+    """A definition to check: any JSON object (what is wrong inside it is the check's answer, not a 400)."""
+
+    default_error_messages = {"not_object": "Must be a JSON object (a workflow definition)."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("not_object")
+        return super().to_internal_value(data)
+
+
 class ValidateDefinitionSerializer(serializers.Serializer):
-    definition = serializers.JSONField(help_text="A workflow definition to check (nothing is saved).")
+    definition = AnyDefinitionField(help_text="A workflow definition to check (nothing is saved).")
 
 
 class DefinitionErrorSerializer(serializers.Serializer):
