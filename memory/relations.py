@@ -1,4 +1,4 @@
-"""The memory graph (seed 001's memory_relations): edges between recall documents, off the write path.
+"""The memory graph: edges between recall documents, off the write path.
 
 - `similar`: once the embedding worker has stored vectors (after the writes committed, in its own
   short transaction) and no more writes wait for it (memory/indexer.py: a burst is linked after it,
