@@ -75,3 +75,17 @@ def test_the_settings_reference_documents_every_setting_once():
     assert {name: sorted(keys) for name, keys in documented.items()} == {
         name: sorted(keys) for name, keys in expected.items()
     }
+
+
+def test_the_command_line_reference_names_every_command_and_subcommand():
+    from django.core.management import get_commands, load_command_class
+
+    page = (REPO / "docs" / "reference" / "cli.md").read_text()
+    ours = sorted(name for name, app in get_commands().items() if app in ("memory", "workflows"))
+    assert "memory" in ours
+    assert [name for name in ours if f"`{name}" not in page and f"manage.py {name}" not in page] == []
+    parser = load_command_class("memory", "memory").create_parser("manage.py", "memory")
+    # argparse lists the subcommands in the usage line: {list,stats,export,...}
+    subcommands = re.search(r"\{([a-z,-]+)\}", parser.format_usage()).group(1).split(",")
+    assert len(subcommands) > 10
+    assert [name for name in subcommands if f"manage.py memory {name}" not in page] == []
