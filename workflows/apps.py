@@ -14,6 +14,7 @@ class WorkflowsConfig(AppConfig):
             conf,  # noqa: F401  (reloads settings on override)
             lifecycle,
             nodes,  # noqa: F401  (registers the built-in node types)
+            outbox,  # noqa: F401  (receiver: users_deleting deletes replies not yet sent)
             reminders,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export)
             runs,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export, prune)
             threads,  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
