@@ -61,7 +61,9 @@ def _documented_settings():
 def _expected_settings(app, defaults):
     expected = {f"{app}[...]": []}
     for key, default in defaults.items():
-        if isinstance(default, dict) and default:
+        # A dict of settings (upper-case keys, as LIMITS) has a table of its own; a dict that is a value
+        # (a mapping of the user's own names, as STORE_NAMESPACES) is one row.
+        if isinstance(default, dict) and default and all(name.isupper() for name in default):
             expected[f'{app}["{key}"][...]'] = list(default)
         else:
             expected[f"{app}[...]"].append(key)
