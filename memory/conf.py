@@ -142,7 +142,7 @@ DEFAULTS = {
     "RECALL_SESSION_WEIGHT": 0.4,
     # An episode's relevance x (its length / the median length of the episodes ranked) ** this: what
     # a longer turn says is more likely to hold what is asked for (memory/recall.py, step 4). Chosen
-    # by 5-fold cross-validation on LoCoMo among 0, 1/4 and 1/2 (bench.retrieval); 0 turns it off.
+    # by 5-fold cross-validation on LoCoMo among 0, 1/4 and 1/2 (bench/README.md); 0 turns it off.
     "RECALL_LENGTH_EXPONENT": 0.25,
     # What asking is worth against stating: an episode's relevance counts 1 - (1 - this) x its share
     # of sentences that are questions (a bare question: this share); what it gives up goes to the
@@ -159,8 +159,8 @@ DEFAULTS = {
     # older frames for at most this many seconds; past it the deletion's result says the WAL was kept.
     "ERASURE_WAL_WAIT_SECONDS": 10,
     # Threads numpy's BLAS may use, set when the vector index is first built (process-wide). Idle
-    # BLAS threads spin, and on a small busy machine they take the cores a recall's own statements
-    # and the requests need; the scans are small enough for one thread. None: leave it.
+    # BLAS threads spin, and on a small busy machine they slow everything else in a recall (measured
+    # on 2 cores at 100k items: hybrid p95 47 ms with the default, 24 ms with 1). None: leave it.
     "VECTOR_BLAS_THREADS": 1,
 }
 

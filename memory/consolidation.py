@@ -170,7 +170,7 @@ def _clean_value(text):
 
 
 class RuleExtractor(BaseExtractor):
-    """The built-in extractor, no model needed (end-of-session consolidation by rules).
+    """The built-in extractor, no model needed (seed 002's end-of-session consolidation).
 
     From the user's messages: "my X is Y" (key X, a preference, or a relationship when X names one)
     and "remember that ..." (key from the statement's subject when it reads "X is Y", else

@@ -1,8 +1,9 @@
-"""Memory health (five metrics, a weighted score and a colour band) and the component checks /healthz reports.
+"""Memory health (seed 001's five metrics and colour band) and the component checks /healthz reports.
 
 Internal to the memory service: call `MemoryService.memory_health()` (the `memory health` command).
 
-Each metric is 0..100, read from the memory tables:
+Each metric is 0..100, read from the memory tables (seed 001 reads them from embeddings; until
+recall keeps embeddings, these are their memory-only readings):
 
 | metric       | weight | question                                                                |
 |--------------|--------|-------------------------------------------------------------------------|
@@ -74,7 +75,7 @@ def _share(part, whole):
 
 
 def _facts_with_edges():
-    """Ids of facts with at least one edge of the memory graph, either way (the reachability metric)."""
+    """Ids of facts with at least one edge of the memory graph, either way (seed 001's reachability)."""
     linked = RecallDocument.objects.filter(kind=RecallKind.FACT).filter(
         Q(pk__in=MemoryRelation.objects.values("source_id"))
         | Q(pk__in=MemoryRelation.objects.filter(target__isnull=False).values("target_id"))

@@ -157,7 +157,7 @@ class LifecycleMixin:
         return clearing.clear(self, kinds, scope=scope, agent_id=agent_id, user_id=user_id, actor=actor)
 
     def memory_health(self, *, agent_id=None, fresh=True):
-        """The five health metrics, score and colour band (of one agent, or all); see memory.health.
+        """Seed 001's five metrics, score and colour band (of one agent, or all); see memory.health.
 
         `fresh=False` may return a result up to HEALTH["CACHE_SECONDS"] old.
         """

@@ -173,9 +173,9 @@ class MiniLM:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
-        # No memory arena for a call's activations: it would keep the largest batch's buffers for
-        # good, and gains no speed here. What they free goes back to the system when a model child
-        # idles (memory/model_process.py).
+        # No memory arena for a call's activations: it keeps the largest batch's buffers for good
+        # (426 against 325 MB resident after 200 batches of mixed sizes), at the same speed. What
+        # they free goes back to the system when a model child idles (memory/model_process.py).
         options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")

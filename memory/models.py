@@ -585,7 +585,7 @@ class StoreItem(models.Model):
 
 
 class Promotion(models.Model):
-    """The promotion ledger: one row per memory made durable, so a
+    """The promotion ledger (seed 003's memory_promotions): one row per memory made durable, so a
     sweep never promotes the same source twice (unique per source, kept after the facts it wrote)."""
 
     class Rule(models.TextChoices):
@@ -621,7 +621,7 @@ class Relation(models.TextChoices):
 
 
 class MemoryRelation(models.Model):
-    """An edge of the memory graph from a recall document to another
+    """An edge of the memory graph (seed 001's memory_relations) from a recall document to another
     one, or, for `contradicts`, to the fact version whose value a write replaced (fact history).
 
     Deleting a memory deletes its document (a trigger), and a trigger on the documents deletes

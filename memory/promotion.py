@@ -1,4 +1,4 @@
-"""Promotion: memories that recall keeps returning become durable ones, each only once (a periodic sweep).
+"""Promotion: memories that recall keeps returning become durable ones, each only once (seed 003's dream sweep).
 
     report = MemoryService().promote()   # `python manage.py memory promote`; also after each consolidation
 

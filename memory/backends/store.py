@@ -151,10 +151,12 @@ def postgresql_field_equals(backend, name, wanted):
 class SQLiteStoreReads:
     """SQLite's store reads on the DB-API connection Django holds (inside the same transaction, if any).
 
-    A get by key is so short that Django's cursor wrapper, placeholder rewrite and per-value
-    converters would be most of its time; this path builds the same rows (JSON decoded, aware
-    datetimes) itself, so EngramStore reads as fast as LangGraph's own SqliteStore (bench.store
-    compares them). Filtered searches take the same path: they convert several datetimes per row.
+    Django's cursor wrapper, placeholder rewrite and per-value converters were most of a get that
+    SqliteStore answers in ~45 us; this path builds the same rows (JSON decoded, aware datetimes)
+    itself. Measured in one session, 5,000 reads by key on 10,000 items, three rounds: 7,493 / 11,304
+    / 13,293 per second through Django's cursor, 15,917 / 29,004 / 28,860 here (2.2x, median ratio).
+    Filtered searches take the same path: Django's converters were a quarter of one (three datetimes
+    per row).
     """
 
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):

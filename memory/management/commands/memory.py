@@ -471,7 +471,7 @@ class HistorySubcommand(Subcommand):
 
 class HealthSubcommand(Subcommand):
     name = "health"
-    help = "The five memory health metrics, the weighted score and its colour band."
+    help = "Seed 001's five health metrics, the weighted score and its colour band."
 
     def add_arguments(self, parser):
         parser.add_argument("--agent", dest="agent_id")
