@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
+from memory.rules.validation import storable
 from memory.service import MemoryService
-from memory.validation import storable
 
 from . import threads
 from .agent import build_agent_node

@@ -16,11 +16,11 @@ from django.dispatch import receiver
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from memory.admin_site import memories_site
+from memory.admin.site import memories_site
 from memory.models import ChannelIdentity, MemoryUser
+from memory.rules.validation import storable
 from memory.service import BatchDelete
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
-from memory.validation import storable
 
 from .conf import workflow_settings
 from .models import Workflow, WorkflowRun
