@@ -159,8 +159,8 @@ DEFAULTS = {
     # older frames for at most this many seconds; past it the deletion's result says the WAL was kept.
     "ERASURE_WAL_WAIT_SECONDS": 10,
     # Threads numpy's BLAS may use, set when the vector index is first built (process-wide). Idle
-    # BLAS threads spin, and on a small busy machine they slow everything else in a recall (measured
-    # on 2 cores at 100k items: hybrid p95 47 ms with the default, 24 ms with 1). None: leave it.
+    # BLAS threads spin, and on a small busy machine they take the cores a recall's own statements
+    # and the requests need; the scans are small enough for one thread. None: leave it.
     "VECTOR_BLAS_THREADS": 1,
 }
 

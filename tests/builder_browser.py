@@ -33,7 +33,7 @@ def missing():
     try:
         import playwright  # noqa: F401
     except ImportError:
-        return "needs the playwright package (pip install 'engram[dev]')"
+        return "needs the playwright package (pip install -e '.[dev]')"
     if not BUILT_INDEX.exists():
         return "needs the built builder (cd frontend && npm ci && npm run build)"
     return None

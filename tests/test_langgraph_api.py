@@ -18,12 +18,12 @@ from workflows import langgraph as engram
 from workflows.models import Thread
 from workflows.threads import list_checkpoints
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "own-graph.md"
 
 
 def readme_example():
-    """The Python block of the README's "Use Engram in your own graph" section."""
-    section = README.read_text().split("## Use Engram in your own graph", 1)[1].split("\n## ", 1)[0]
+    """The first Python block of the guide "Use Engram in your own graph" (before its first subsection)."""
+    section = GUIDE.read_text().split("# Use Engram in your own graph", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -31,7 +31,7 @@ def test_the_readme_example_runs_as_written_and_remembers(db, django_capture_on_
     code = readme_example()
     assert len(code.strip().splitlines()) <= 30
     namespace = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102  (the documented example, verbatim)
+    exec(compile(code, "own-graph.md", "exec"), namespace)  # noqa: S102  (the documented example, verbatim)
     ada = namespace["ada"]
     fact = Fact.objects.get(key="drink")
     assert (fact.value, fact.scope, fact.user_id) == ("tea", "user", ada.pk)

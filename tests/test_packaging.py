@@ -1,6 +1,6 @@
 """Engram as a library: the wheel holds the two apps with their templates and static files (and no
 `config` package), and a project made by `django-admin startproject` runs Engram after the steps the
-README gives ("Add Engram to an existing Django project").
+guide docs/guides/django-project.md gives ("Add Engram to an existing Django project").
 
 The sdist is built from the checkout and the wheel from the sdist (`python -m build`), as a release
 is, so a file missing from either fails here. The build runs without isolation, on the setuptools and
@@ -29,16 +29,16 @@ pytestmark = pytest.mark.packaging
 REPO = Path(__file__).resolve().parent.parent
 BUILDER_BUILD = "workflows/static/workflows/builder"
 
-README = REPO / "README.md"
+GUIDE = REPO / "docs" / "guides" / "django-project.md"
 
 
 def readme_block(marker):
-    """The code block after `<!-- host-project:<marker> -->` in the README: what a host project adds."""
-    after = README.read_text().split(f"<!-- host-project:{marker} -->\n", 1)[1]
+    """The code block after `<!-- host-project:<marker> -->` in the guide: what a host project adds."""
+    after = GUIDE.read_text().split(f"<!-- host-project:{marker} -->\n", 1)[1]
     return re.match(r"```[\w.]*\n(.*?)```", after, re.S).group(1)
 
 
-# Run inside the host project after the README's commands (its own process, as a script would).
+# Run inside the host project after the guide's commands (its own process, as a script would).
 HOST_SCRIPT = """
 import django, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
@@ -65,7 +65,7 @@ client.force_login(get_user_model().objects.get(username="op"))  # made by creat
 page = client.get("/memories/", follow=True)  # to the first tab
 assert page.status_code == 200 and b"memories-tabs" in page.content, page.status_code
 assert client.get("/api/v1/facts/").json()["count"] == 1
-# The demo workflow by command (setup_demo was one of the README's commands).
+# The demo workflow by command (setup_demo was one of the guide's commands).
 from io import StringIO
 from django.core.management import call_command
 call_command("run_workflow", "demo", "--user", "telegram:42", "--name", "Ada", "--message", "my name is Ada")
@@ -212,7 +212,7 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     host.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL")}
     if host_database:
-        env["DATABASE_URL"] = host_database  # what the README's PostgreSQL block reads
+        env["DATABASE_URL"] = host_database  # what the guide's PostgreSQL block reads
 
     def run(*args, extra_env=None):
         done = subprocess.run(
@@ -235,7 +235,7 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     assert all(
         code in missing for code in ("memory.E001", "memory.E002", "memory.E003", "memory.W002", "memory.W003")
     ), missing
-    # The README's lines, read from the README itself.
+    # The guide's lines, read from the guide itself.
     database = readme_block("postgresql") if host_database else ""
     settings_py.write_text(startproject_settings + "\n" + database + "\n" + readme_block("settings"))
     with open(urls_py, "a") as urls:
@@ -246,7 +246,7 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     with open(settings_py, "a") as production:
         production.write('\nDEBUG = False\nALLOWED_HOSTS = ["127.0.0.1"]\n')
 
-    # The README's commands, as written: createsuperuser without prompts, gunicorn on a free port.
+    # The guide's commands, as written: createsuperuser without prompts, gunicorn on a free port.
     port = free_port()
     server = None
     superuser = {
@@ -281,7 +281,7 @@ def test_a_startproject_site_runs_engram_as_the_readme_says(wheel, tmp_path, hos
     assert (host / "data" / "checkpoints.db").is_file() == (host_database is None)
     assert not [p for p in (site / "memory").rglob("*") if p.suffix in (".db", ".sqlite3")]
 
-    # The README's module for `langgraph dev`, loaded as langgraph dev loads it, sets Django up itself.
+    # The guide's module for `langgraph dev`, loaded as langgraph dev loads it, sets Django up itself.
     (host / "mysite" / "graph.py").write_text(readme_block("graph"))
     (host / "langgraph.json").write_text(readme_block("langgraph.json"))
     env.pop("DJANGO_SETTINGS_MODULE", None)

@@ -14,7 +14,7 @@ the system prompt also travels as a HumanMessage with a stable id at the head of
 providers that ignore the system role; the stable id makes each turn replace it rather than add another. History is trimmed to `history_limit` messages before every model call (the
 stored history too) and never starts with an AI or tool message.
 
-The memory nudge (seed 001): the conversation's state counts the turns since the agent last wrote
+The memory nudge: the conversation's state counts the turns since the agent last wrote
 to memory successfully (remember, forget, learn_procedure, record_episode); from `nudge_after_turns`
 on, each model call's system message ends with a short reminder to store what is worth keeping,
 until a write. The reminder is part of the model's input only, never of the checkpoint or episode.

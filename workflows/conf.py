@@ -26,7 +26,7 @@ DEFAULTS = {
     "PROMPT_PROCEDURES": 5,
     # Messages of a conversation an agent keeps (and sends to its model) by default.
     "HISTORY_LIMIT": 20,
-    # The in-session memory nudge (seed 001): after this many turns of a conversation in which the
+    # The in-session memory nudge: after this many turns of a conversation in which the
     # agent wrote nothing to memory, its next turn's system prompt reminds it to store what is worth
     # keeping. Only for agents with a memory-writing tool; None or 0 turns it off.
     "NUDGE_AFTER_TURNS": 6,

@@ -175,8 +175,8 @@ def _record(reminder, token, **changes):
 def _outcomes_without_flush_wait():
     """PostgreSQL: the outcomes recorded inside commit without waiting for the WAL flush.
 
-    A flush costs ~5 ms a commit on this machine, more than the send itself, and it sits in the
-    window between a send and its record. Without it a database crash can forget the last fraction
+    A flush can cost more than the send itself, and it sits in the window between a send and its
+    record, which is the window where a crash makes a duplicate. Without it a database crash can forget the last fraction
     of a second of outcomes, so those reminders are sent again: never lost. SQLite in WAL mode with
     synchronous=NORMAL (the site's setting) makes the same trade. Set for the session (one statement
     per round, not per reminder) and reset afterwards, so the connection goes back as it was.

@@ -285,7 +285,7 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
     # A viewer who owns a small share of the documents: one MATCH for the words AND the viewer's
     # owner markers (the index narrows to its owners). One who owns most of them (one big scope):
     # the marker's doclist is nearly the whole index and reading it costs more than the words' own
-    # matches (measured at 100k items in one scope: 6.0 ms vs 1.1 ms), so MATCH the words and keep
+    # matches, so MATCH the words and keep
     # the viewer's rows by joining their documents. Both give the same rows; statistics only steer.
 
     def recall_keyword(self, terms, owners, depth):

@@ -6,9 +6,9 @@ database of the site, the stock `django.db.backends.sqlite3` engine included:
 - `PRAGMA secure_delete = ON`: deleted and overwritten content is zeroed in the file, not left in
   free space; forgetting a person must not leave their words readable in db.sqlite3 (memory/operations/erasure.py).
 - WAL checkpoints (copying committed pages from the -wal file back into the database file) run on
-  one background thread per file instead of inside the commit that takes the WAL past 1,000 pages.
-  Measured with bench.facts (keyword-only, SQLite, 100,000 facts, medians of 3 interleaved runs in
-  one session): sets 1,504/s with the thread, 1,055/s without it (1.4x). Connections keep SQLite's
+  one background thread per file instead of inside the commit that takes the WAL past 1,000 pages:
+  that commit would otherwise copy the pages inline, and a writer waits for it (bench.facts' sets
+  show the difference). Connections keep SQLite's
   automatic checkpoint at BACKSTOP_PAGES, in case the thread falls behind.
 """
 

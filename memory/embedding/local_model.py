@@ -12,9 +12,8 @@ holds the current figures).
 
 Memory: ONNX Runtime reads the encoder's weights from the file itself, and the embedding tables are
 mapped from it (numpy.memmap), so they are the system's page cache, shared by every process that
-loads the model, and only the rows of words that occur are read. A process with a loaded model is
-121 MB resident (60 MB of it the imports) against 252 MB when the graph held the weights
-(`python -m bench.embedder`, `engram_process_mb`).
+loads the model, and only the rows of words that occur are read: a process pays for the weights
+once per machine, not once per process (`python -m bench.embedder` prints `engram_process_mb`).
 """
 
 import json
@@ -172,9 +171,9 @@ class MiniLM:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
-        # No memory arena for a call's activations: it keeps the largest batch's buffers for good
-        # (426 against 325 MB resident after 200 batches of mixed sizes), at the same speed. What
-        # they free goes back to the system when a model child idles (memory/embedding/model_process.py).
+        # No memory arena for a call's activations: it would keep the largest batch's buffers for
+        # good, and gains no speed here. What they free goes back to the system when a model child
+        # idles (memory/embedding/model_process.py).
         options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")

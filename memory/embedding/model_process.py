@@ -251,8 +251,8 @@ def release_freed_memory():
     """Return the C heap's free pages to the system (glibc's malloc_trim; elsewhere nothing).
 
     ONNX Runtime allocates each batch's activations afresh (its memory arena is off) and glibc keeps
-    what they freed: a child that had embedded batches of long pieces kept 359 MB resident, and
-    came down to 125 MB once it idled and handed them back.
+    what they freed: without this, a child that once embedded a batch of long pieces would stay at
+    that batch's size for good (bench.embedder prints the resident memory before and after).
     """
     try:
         ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: the C library it runs on

@@ -21,14 +21,14 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    over its own list: that list is the top RECALL_CANDIDATES of the leg, whose mean and spread
    depend on that depth and on the store's size, and against it only the very first few stood
    out; against the documents at hand a cosine counts by how far it stands above what the
-   question's other candidates get (LoCoMo, offline copy: hybrid r@5 +0.7; bench/README.md). A
+   question's other candidates get. A
    list whose scores are all equal (one keyword match, say) gives each of its documents 1 (one
    standard deviation: a match the leg cannot rank). Documents below both means keep their order,
    and a positive score, by TIE_BREAK x their raw scores. The older "weighted" fusion,
    w * (bm25 / best bm25) ** p + (1 - w) * cosine (w = RECALL_KEYWORD_WEIGHT 0.6,
    p = RECALL_KEYWORD_POWER 2), was fitted on LoCoMo, where words matter most, and falls below its
-   own vector leg on dialog data where meaning matters more; it stays as a setting for comparison.
-   bench/README.md has both, cross-validated.
+   own vector leg on dialog data where meaning matters more; it stays as a setting for comparison
+   (bench.retrieval --grid compares both, cross-validated).
 3. Session context: an episode's relevance gains RECALL_CONTEXT_WEIGHTS of the relevance of the
    episodes one before, one after, two before and two after it in the same session (a conversation
    stored turn by turn tells its story across turns), and RECALL_SESSION_WEIGHT of the best
@@ -42,20 +42,19 @@ How a recall ranks (every weight is a MEMORY setting; see memory/conf.py):
    what it loses, (1 - q) a x its fused relevance, goes to the turn after it in its session, the
    answer (a question is evidence of where the answer is, not of itself). In a conversation a turn
    that ends by asking hands the word to the other speaker, and what it says before its question
-   is mostly an echo of what it reacts to: on LoCoMo turns ending with "?" are 25% of all turns
-   but 12% of the evidence, and filled 30% of the hybrid top 10. One constant, q, the same as for
+   is mostly an echo of what it reacts to: in dialog data such turns hold less of the evidence than
+   their share of the turns, yet crowd the top hits. One constant, q, the same as for
    bare questions (an asking sentence is worth half a stating one), with no new one: the share
    comes from the text, and the answer gets exactly what the question gave up.
    Length: an episode's own relevance is also multiplied by (its length / the median length of the
    episodes being ranked) ** RECALL_LENGTH_EXPONENT (1/4). BM25 normalizes a document's score by
    its length, and a cosine ignores length, so neither says that a turn that says more is more
-   likely to hold what is asked for; IR has long measured that the chance of relevance grows with a
-   document's length (pivoted length normalization). On LoCoMo turns of more than 40 words are 11%
-   of all turns and 25% of the evidence, and held evidence in 22% of the hybrid top-10 slots they
-   took, against 5% for turns of 11-20 words. Relative to the median of the episodes at hand, so a
+   likely to hold what is asked for; in IR the chance of relevance grows with a document's length
+   (pivoted length normalization), and long turns hold more than their share of a dialog's
+   evidence. Relative to the median of the episodes at hand, so a
    typical episode keeps its score against facts and procedures (which keep theirs: a fact is short
    because it is distilled, not because it says little); a quarter power, so a turn 16 times longer
-   counts twice. The exponent was chosen by cross-validation over conversations (bench/README.md).
+   counts twice. The exponent was chosen by cross-validation over conversations (bench.retrieval --folds).
 5. Boost: score = relevance * (1 - b + b * importance * recency * (1 + log2(1 + references) / 8)),
    b = RECALL_BOOST_WEIGHT; importance is a fact's confidence, a procedure's smoothed success rate,
    0.5 for an episode; recency = max(0.1, 1 - age in days / RECALL_RECENCY_DAYS).

@@ -74,9 +74,9 @@ class OwnerMatrix:
         capacity = len(self.ids)
         if self.size + needed <= capacity:
             return
-        # Geometric growth from what is needed, with no floor: a floor of 1,024 rows gave every owner
-        # 1.5 MB to allocate and zero, however few its documents (the embedding worker's first link of
-        # 2,000 writes spread over 2,000 small owners spent most of its time there).
+        # Geometric growth from what is needed, with no floor: a fixed floor would make every owner
+        # allocate and zero a large matrix however few its documents, and a store has many small
+        # owners (the embedding worker's first links load thousands of them at once).
         new_capacity = max(self.size + needed, int(capacity * 1.5))
         ids = np.full(new_capacity, -1, dtype=np.int64)
         vectors = np.zeros((new_capacity, self.dimension), dtype=np.float32)
