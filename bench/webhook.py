@@ -94,8 +94,8 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
     import httpx
     from django.db import connections
 
+    from workflows.channels.fake_telegram import telegram_update
     from workflows.demo import ensure_demo_workflow
-    from workflows.fake_telegram import telegram_update
 
     workflow, _ = ensure_demo_workflow()
     connections.close_all()
@@ -186,7 +186,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if min(args.updates, args.users, args.concurrency, args.workers) < 1:
         parser.error("--updates, --users, --concurrency and --workers must be positive")
-    from workflows.fake_telegram import FakeBotAPI
+    from workflows.channels.fake_telegram import FakeBotAPI
 
     err = Console(stderr=True)
     with FakeBotAPI() as bot:

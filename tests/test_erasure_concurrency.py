@@ -20,7 +20,7 @@ from memory.exceptions import PersonForgotten
 from memory.models import RecallEvent
 from memory.recall_events import recall_log
 from memory.signals import users_deleting
-from workflows.checkpointer import get_checkpointer
+from workflows.conversations.checkpointer import get_checkpointer
 from workflows.langgraph import conversation
 from workflows.models import Thread
 

@@ -3,8 +3,8 @@
 from django.core.checks import Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 
-from .checkpointer import checkpoint_path, checkpointer_kind
 from .conf import workflow_settings
+from .conversations.checkpointer import checkpoint_path, checkpointer_kind
 
 
 @register(Tags.compatibility)

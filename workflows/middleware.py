@@ -41,9 +41,9 @@ from memory.exceptions import MemoryServiceError
 from memory.service import MemoryService
 from memory.validation import check_user_id, clean_text, storable
 
-from .agent import _actions, since_last_human, with_memory
-from .memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
-from .offline import OfflineResponder
+from .graph.agent import _actions, since_last_human, with_memory
+from .graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .graph.offline import OfflineResponder
 
 logger = logging.getLogger("engram.workflows")
 

@@ -10,7 +10,7 @@ class Workflow(models.Model):
     """A graph of registered node types, compiled into a LangGraph StateGraph to run.
 
     `definition` is {"nodes": [{"id", "type", "config"}], "edges": [{"source", "target", "when"?}]};
-    see workflows.definition for the rules. It is validated against the node registry on every save.
+    see workflows.language.definition for the rules. It is validated against the node registry on every save.
     """
 
     slug = models.SlugField(max_length=100, unique=True)
@@ -31,12 +31,12 @@ class Workflow(models.Model):
         return self.name or self.slug
 
     def clean(self):
-        from .definition import validate_definition
+        from .language.definition import validate_definition
 
         validate_definition(self.definition)
 
     def save(self, *args, **kwargs):
-        from .definition import validate_definition
+        from .language.definition import validate_definition
 
         validate_definition(self.definition)
         update_fields = kwargs.get("update_fields")
@@ -125,7 +125,7 @@ class ReminderStatus(models.TextChoices):
 class Reminder(models.Model):
     """A message an agent promised to send its user later (the `remind` tool), and how its delivery went.
 
-    Delivery (workflows.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
+    Delivery (workflows.channels.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
     them through the channel the user last used, and records the outcome: `delivered`, or a retry at
     `next_attempt_at` after a failure, or `failed` with `last_error` once the attempts are used up.
     `channel` and `destination` are filled when it is sent (the channel the person used last, then).
@@ -173,7 +173,7 @@ class WorkflowRun(models.Model):
     node read and returned (`events`, as the run's event stream sent them), the reply, errors and timings.
 
     `user` is the memory user identify_user found (null until then, or when it could not); forgetting
-    that person deletes their runs (workflows.runs), and runs nobody was identified for by the
+    that person deletes their runs (workflows.graph.runs), and runs nobody was identified for by the
     identity they came from.
     """
 

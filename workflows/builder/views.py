@@ -22,21 +22,21 @@ from memory.api.policy import StaffAPI
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 
-from .builder import STREAM_SCHEMA, JSONOnly, MemoryViewQuerySerializer, memory_view, start_stream
-from .conf import workflow_settings
-from .definition import definition_errors
-from .exceptions import InvalidTrigger
-from .models import Workflow
-from .registry import node_types
-from .runtime import WorkflowNotFound, get_workflow, run_workflow
+from ..channels.telegram import handle_update
+from ..conf import workflow_settings
+from ..exceptions import InvalidTrigger
+from ..graph.runtime import WorkflowNotFound, get_workflow, run_workflow
+from ..graph.triggers import is_telegram_id, parse_trigger, telegram_update_kind
+from ..language.definition import definition_errors
+from ..language.registry import node_types
+from ..models import Workflow
+from .api import STREAM_SCHEMA, JSONOnly, MemoryViewQuerySerializer, memory_view, start_stream
 from .serializers import (
     NodeTypeSerializer,
     ValidateDefinitionSerializer,
     ValidationResultSerializer,
     WorkflowSerializer,
 )
-from .telegram import handle_update
-from .triggers import is_telegram_id, parse_trigger, telegram_update_kind
 
 logger = logging.getLogger("engram.workflows")
 

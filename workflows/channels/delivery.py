@@ -41,11 +41,11 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from django.db.models import Q
 from django.utils import timezone
 
-from memory.models import ChannelIdentity
+from memory.service import MemoryService
 
-from .conf import workflow_settings
-from .exceptions import TelegramError
-from .models import Reminder, ReminderStatus, Thread
+from ..conf import workflow_settings
+from ..exceptions import TelegramError
+from ..models import Reminder, ReminderStatus, Thread
 from .telegram import get_bot_api
 
 logger = logging.getLogger("engram.workflows")
@@ -137,10 +137,7 @@ def destinations(user_ids):
     """
     user_ids = list(user_ids)
     identities = {}
-    rows = ChannelIdentity.objects.filter(user_id__in=user_ids, channel__in=list(DELIVERY_CHANNELS)).order_by(
-        "-created_at", "-pk"
-    )
-    for user_id, channel, external_id in rows.values_list("user_id", "channel", "external_id"):
+    for user_id, channel, external_id in MemoryService().identities_of(user_ids, DELIVERY_CHANNELS):
         identities.setdefault(user_id, {}).setdefault(channel, external_id)
     found = {}
     recent = (

@@ -15,11 +15,11 @@ import httpx
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .conf import on_workflow_settings_changed, workflow_settings
-from .exceptions import TelegramError
-from .models import TelegramUpdate
-from .runtime import RunResult, run_workflow
-from .triggers import telegram_update_kind
+from ..conf import on_workflow_settings_changed, workflow_settings
+from ..exceptions import TelegramError
+from ..graph.runtime import RunResult, run_workflow
+from ..graph.triggers import telegram_update_kind
+from ..models import TelegramUpdate
 
 logger = logging.getLogger("engram.workflows")
 

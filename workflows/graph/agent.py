@@ -45,12 +45,12 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from memory.exceptions import LimitReached, PersonForgotten
 
-from . import threads, turns
+from ..conf import workflow_settings
+from ..conversations import threads, turns
+from ..conversations.checkpointer import get_checkpointer
+from ..language.state import AgentContext, last_human_text
 from .chat_models import get_chat_model
-from .checkpointer import get_checkpointer
-from .conf import workflow_settings
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
-from .state import AgentContext, last_human_text
 from .tools import MEMORY_WRITE_TOOLS, TOOLS
 
 logger = logging.getLogger("engram.workflows")

@@ -13,7 +13,7 @@ from memory.models import SCOPE_RANK, Scope
 from memory.service import MemoryService
 from memory.text import content_words
 
-from .conf import workflow_settings
+from ..conf import workflow_settings
 
 MEMORY_TYPES = ("facts", "episodes", "procedures")
 

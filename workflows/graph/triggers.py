@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from memory.exceptions import InvalidMemoryArgument
 from memory.validation import INT64_MAX, INT64_MIN, check_json
 
-from .exceptions import InvalidTrigger
+from ..exceptions import InvalidTrigger
 
 TRIGGER_TYPES = ("telegram", "chat", "webhook", "manual")
 TELEGRAM_UPDATE_KINDS = ("message", "edited_message", "callback_query")
