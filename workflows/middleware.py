@@ -41,7 +41,7 @@ from memory.exceptions import MemoryServiceError
 from memory.service import MemoryService
 from memory.validation import check_user_id, clean_text, storable
 
-from .graph.agent import _actions, since_last_human, with_memory
+from .graph.agent import episode_actions, since_last_human, with_memory
 from .graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
 from .graph.offline import OfflineResponder
 
@@ -163,7 +163,7 @@ class EngramMemoryMiddleware(AgentMiddleware):
                     [{"role": "user", "content": _last_human_text(messages)}]
                     + ([{"role": "assistant", "content": reply}] if reply else [])
                 ),
-                actions=storable(_actions(produced)),
+                actions=storable(episode_actions(produced)),
                 final_output=storable({"reply": reply}) if reply else None,
                 success=bool(reply) and not errors,
                 error=storable("; ".join(str(e.get("error", "")) for e in errors)),

@@ -251,7 +251,7 @@ def build_agent_node(config, context):
         update.update(
             reply=reply,
             messages=[AIMessage(content=reply)],
-            actions=_actions(produced),
+            actions=episode_actions(produced),
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)
@@ -295,7 +295,7 @@ def _this_turn(messages, turn_id):
     return messages[-1:]
 
 
-def _actions(messages):
+def episode_actions(messages):
     """This turn's tool calls with their results, for the run's episode."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     actions = []
