@@ -2,6 +2,8 @@
 
     python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--mode keyword|hybrid]
                             [--server wsgi|asgi] [--database-url postgres://...] [--json]
+    python -m bench.webhook --crash [--outage 10] [...]   (a server process killed mid-load, the Bot API
+                            down for a while: see bench.webhook_crash)
 
 Starts the site under gunicorn (WORKERS processes of 4 threads each), or with --server asgi under
 uvicorn (WORKERS processes; Django runs the sync views in its thread pool), on a free port of 127.0.0.1,
@@ -181,12 +183,23 @@ def main(argv=None):
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
     parser.add_argument("--workers", type=int, default=2, help="server processes, 4 threads each (default 2)")
     parser.add_argument("--server", choices=["wsgi", "asgi"], default="wsgi", help="gunicorn (wsgi) or uvicorn (asgi)")
+    parser.add_argument(
+        "--crash",
+        action="store_true",
+        help="SIGKILL a server process mid-load and take the Bot API down; count lost updates and duplicate replies",
+    )
+    parser.add_argument("--outage", type=float, default=10.0, help="--crash: seconds the Bot API is down (default 10)")
     add_scratch_arguments(parser, seed=False)
     add_mode_argument(parser)
     args = parser.parse_args(argv)
     if min(args.updates, args.users, args.concurrency, args.workers) < 1:
         parser.error("--updates, --users, --concurrency and --workers must be positive")
+    if args.crash and (args.server != "wsgi" or args.outage < 0):
+        parser.error("--crash runs under gunicorn (--server wsgi), with --outage >= 0")
     from workflows.channels.fake_telegram import FakeBotAPI
+
+    if args.crash:
+        return crash_main(args)
 
     err = Console(stderr=True)
     with FakeBotAPI() as bot:
@@ -256,6 +269,54 @@ def main(argv=None):
     )
     for line in results["first_errors_logged"]:
         console.print(f"[red]logged:[/] {line}")
+    console.print(machine_reference())
+    return 0
+
+
+def crash_main(args):
+    from workflows.channels.fake_telegram import FakeBotAPI
+
+    from .webhook_crash import run_crash
+
+    err = Console(stderr=True)
+    with FakeBotAPI() as bot:
+        os.environ.update(TELEGRAM_API_BASE=bot.url, TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_WEBHOOK_SECRET=SECRET)
+        os.environ.pop("ENGRAM_CHAT_MODEL", None)
+        with scratch_django(args.database_url, mode=args.mode), Progress(console=err, transient=True) as progress:
+            from django.db import connection
+
+            database = connection.vendor
+            results = run_crash(
+                bot,
+                updates=args.updates,
+                users=args.users,
+                concurrency=args.concurrency,
+                workers=args.workers,
+                outage=args.outage,
+                progress=progress,
+            )
+    results.update(database=database, mode=args.mode)
+    if args.json:
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}))
+        return 0
+    table = Table(
+        title=f"Telegram webhook, crash: one of {args.workers} gunicorn workers killed, Bot API down "
+        f"{args.outage:g} s ({database}, {args.mode})"
+    )
+    names = ["updates", "runs_completed", "runs_restarted", "replies_sent", "duplicate_replies", "lost_updates"]
+    for name in names:
+        table.add_column(name.replace("_", " "), justify="right")
+    table.add_row(*(f"{results[name]:,}" for name in names))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"Killed at {results['killed_at_s']} s, Bot API down at {results['bot_api_down_at_s']} s; "
+        f"{results['http_tries']:,} webhook requests for {results['updates']:,} updates "
+        f"({results['requests_cut']} cut off without an answer, {results['gave_up']} given up); all answered after {results['answered_s']:.1f} s, replies drained "
+        f"after {results['wall_s']:.1f} s; {results['replies_failed']} replies failed for good."
+    )
+    if results["first_lost"]:
+        console.print(f"[red]lost:[/] updates {results['first_lost']}")
     console.print(machine_reference())
     return 0
 

@@ -45,3 +45,20 @@ def test_webhook_benchmark_prints_one_json_object(server):
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
     assert result["errors_logged"] == 0  # no turn went without its memory either
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]
+
+
+def test_crash_mode_loses_no_update_and_sends_each_reply_once():
+    """A gunicorn worker SIGKILLed mid-load and the Bot API down for 3 s: every update has its finished
+    run and its reply, with at most one duplicate reply for the killed process."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
+    command = [sys.executable, "-m", "bench.webhook", "--crash", "--updates", "40", "--users", "5"]
+    command += ["--concurrency", "8", "--outage", "3", "--mode", "keyword", "--json"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500, check=True)
+    (line,) = [line for line in done.stdout.splitlines() if line.strip()]
+    result = json.loads(line)
+    assert result["killed_processes"] == 1 and result["bot_api_down_s"] == 3
+    assert result["lost_updates"] == 0, result
+    assert result["runs_completed"] == result["updates"] == 40
+    assert result["replies_sent"] - result["duplicate_replies"] == 40
+    assert result["duplicate_replies"] <= result["killed_processes"]
+    assert result["gave_up"] == 0 and result["replies_failed"] == 0

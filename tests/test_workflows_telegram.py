@@ -116,7 +116,8 @@ def test_callback_queries_are_answered(post, fake_bot):
 
 
 def test_a_failed_reply_is_reported_without_the_token(live_server, demo_workflow, caplog, settings):
-    # The Bot API is unreachable: the run happens, the reply fails, and nothing logs the token.
+    # The Bot API is unreachable: the run happens, the reply fails and waits in the outbox (503, so
+    # Telegram comes back for it), and nothing logs the token.
     settings.WORKFLOWS = {**settings.WORKFLOWS, "TELEGRAM_API_BASE": "http://127.0.0.1:9"}
     with caplog.at_level(logging.DEBUG):
         response = httpx.post(
@@ -126,7 +127,8 @@ def test_a_failed_reply_is_reported_without_the_token(live_server, demo_workflow
             timeout=30,
         )
     body = response.json()
-    assert response.status_code == 200 and body["reply_sent"] is False and "sendMessage" in body["reply_error"]
+    assert response.status_code == 503 and body["status"] == "ran" and body["reply_pending"] is True
+    assert body["reply_sent"] is False and "sendMessage" in body["reply_error"]
     assert "reply not sent" in caplog.text
     assert BOT_TOKEN not in caplog.text and BOT_TOKEN not in response.text
     assert Episode.objects.count() == 1

@@ -12,6 +12,7 @@ class WorkflowsConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (system checks: a webhook secret needs a bot token)
             conf,  # noqa: F401  (reloads settings on override)
+            outbox,  # noqa: F401  (receiver: users_deleting deletes replies not yet sent)
         )
         from .conversations import (
             reminders,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export)

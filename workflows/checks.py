@@ -5,6 +5,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import workflow_settings
 from .conversations.checkpointer import checkpoint_path, checkpointer_kind
+from .graph.triggers import SHARED_SENDER_MODES
 
 
 @register(Tags.compatibility)
@@ -30,4 +31,18 @@ def sqlite_checkpoints_have_a_place(app_configs, **kwargs):
             checkpoint_path()
     except (ImproperlyConfigured, ValueError) as exc:
         return [Error(str(exc), id="workflows.E002")]
+    return []
+
+
+@register(Tags.compatibility)
+def telegram_shared_senders_mode(app_configs, **kwargs):
+    """TELEGRAM_SHARED_SENDERS decides who a message of a shared sender runs as: it must be a known mode."""
+    mode = workflow_settings.TELEGRAM_SHARED_SENDERS
+    if mode not in SHARED_SENDER_MODES:
+        return [
+            Error(
+                f"WORKFLOWS['TELEGRAM_SHARED_SENDERS'] must be one of {', '.join(SHARED_SENDER_MODES)}, got {mode!r}",
+                id="workflows.E003",
+            )
+        ]
     return []

@@ -49,9 +49,25 @@ DEFAULTS = {
     # Seconds to wait for the Bot API (sendMessage); getUpdates adds its long-poll timeout.
     "TELEGRAM_TIMEOUT": 10.0,
     "TELEGRAM_POLL_TIMEOUT": 25,
+    # Telegram messages whose sender is not one person (anonymous group admins, channel posts, messages
+    # sent on behalf of a chat, forwards): "chat" runs them as the chat (memory user telegram_chat:<chat
+    # id>, shared by that chat only); "ignore" acknowledges them without a run. Never as the sender.
+    "TELEGRAM_SHARED_SENDERS": "chat",
     # Seen update_ids are kept this long (Telegram gives up redelivering after 24 hours); the
     # older ones are deleted every 1,000th update.
     "TELEGRAM_UPDATE_RETENTION_HOURS": 48,
+    # Seconds a server process holds a Telegram update it is running; it renews the claim while alive,
+    # so the lease only runs out when the process died mid-run, and then the update's next delivery
+    # (Telegram's retry) runs it again. Also how long a sender holds a reply it is sending.
+    "TELEGRAM_RUN_LEASE_SECONDS": 30,
+    # Replies (the outbox): a failed sendMessage is tried again after
+    # TELEGRAM_REPLY_BACKOFF_SECONDS * 2 ** (n - 1), at most TELEGRAM_REPLY_BACKOFF_MAX_SECONDS, by the
+    # delivery worker or the update's next delivery; after TELEGRAM_REPLY_MAX_ATTEMPTS, or at once when
+    # the Bot API refuses it for good (400, 403), it is marked failed. After a failed send a process
+    # leaves its new replies to those retries for TELEGRAM_REPLY_BACKOFF_SECONDS.
+    "TELEGRAM_REPLY_MAX_ATTEMPTS": 12,
+    "TELEGRAM_REPLY_BACKOFF_SECONDS": 2,
+    "TELEGRAM_REPLY_BACKOFF_MAX_SECONDS": 300,
     # Reminders (the `remind` tool, delivered by `manage.py memory reminders`).
     # Seconds a worker holds the reminders it claimed; a crashed worker's claims are taken again after
     # it. Must be well above TELEGRAM_TIMEOUT: a worker sends nothing once less than that remains.

@@ -47,7 +47,19 @@ class InvalidTrigger(WorkflowError, ValueError):
 
 
 class TelegramError(WorkflowError):
-    """The Bot API could not be reached or refused a call. The message never contains the token."""
+    """The Bot API could not be reached or refused a call. The message never contains the token.
+
+    `status_code` is the Bot API's HTTP status, None when no answer came (refused, timed out).
+    """
+
+    def __init__(self, message, *, status_code=None):
+        super().__init__(message)
+        self.status_code = status_code
+
+    @property
+    def permanent(self):
+        """The Bot API refused this call for good (400: bad request, chat not found; 403: blocked by the user)."""
+        return self.status_code in (400, 403)
 
 
 class ChatModelConfigError(WorkflowError, ValueError):

@@ -1,5 +1,5 @@
-"""Models of the workflows app: workflow definitions and their runs, tracked conversation threads, seen
-Telegram updates, reminders."""
+"""Models of the workflows app: workflow definitions and their runs, tracked conversation threads,
+Telegram updates and replies, reminders."""
 
 from django.db import models
 
@@ -102,17 +102,74 @@ class Thread(models.Model):
         return self.workflow.slug if self.workflow_id else f"graph {self.graph}"
 
 
+class UpdateStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+
+
 class TelegramUpdate(models.Model):
-    """A Telegram update_id already taken for a run, so a retried delivery is acknowledged, not re-run."""
+    """A Telegram update_id taken for a run: a claim while it runs, then the record that it finished.
+
+    A retry of a finished update is acknowledged, not re-run. A running one is held by `claimed_by`
+    (a server process) until `claimed_until`, which that process keeps renewing while it is alive; a
+    claim whose lease ran out belongs to a process that died mid-run, and the next delivery of the
+    update (Telegram's retry) takes it over and runs it (workflows.claims).
+    """
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="telegram_updates")
     update_id = models.BigIntegerField()
     received_at = models.DateTimeField(auto_now_add=True)
+    status = models.CharField(max_length=10, choices=UpdateStatus.choices, default=UpdateStatus.RUNNING)
+    claimed_by = models.CharField(max_length=100, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    # Runs started for this update: more than 1 when a process died mid-run and another took it over.
+    attempts = models.PositiveIntegerField(default=1)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["workflow", "update_id"], name="one_run_per_telegram_update"),
         ]
+
+
+class ReplyStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    SENT = "sent", "sent"
+    FAILED = "failed", "failed"
+
+
+class TelegramReply(models.Model):
+    """The outbox: a run's reply, written in the transaction that records the run as finished.
+
+    Sent after that commit (never inside a transaction) by the request that ran the update, else by a
+    later delivery of the update or the delivery worker (`manage.py memory reminders`), which claim it
+    with a lease as reminders are claimed (workflows.outbox). One per update. Its text is cleared once
+    the Bot API has accepted it; a pending one goes with its person when they are forgotten.
+    """
+
+    update = models.OneToOneField(TelegramUpdate, on_delete=models.CASCADE, related_name="reply")
+    # The memory user the run was for; no database constraint, so a person forgotten mid-run does not
+    # fail the run's completion (their pending replies are deleted with them through users_deleting).
+    user = models.ForeignKey(
+        MemoryUser, null=True, blank=True, on_delete=models.CASCADE, db_constraint=False, related_name="+"
+    )
+    chat_id = models.CharField(max_length=64, blank=True, default="")
+    text = models.TextField(blank=True, default="")
+    callback_query_id = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=10, choices=ReplyStatus.choices, default=ReplyStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=100, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="telegram_reply_due")]
+
+    def __str__(self):
+        return f"reply to update {self.update_id}"
 
 
 class ReminderStatus(models.TextChoices):

@@ -26,7 +26,7 @@ from ..channels.telegram import handle_update
 from ..conf import workflow_settings
 from ..exceptions import InvalidTrigger
 from ..graph.runtime import WorkflowNotFound, get_workflow, run_workflow
-from ..graph.triggers import is_telegram_id, parse_trigger, telegram_update_kind
+from ..graph.triggers import is_telegram_id, parse_trigger, telegram_update_ignored, telegram_update_kind
 from ..language.definition import definition_errors
 from ..language.registry import node_types
 from ..models import Workflow
@@ -217,9 +217,11 @@ async def telegram_webhook(request, slug):
     runs on the one thread Django keeps per process for sync code, one update at a time (bench.webhook
     --server asgi). Under WSGI (and Django's test client) it runs on the request's own thread.
 
-    Answers: 405 (JSON, `Allow: POST`) to any other method; 403 without the right secret token; 404 for an unknown or inactive workflow; 200 "ran",
-    "duplicate" or "ignored"; 200 "rejected" (logged, nothing written) for an update that can never
-    succeed — not JSON, nested too deep, not shaped like an update, text no database can store — so
+    Answers: 405 (JSON, `Allow: POST`) to any other method; 403 without the right secret token; 404 for
+    an unknown or inactive workflow; 200 "ran", "duplicate" or "ignored"; 503 "busy" while another server
+    process runs the update, and 503 with `reply_pending` while its reply waits in the outbox (so Telegram's
+    retry comes back); 200 "rejected" (logged, nothing written) for an update that can never succeed — not
+    JSON, nested too deep, not shaped like an update, text no database can store — so
     Telegram does not retry it forever; 503 when the run cannot answer now (no bot token configured, the
     database failing): nothing is recorded, so Telegram's retry runs it once the cause is fixed.
     """
@@ -254,7 +256,7 @@ def _telegram_update(request, slug):
     update_id = update.get("update_id")
     if not is_telegram_id(update_id):
         return _rejected(slug, "update_id", "is missing or not a 64-bit integer")
-    if telegram_update_kind(update) is not None:
+    if telegram_update_kind(update) is not None and not telegram_update_ignored(update):
         try:
             parse_trigger({"type": "telegram", "payload": update})
         except InvalidTrigger as exc:
@@ -271,4 +273,6 @@ def _telegram_update(request, slug):
     except DatabaseError as exc:  # released by handle_update: Telegram's retry runs it
         logger.exception("telegram webhook %s: update %s failed; released for Telegram's retry", slug, update_id)
         return _error(503, "database", f"the update could not be processed now ({type(exc).__name__}); retry")
-    return JsonResponse(outcome.as_dict())
+    # 503 while the update runs elsewhere or its reply waits in the outbox: Telegram's retry then
+    # finds it finished, or sends the reply (workflows.outbox).
+    return JsonResponse(outcome.as_dict(), status=outcome.http_status)

@@ -1,5 +1,8 @@
 """Delivering reminders: claim due ones, send each through the person's channel, record what happened.
 
+The same worker also sends the Telegram replies waiting in the outbox (`deliver_replies`, see
+workflows.outbox), claimed and recorded the same way.
+
 One round (`deliver_due`) is three steps, and only the first and last touch the database:
 
 1. **Claim** a batch in one short transaction: the due, pending, unclaimed rows are selected
@@ -43,6 +46,7 @@ from django.utils import timezone
 
 from memory.service import MemoryService
 
+from .. import outbox
 from ..conf import workflow_settings
 from ..exceptions import TelegramError
 from ..models import Reminder, ReminderStatus, Thread
@@ -71,9 +75,14 @@ def reminder_text(reminder):
     return f"Reminder: {reminder.message}"
 
 
+COUNTS = ("claimed", "delivered", "retried", "failed", "lost", "released")
+REPLY_COUNTS = ("replies_claimed", "replies_sent", "replies_retried", "replies_failed")
+
+
 @dataclass
 class RoundReport:
-    """What a worker did: reminders claimed, delivered, scheduled again, failed for good, lost to another worker."""
+    """What a worker did: reminders claimed, delivered, scheduled again, failed for good, lost to another
+    worker; and Telegram replies from the outbox claimed, sent, to be retried, failed for good."""
 
     claimed: int = 0
     delivered: int = 0
@@ -81,22 +90,19 @@ class RoundReport:
     failed: int = 0
     lost: int = 0
     released: int = 0
+    replies_claimed: int = 0
+    replies_sent: int = 0
+    replies_retried: int = 0
+    replies_failed: int = 0
     errors: list = field(default_factory=list)
 
     def add(self, other):
-        for name in ("claimed", "delivered", "retried", "failed", "lost", "released"):
+        for name in COUNTS + REPLY_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors = (self.errors + other.errors)[-10:]
 
     def as_dict(self):
-        return {
-            "claimed": self.claimed,
-            "delivered": self.delivered,
-            "retried": self.retried,
-            "failed": self.failed,
-            "lost": self.lost,
-            "released": self.released,
-        }
+        return {name: getattr(self, name) for name in COUNTS + REPLY_COUNTS}
 
 
 def worker_name():
@@ -265,8 +271,33 @@ def _failed(reminder, token, error, report):
     report.errors = (report.errors + [f"reminder {reminder.pk}: {error}"])[-10:]
 
 
+def deliver_replies(*, worker=None, batch=None, lease=None, stop=None, report=None):
+    """One round of the outbox: Telegram replies whose send failed before and whose retry time has come."""
+    if connection.in_atomic_block:
+        raise RuntimeError("deliver_replies() must run outside a transaction")
+    report = report or RoundReport()
+    token = f"{worker or worker_name()}#{uuid.uuid4().hex[:8]}"
+    replies = outbox.deliver_due_replies(
+        get_bot_api,
+        token,
+        batch=batch or workflow_settings.REMINDER_BATCH_SIZE,
+        lease=lease or workflow_settings.REMINDER_LEASE_SECONDS,
+        stop=stop,
+    )
+    report.replies_claimed += replies.claimed
+    report.replies_sent += replies.sent
+    report.replies_retried += replies.retried
+    report.replies_failed += replies.failed
+    report.lost += replies.lost
+    report.released += replies.released
+    if replies.error:
+        report.errors = (report.errors + [f"replies: {replies.error}"])[-10:]
+    return report
+
+
 def run_worker(*, once=False, batch=None, lease=None, poll=None, stop=None, on_round=None):
-    """Deliver reminders until `stop` is set (or, with `once`, until none is due). Returns the total RoundReport.
+    """Deliver reminders and the outbox's Telegram replies until `stop` is set (or, with `once`, until
+    nothing is due). Returns the total RoundReport.
 
     Database errors in the loop are logged and the loop goes on after a pause (a restarted database,
     a locked SQLite file); with `once` they are raised.
@@ -279,6 +310,7 @@ def run_worker(*, once=False, batch=None, lease=None, poll=None, stop=None, on_r
         close_old_connections()  # a long-lived process: drop connections past their age or broken
         try:
             report = deliver_due(worker=worker, batch=batch, lease=lease, stop=stop)
+            deliver_replies(worker=worker, batch=batch, lease=lease, stop=stop, report=report)
         except Exception as exc:
             if once or not _transient(exc):
                 raise
@@ -288,7 +320,7 @@ def run_worker(*, once=False, batch=None, lease=None, poll=None, stop=None, on_r
         total.add(report)
         if on_round is not None:
             on_round(report, total)
-        if report.claimed == 0:
+        if report.claimed == 0 and report.replies_claimed == 0:
             if once:
                 break
             stop.wait(poll)

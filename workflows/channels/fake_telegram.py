@@ -3,7 +3,8 @@
 For tests, the webhook benchmark and offline demos (point WORKFLOWS["TELEGRAM_API_BASE"] at `url`).
 It is a real HTTP server (stdlib, one thread per request) that answers like the Bot API:
 {"ok": true, "result": ...}. Any token is accepted; `calls` records (token, method, payload).
-`fail_sends(n)` makes the next n sendMessage calls fail as Telegram does when it is unwell.
+`fail_sends(n)` makes the next n sendMessage calls fail as Telegram does when it is unwell;
+`go_down()` and `come_back()` make it refuse connections for a while, then answer again on the same port.
 """
 
 import json
@@ -59,23 +60,42 @@ class FakeBotAPI:
                 if not isinstance(sys.exc_info()[1], ConnectionError):
                     super().handle_error(request, client_address)
 
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server_class, self._handler = Server, Handler
+        self._listen(0)
+        self._address = self._server.server_address[:2]
+        self._up = False
+
+    def _listen(self, port):
+        self._server = self._server_class(("127.0.0.1", port), self._handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-bot-api", daemon=True)
 
     @property
     def url(self):
-        host, port = self._server.server_address[:2]
+        host, port = self._address
         return f"http://{host}:{port}"
 
     def start(self):
         self._thread.start()
+        self._up = True
         return self
 
     def stop(self):
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        if self._up:
+            self._up = False
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+
+    def go_down(self):
+        """Stop listening: connections to `url` are refused, as when the Bot API cannot be reached."""
+        self.stop()
+
+    def come_back(self):
+        """Listen again on the same address (what was recorded so far is kept)."""
+        if not self._up:
+            self._listen(self._address[1])
+            self.start()
 
     def __enter__(self):
         return self.start()

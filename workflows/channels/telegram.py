@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import httpx
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from ..claims import claim_update, finish, process_token, release
 from ..conf import on_workflow_settings_changed, workflow_settings
 from ..exceptions import TelegramError
 from ..graph.runtime import RunResult, run_workflow
-from ..graph.triggers import telegram_update_kind
-from ..models import TelegramUpdate
+from ..graph.triggers import telegram_update_ignored, telegram_update_kind
+from ..models import TelegramUpdate, UpdateStatus
+from ..outbox import queue_reply, send_now, send_pending_reply
 
 logger = logging.getLogger("engram.workflows")
 
@@ -68,7 +70,8 @@ class BotAPI:
             raise TelegramError(f"{method}: HTTP {response.status_code}, not JSON") from None
         if response.status_code != 200 or not body.get("ok"):
             raise TelegramError(
-                f"{method}: HTTP {response.status_code}: {self._redact(str(body.get('description', '')))}"
+                f"{method}: HTTP {response.status_code}: {self._redact(str(body.get('description', '')))}",
+                status_code=response.status_code,
             )
         return body.get("result")
 
@@ -116,67 +119,123 @@ def reset_bot_api():
 
 @dataclass
 class UpdateOutcome:
-    """What happened to one update: ran (with its result), a duplicate, or not handled."""
+    """What happened to one update: ran, a duplicate, ignored, or busy (another process runs it now).
 
-    status: str  # "ran", "duplicate", "ignored"
+    `reply_pending` says the reply is queued in the outbox but not sent yet; the webhook then answers
+    503 so that Telegram's retry of the update sends it, if the delivery worker has not by then.
+    """
+
+    status: str  # "ran", "duplicate", "ignored", "busy"
     result: RunResult | None = None
     reply_sent: bool = False
+    reply_pending: bool = False
     reply_error: str = ""
 
+    @property
+    def http_status(self):
+        return 503 if self.status == "busy" or self.reply_pending else 200
+
     def as_dict(self):
-        data = {"ok": True, "status": self.status}
+        data = {"ok": self.http_status == 200, "status": self.status}
+        if self.result is not None or self.status == "duplicate":
+            data.update(reply_sent=self.reply_sent, reply_pending=self.reply_pending)
         if self.result is not None:
-            data.update(
-                reply_sent=self.reply_sent,
-                episode_id=self.result.episode_id,
-                memory_errors=len(self.result.memory_errors),
-            )
-            if self.reply_error:
-                data["reply_error"] = self.reply_error
+            data.update(episode_id=self.result.episode_id, memory_errors=len(self.result.memory_errors))
+        if self.reply_error:
+            data["reply_error"] = self.reply_error
+        if self.status == "busy":
+            data["errors"] = {"update_id": ["this update is being run right now; retry later"]}
         return data
 
 
 def forget_old_updates():
-    """Delete seen update_ids older than TELEGRAM_UPDATE_RETENTION_HOURS; returns how many."""
-    cutoff = timezone.now() - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
-    deleted, _ = TelegramUpdate.objects.filter(received_at__lt=cutoff).delete()
+    """Delete update records older than TELEGRAM_UPDATE_RETENTION_HOURS (Telegram stopped redelivering them
+    long before), except a run some live process still holds; returns how many."""
+    now = timezone.now()
+    cutoff = now - timedelta(hours=workflow_settings.TELEGRAM_UPDATE_RETENTION_HOURS)
+    old = TelegramUpdate.objects.filter(received_at__lt=cutoff)
+    deleted, _ = old.exclude(status=UpdateStatus.RUNNING, claimed_until__gt=now).delete()
     return deleted
 
 
 def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
-    """Run `workflow` for one Telegram update, once per update_id, and send the reply.
+    """Run `workflow` for one Telegram update, once per update_id, and send the reply through the outbox.
 
     The caller has checked that `update` is an object with an integer update_id. Updates without a
-    message, edited message or callback query are acknowledged without a run. If the run itself
-    raises, the update is released again so that Telegram's retry runs it.
+    message, edited message or callback query, and those of shared senders when TELEGRAM_SHARED_SENDERS
+    is "ignore", are acknowledged without a run. The update is claimed first (workflows.claims): a
+    finished one is a duplicate (whose reply is sent now if it is still pending), one running elsewhere
+    is "busy". If the run itself raises, the update is released so that Telegram's retry runs it. The
+    finish and the reply are one transaction; the reply is sent after it commits (workflows.outbox).
     """
     if telegram_update_kind(update) is None:
         return UpdateOutcome("ignored")
-    try:
-        with transaction.atomic():
-            # Recorded first: a retried update_id then fails the unique constraint.
-            seen = TelegramUpdate.objects.create(workflow=workflow, update_id=update["update_id"])
-    except IntegrityError:
-        return UpdateOutcome("duplicate")
+    ignored = telegram_update_ignored(update)
+    if ignored:
+        logger.info("workflow %s: update %s not run: %s", workflow.slug, update["update_id"], ignored)
+        return UpdateOutcome("ignored")
+    claim = claim_update(workflow, update["update_id"])
+    if claim.state == "busy":
+        return UpdateOutcome("busy")
+    bot = bot or get_bot_api()
+    if claim.state == "done":
+        return _duplicate(claim, bot, workflow)
     if update["update_id"] % 1000 == 0:
         forget_old_updates()
     try:
         result = run_workflow(workflow, {"type": "telegram", "payload": update})
     except Exception:  # released, then re-raised: Telegram retries and the retry runs
-        TelegramUpdate.objects.filter(pk=seen.pk).delete()
+        release(claim)
         raise
-    outcome = UpdateOutcome("ran", result=result)
-    bot = bot or get_bot_api()
+    callback_id = update.get("callback_query", {}).get("id") if "callback_query" in update else ""
+    text = result.reply if result.trigger.reply_to else ""
+    user_id = (result.user or {}).get("id")
     try:
-        if "callback_query" in update and update["callback_query"].get("id"):
-            bot.answer_callback_query(update["callback_query"]["id"])
-        if result.reply and result.trigger.reply_to:
-            bot.send_message(int(result.trigger.reply_to), result.reply)
-            outcome.reply_sent = True
-    except TelegramError as exc:
-        logger.error("workflow %s: update %s: reply not sent: %s", workflow.slug, update["update_id"], exc)
-        outcome.reply_error = str(exc)
+        with transaction.atomic():
+            finished = finish(claim)
+            reply = None
+            if finished and (text or callback_id):
+                reply = queue_reply(
+                    claim.row,
+                    claim.token,
+                    user_id=user_id,
+                    chat_id=result.trigger.reply_to,
+                    text=text,
+                    callback_query_id=str(callback_id or ""),
+                )
+    except Exception:  # the finish was not recorded: released, so that Telegram's retry runs it again
+        release(claim)
+        raise
+    if not finished:  # this process stalled past its lease and another took the update over
+        logger.warning(
+            "workflow %s: update %s was taken over by another process mid-run", workflow.slug, claim.row.update_id
+        )
+        return UpdateOutcome("busy", result=result)
+    outcome = UpdateOutcome("ran", result=result)
+    if reply is not None:
+        _apply(outcome, send_now(reply, bot), workflow, update["update_id"])
     return outcome
+
+
+def _duplicate(claim, bot, workflow):
+    outcome = UpdateOutcome("duplicate")
+    sent = send_pending_reply(claim.row, process_token(), bot)
+    if sent is None:
+        outcome.reply_sent = True  # sent before, or the run had nothing to say
+    else:
+        _apply(outcome, sent, workflow, claim.row.update_id)
+    return outcome
+
+
+def _apply(outcome, sent, workflow, update_id):
+    outcome.reply_sent = sent.sent
+    outcome.reply_pending = sent.status == "pending"
+    if sent.error:
+        outcome.reply_error = sent.error
+    if not sent.sent and sent.status != "lost":
+        logger.error(
+            "workflow %s: update %s: reply not sent (%s): %s", workflow.slug, update_id, sent.status, sent.error
+        )
 
 
 on_workflow_settings_changed(reset_bot_api)

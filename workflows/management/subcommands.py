@@ -16,7 +16,10 @@ from ..channels.delivery import run_worker
 
 class RemindersSubcommand(Subcommand):
     name = "reminders"
-    help = "Deliver due reminders: a worker loop (Ctrl-C or SIGTERM stops it), or --once for cron."
+    help = (
+        "Deliver due reminders and Telegram replies waiting in the outbox: a worker loop (Ctrl-C or SIGTERM "
+        "stops it), or --once for cron."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="deliver what is due now, then exit (for cron)")
@@ -45,6 +48,11 @@ class RemindersSubcommand(Subcommand):
                     f"claimed {report.claimed}: {report.delivered} delivered, {report.retried} to retry, "
                     f"{report.failed} failed (so far {total.delivered} delivered)"
                 )
+            if report.replies_claimed and not options["json"]:
+                command.err_console.print(
+                    f"Telegram replies: {report.replies_sent} sent, {report.replies_retried} to retry, "
+                    f"{report.replies_failed} failed (so far {total.replies_sent} sent)"
+                )
 
         try:
             total = run_worker(
@@ -63,6 +71,7 @@ class RemindersSubcommand(Subcommand):
             command.console.print(
                 f"{total.delivered} delivered, {total.retried} to retry, {total.failed} failed"
                 + (f", {total.lost} taken by another worker" if total.lost else "")
+                + (f"; Telegram replies: {total.replies_sent} sent" if total.replies_claimed else "")
             )
             for error in total.errors:
                 command.console.print(f"[red]error:[/] {error}")
