@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from memory.models import Episode, MemoryUser
 from memory.service import MemoryService
-from workflows import claims
+from workflows.channels import claims
 from workflows.channels.fake_telegram import telegram_update
 from workflows.models import ReplyStatus, TelegramReply, TelegramUpdate, UpdateStatus
 

@@ -12,6 +12,8 @@ class WorkflowsConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (system checks: a webhook secret needs a bot token)
             conf,  # noqa: F401  (reloads settings on override)
+        )
+        from .channels import (
             outbox,  # noqa: F401  (receiver: users_deleting deletes replies not yet sent)
         )
         from .conversations import (

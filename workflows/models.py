@@ -113,7 +113,7 @@ class TelegramUpdate(models.Model):
     A retry of a finished update is acknowledged, not re-run. A running one is held by `claimed_by`
     (a server process) until `claimed_until`, which that process keeps renewing while it is alive; a
     claim whose lease ran out belongs to a process that died mid-run, and the next delivery of the
-    update (Telegram's retry) takes it over and runs it (workflows.claims).
+    update (Telegram's retry) takes it over and runs it (workflows.channels.claims).
     """
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="telegram_updates")
@@ -143,7 +143,7 @@ class TelegramReply(models.Model):
 
     Sent after that commit (never inside a transaction) by the request that ran the update, else by a
     later delivery of the update or the delivery worker (`manage.py memory reminders`), which claim it
-    with a lease as reminders are claimed (workflows.outbox). One per update. Its text is cleared once
+    with a lease as reminders are claimed (workflows.channels.outbox). One per update. Its text is cleared once
     the Bot API has accepted it; a pending one goes with its person when they are forgotten.
     """
 

@@ -274,5 +274,5 @@ def _telegram_update(request, slug):
         logger.exception("telegram webhook %s: update %s failed; released for Telegram's retry", slug, update_id)
         return _error(503, "database", f"the update could not be processed now ({type(exc).__name__}); retry")
     # 503 while the update runs elsewhere or its reply waits in the outbox: Telegram's retry then
-    # finds it finished, or sends the reply (workflows.outbox).
+    # finds it finished, or sends the reply (workflows.channels.outbox).
     return JsonResponse(outcome.as_dict(), status=outcome.http_status)

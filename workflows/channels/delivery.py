@@ -1,7 +1,7 @@
 """Delivering reminders: claim due ones, send each through the person's channel, record what happened.
 
 The same worker also sends the Telegram replies waiting in the outbox (`deliver_replies`, see
-workflows.outbox), claimed and recorded the same way.
+workflows.channels.outbox), claimed and recorded the same way.
 
 One round (`deliver_due`) is three steps, and only the first and last touch the database:
 
@@ -46,10 +46,10 @@ from django.utils import timezone
 
 from memory.service import MemoryService
 
-from .. import outbox
 from ..conf import workflow_settings
 from ..exceptions import TelegramError
 from ..models import Reminder, ReminderStatus, Thread
+from . import outbox
 from .telegram import get_bot_api
 
 logger = logging.getLogger("engram.workflows")
