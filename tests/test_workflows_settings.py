@@ -11,7 +11,7 @@ from workflows.graph.memory_access import RecallOptions, RecallScope, recall_for
 
 @pytest.fixture
 def ada(service, user_factory):
-    """A person with five facts of their own, none of which a query about the weather matches."""
+    """A person with five facts of their own."""
     ada = user_factory("ada")
     for n in range(5):
         service.set_fact(f"pet_{n}", f"cat number {n}", scope="user", user_id=ada.pk)
@@ -19,8 +19,9 @@ def ada(service, user_factory):
 
 
 def top_up(ada):
-    """The facts a recall that matches nothing answers with: the person's own, as many as were read."""
-    recalled = recall_for("weather forecast", RecallScope(agent_id="bot", user_id=ada.pk), RecallOptions(limit=10))
+    """The facts a recall with no words to search for answers with: the person's own, as many as were
+    read (no search runs, so the same holds keyword-only and hybrid)."""
+    recalled = recall_for("", RecallScope(agent_id="bot", user_id=ada.pk), RecallOptions(limit=10))
     assert not any(f["matched"] for f in recalled.facts)
     return recalled.facts
 
