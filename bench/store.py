@@ -120,7 +120,8 @@ def main(argv=None):
     results = run(args.items, args.seed, args.database_url)
     engram, sqlite_ = results["EngramStore"], results["SqliteStore"]
     ratios = {
-        f"engram_vs_sqlite_{op}": engram[f"{op}_per_s"] / sqlite_[f"{op}_per_s"] for op in ("put", "get", "search")
+        f"engram_vs_sqlite_{op}": engram[f"{op}_per_s"] / sqlite_[f"{op}_per_s"]
+        for op in ("put", "get", "search", "list_namespaces")
     }
     if args.json:
         rounded = {s: {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()} for s, r in results.items()}

@@ -92,6 +92,13 @@ DEFAULTS = {
         # How long /healthz and `memory health` reuse a computed score.
         "CACHE_SECONDS": 60,
     },
+    # EngramStore's namespaces that belong to a person (memory/store_items.py): {first label: identity
+    # channel}; the second label is the person's id on that channel (an application's own user id),
+    # resolved through Engram's identities like any channel's id. ("users", "42") and langmem's
+    # ("memories", "42") are the person with identity langgraph:42, never memory user 42 (Engram's ids
+    # are named only by the reserved ("engram", "users", "<memory user id>", ...)). A label mapped to
+    # None is nobody's (global).
+    "STORE_NAMESPACES": {"users": "langgraph", "memories": "langgraph"},
     # ---- recall (MemoryService.recall; see memory/recall.py)
     # "auto": the local all-MiniLM-L6-v2 when the `embeddings` extra is installed; None: keyword-only;
     # or a dotted path to a LangChain Embeddings class/factory (called with EMBEDDINGS_OPTIONS).

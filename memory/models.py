@@ -544,9 +544,11 @@ class Tombstone(models.Model):
 class StoreItem(models.Model):
     """An item of a LangGraph store (workflows.store.EngramStore): a JSON object under (namespace, key).
 
-    The namespace decides the owner: ("users", "<memory user id>", ...) belongs to that memory user
-    (deleted with them), ("agents", "<agent id>", ...) to that agent, any other namespace to everyone
-    (global). Read and write them through MemoryService (memory/store_items.py).
+    The namespace decides the owner (MemoryService.store_owner): a person's namespace (("users", "<their
+    id on a channel>", ...) and others of MEMORY["STORE_NAMESPACES"], or ("engram", "users", "<memory user
+    id>", ...)) belongs to that memory user (deleted with them), ("agents", "<agent id>", ...) to that
+    agent, any other namespace to everyone (global). Read and write them through MemoryService
+    (memory/store_items.py). `embedding` holds one float32 vector per indexed text, one after another.
     """
 
     # The namespace's labels joined by "." (LangGraph refuses labels holding a period).

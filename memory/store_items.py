@@ -1,7 +1,7 @@
 """Items of LangGraph stores (workflows.store.EngramStore), owned like every other memory. Part of MemoryService.
 
-A namespace is a tuple of labels; its owner follows from its head: ("users", "<memory user id>", ...)
-is that memory user's (isolated to them, exported with them, deleted when they are forgotten),
+A namespace is a tuple of labels; its owner follows from its head (StoreItemsMixin.store_owner): a
+person's namespace is theirs (isolated to them, exported with them, deleted when they are forgotten),
 ("agents", "<agent id>", ...) that agent's, anything else everyone's (global). Filters follow
 LangGraph's stores: a value matches `{"field": value}` when equal (nested objects and lists
 compared whole), and `{"field": {"$gt": 3}}` with $eq, $ne, $gt, $gte, $lt, $lte.
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from . import pruning, transfer
 from .backends.store import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
+from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument
 from .indexer import STORE, indexer
 from .models import DeletionKind, MemoryUser, Scope, StoreItem
@@ -26,7 +27,8 @@ from .text import keyword_terms
 from .validation import check_id_list, check_json, chunks, clean_text
 
 SEPARATOR = "."
-# How much of a query search's score the words decide when vectors are there too (the rest: cosine).
+# How much of a hybrid query search's order (never its score) the words decide when vectors are there
+# too (the rest: the cosine).
 KEYWORD_SHARE = 0.3
 _OPERATORS = {
     "$eq": lambda a, b: a == b,
@@ -100,7 +102,7 @@ def matches(value, wanted):
     return value == wanted
 
 
-STORE_CHANNEL = "langgraph"  # the channel of the user ids ("users", <id>, ...) namespaces name
+RESERVED_HEAD = "engram"  # ("engram", "users", "<memory user id>", ...): Engram's own ids, named explicitly
 
 
 class StoreItemsMixin:
@@ -109,21 +111,22 @@ class StoreItemsMixin:
     def store_owner(self, namespace):
         """{"scope", "user_id", "agent_id"} of a namespace.
 
-        ("users", X, ...) belongs to a person: the memory user whose identity on the channel
-        STORE_CHANNEL is X (an application's own user id, as LangGraph apps put in namespaces), else the
-        memory user with id X, else a new memory user with that identity (so forgetting, exporting and
-        listing a person cover their items from the first write). Identity first: once X names someone
-        it keeps naming them, whatever ids later users get.
+        - ("engram", "users", "<memory user id>", ...): that memory user (the survivor if merged); the
+          only namespace that names Engram's own ids, so an application's numeric ids never collide with them.
+        - (<label>, X, ...) where MEMORY["STORE_NAMESPACES"] maps <label> to a channel (by default "users"
+          and langmem's "memories" to "langgraph"): the person whose identity on that channel is X, created
+          with that identity at the first write (so forgetting, exporting and listing a person cover their
+          items from the start), or found through an identity linked to them (`memory users link`).
+        - ("agents", "<agent id>", ...): that agent. Anything else: everyone (global).
         """
-        if len(namespace) >= 2 and namespace[0] == "users":
-            label = namespace[1]
-            user = self._user_by_identity(STORE_CHANNEL, label)
-            if user is None and label.isascii() and label.isdigit() and 0 < int(label) < 2**63:
-                found = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
-                if found is not None:
-                    return {"scope": Scope.USER, "user_id": found[1] or found[0], "agent_id": ""}
-            if user is None:
-                user, _ = self.get_or_create_user(STORE_CHANNEL, label)
+        if namespace and namespace[0] == RESERVED_HEAD:
+            return {"scope": Scope.USER, "user_id": self._engram_user(namespace), "agent_id": ""}
+        channel = memory_settings.STORE_NAMESPACES.get(namespace[0]) if len(namespace) >= 2 else None
+        if channel:
+            try:
+                user, _ = self.get_or_create_user(channel, namespace[1])
+            except InvalidMemoryArgument as exc:  # named as the caller wrote it: the namespace's label
+                raise InvalidMemoryArgument("namespace", f"{namespace[1]!r} as a {channel} id: {exc.message}") from None
             return {"scope": Scope.USER, "user_id": user.pk, "agent_id": ""}
         if len(namespace) >= 2 and namespace[0] == "agents":
             return {
@@ -132,6 +135,21 @@ class StoreItemsMixin:
                 "agent_id": clean_text("namespace", namespace[1], max_length=128),
             }
         return {"scope": Scope.GLOBAL, "user_id": None, "agent_id": ""}
+
+    def _engram_user(self, namespace):
+        label = namespace[2] if len(namespace) >= 3 and namespace[1] == "users" else None
+        if label is None or not (label.isascii() and label.isdigit() and 0 < int(label) < 2**63):
+            raise InvalidMemoryArgument(
+                "namespace",
+                f"{namespace!r}: the label {RESERVED_HEAD!r} is reserved; use "
+                f"({RESERVED_HEAD!r}, 'users', '<memory user id>', ...)",
+            )
+        found = MemoryUser.objects.filter(pk=int(label)).values_list("pk", "merged_into_id").first()
+        if found is None:
+            raise InvalidMemoryArgument("namespace", f"{namespace!r}: no memory user has id {label}")
+        if found[1] is None:
+            return found[0]
+        return self._follow_merges(MemoryUser.objects.get(pk=found[0])).pk
 
     def store_get_many(self, keys, *, refresh_ttl=True):
         """{(joined namespace, key): StoredItem} of these that exist and have not expired. One query (two with TTLs)."""
@@ -216,12 +234,17 @@ class StoreItemsMixin:
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
             indexer.schedule(STORE, [row.pk for row in rows if row.embedding is None and row.text])
 
-    def store_search(self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, refresh_ttl=True):
-        """[(StoredItem or ScoredItem, score)] under `prefix` meeting `filter`, best first for a query (score None without one).
+    def store_search(
+        self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, hybrid=True, refresh_ttl=True
+    ):
+        """[(StoredItem or ScoredItem, score)] under `prefix` meeting `filter`, best first for a query.
 
-        Without a query: most recently updated first. With one: hybrid, like recall: the cosine of the
-        query's vector and the item's (when both exist) and the share of the query's words the item
-        holds, KEYWORD_SHARE of the score; items without either come last, unscored.
+        Without a query: most recently updated first, score None. With one, the score is LangGraph's: the
+        cosine of the query's vector and the item's (the best of an item's vectors), None for an item
+        without a vector or without a `query_vector`. The order: by that cosine, unscored items last
+        (as LangGraph's stores); with `hybrid`, like recall, by the cosine and the share of the query's
+        words the item holds (KEYWORD_SHARE of the rank), so an item not embedded yet, or every item
+        without an embedder, is still found by its words.
         """
         now = timezone.now()
         filter = filter or {}
@@ -252,20 +275,17 @@ class StoreItemsMixin:
             if refresh_ttl:
                 _refresh(found, now)
             return [(item, None) for item in found]
-        scored = _scores(candidates, query, query_vector)
-        ranked = sorted(scored, key=lambda pair: (pair[1] is None, -(pair[1] or 0.0)))[offset : offset + limit]
+        scored = _scores(candidates, query, query_vector, hybrid)
+        ranked = sorted(scored, key=lambda row: (row[1] is None, -(row[1] or 0.0)))[offset : offset + limit]
         if refresh_ttl:
-            _refresh([item for item, _ in ranked], now)
-        return ranked
+            _refresh([item for item, _, _ in ranked], now)
+        return [(item, score) for item, _, score in ranked]
 
     def store_namespaces(self, *, prefix=None, suffix=None, max_depth=None, limit=100, offset=0):
         """The distinct namespaces (cut to `max_depth`) matching `prefix` / `suffix` ("*" matches any label), sorted."""
-        now = timezone.now()
-        names = StoreItem.objects.filter(_alive(now))
-        if prefix and "*" not in prefix:
-            names = names.filter(_prefix_filter(prefix))
+        fixed = joined(prefix) if prefix and "*" not in prefix else ""
         found = set()
-        for text in names.order_by().values_list("namespace", flat=True).distinct():
+        for text in self.backend.store_namespace_names(fixed, timezone.now()):
             namespace = split(text)
             if prefix and not _labels_match(namespace[: len(prefix)], prefix, len(namespace) >= len(prefix)):
                 continue
@@ -351,20 +371,40 @@ def _labels_match(labels, pattern, long_enough):
     return long_enough and all(p == "*" or p == label for label, p in zip(labels, pattern))
 
 
-def _scores(items, query, query_vector):
-    terms = set(keyword_terms(query))
+def _scores(items, query, query_vector, hybrid):
+    """[(item, rank, score)]: `score` as LangGraph's stores define it, the cosine of the query's vector and
+    the item's (the best of its vectors: one per indexed text), None without both; `rank` orders them:
+    the cosine alone, or with `hybrid` the cosine and the share of the query's words the item holds
+    (KEYWORD_SHARE of it; the words alone for an item without a vector yet, or without any embedder)."""
+    terms = set(keyword_terms(query)) if hybrid else set()
     vector = None if query_vector is None else np.asarray(query_vector, dtype=np.float32)
     if vector is not None:
         vector = vector / (np.linalg.norm(vector) or 1.0)
     scored = []
     for item in items:
+        cosine = None if vector is None else _best_cosine(item.embedding, vector)
+        if not hybrid:
+            scored.append((item, cosine, cosine))
+            continue
         words = set(keyword_terms(item.text, limit=10_000)) if item.text else set()
         keyword = len(terms & words) / len(terms) if terms and words else 0.0
-        if vector is not None and item.embedding is not None:
-            stored = np.frombuffer(bytes(item.embedding), dtype=np.float32)
-            if stored.shape == vector.shape:
-                cosine = float(stored @ vector / (np.linalg.norm(stored) or 1.0))
-                scored.append((item, (1 - KEYWORD_SHARE) * cosine + KEYWORD_SHARE * keyword))
-                continue
-        scored.append((item, keyword if item.text else None))
+        if cosine is not None:
+            rank = (1 - KEYWORD_SHARE) * cosine + KEYWORD_SHARE * keyword
+        else:
+            rank = keyword if item.text else None
+        scored.append((item, rank, cosine))
     return scored
+
+
+def _best_cosine(embedding, vector):
+    """The highest cosine of `vector` (unit length) and the vectors stored in `embedding` (float32, one after
+    another), as LangGraph's stores score an item indexed by several texts; None when there are none."""
+    if embedding is None:
+        return None
+    stored = np.frombuffer(bytes(embedding), dtype=np.float32)
+    if not stored.size or stored.size % vector.size:
+        return None  # made by another model (another size): not comparable
+    stored = stored.reshape(-1, vector.size)
+    norms = np.linalg.norm(stored, axis=1)
+    norms[norms == 0] = 1.0  # a zero vector scores 0, as LangGraph's stores give it
+    return float(np.max(stored @ vector / norms))

@@ -69,15 +69,17 @@ def test_no_write_path_calls_the_model_inside_a_transaction(settings, service, u
     )
     service.save_procedure("weather", description="ask for the city first")
     store = EngramStore()  # LangGraph's store on Engram's embedder: its items too
-    store.put(("users", str(user.pk), "notes"), "n1", {"text": "allergic to peanuts"})
-    store.put(("users", str(user.pk), "notes"), "n1", {"text": "allergic to shellfish"})  # an update re-embeds
+    store.put(("engram", "users", str(user.pk), "notes"), "n1", {"text": "allergic to peanuts"})
+    store.put(
+        ("engram", "users", str(user.pk), "notes"), "n1", {"text": "allergic to shellfish"}
+    )  # an update re-embeds
     assert service.wait_for_vectors(timeout=30)
     assert emb.calls_in_transaction == []
     assert pending() == 0 and service.pending_vectors() == 0
     hits = service.recall("black coffee", user_id=user.pk, types=("facts",), mode="vector", limit=1)
     assert [h.item.value for h in hits] == ["black coffee"]
     assert StoreItem.objects.get(key="n1").embedding is not None
-    [found] = store.search(("users", str(user.pk)), query="allergic to shellfish", limit=1)
+    [found] = store.search(("engram", "users", str(user.pk)), query="allergic to shellfish", limit=1)
     assert found.value == {"text": "allergic to shellfish"} and found.score is not None
 
 

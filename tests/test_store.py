@@ -3,14 +3,19 @@
 import asyncio
 import time
 
+import numpy as np
 import pytest
+from django.conf import settings
 from django.db import transaction
+from django.test import override_settings
 from langchain.agents import create_agent
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
+from langgraph.store.memory import InMemoryStore
 
+from memory.backends import reset_backend
 from memory.embeddings import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Scope, StoreItem
@@ -88,6 +93,64 @@ def test_query_search_ranks_by_meaning_with_an_index(db):
     assert found[-1].key == "hidden" and found[-1].score is None  # not indexed: last, unscored
 
 
+def _cosine(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_a_query_searchs_score_is_langgraphs_cosine_and_orders_the_results(db):
+    """The score InMemoryStore gives for the same items and query: the cosine, the best of an item's vectors."""
+    embeddings = LetterEmbeddings()
+    index = {"dims": 26, "embed": embeddings, "fields": ["title", "body"]}
+    engram, langgraphs = EngramStore(index=index), InMemoryStore(index=index)
+    items = {
+        "tea": {"title": "tea time", "body": "a pot of oolong"},
+        "zoo": {"title": "zebra zone", "body": "quiet keepers"},
+        "mix": {"title": "xylophone", "body": "a cup of tea"},  # its body is what matches
+        "bare": {"other": "nothing indexed"},
+    }
+    for key, value in items.items():
+        engram.put(("docs",), key, value)
+        langgraphs.put(("docs",), key, value)
+    query = "a cup of tea"
+    found = engram.search(("docs",), query=query)
+    expected = langgraphs.search(("docs",), query=query)
+    assert [i.key for i in found] == [i.key for i in expected]
+    assert [i.score for i in found] == pytest.approx([i.score for i in expected])
+    assert found[0].key == "mix" and found[0].score == pytest.approx(1.0)  # "a cup of tea" itself
+    best_of_tea = max(_cosine(embeddings.embed_query(query), embeddings.embed_query(t)) for t in items["tea"].values())
+    assert next(i.score for i in found if i.key == "tea") == pytest.approx(best_of_tea)
+    assert found[-1].key == "bare" and found[-1].score is None  # nothing indexed: last, unscored
+    assert [i.score for i in found[:-1]] == sorted((i.score for i in found[:-1]), reverse=True)
+    assert all(i.score is None for i in engram.search(("docs",)))  # no query, no score
+
+
+def test_on_engrams_embedder_words_help_order_but_score_stays_the_cosine(db, settings):
+    """Hybrid ranking may order the results; the score is still the cosine LangGraph documents."""
+    settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": "tests.test_store.LetterEmbeddings"}
+    reset_backend()
+    store = EngramStore()  # Engram's embedder: the letters embedder above, embedded on write (tests: inline)
+    store.put(("docs",), "words", {"text": "tea garden"})  # shares the query's words
+    store.put(("docs",), "letters", {"text": "a tag tea"})
+    query = "tea garden?"
+    found = {i.key: i.score for i in store.search(("docs",), query=query)}
+    letters = LetterEmbeddings()
+    for key, text in (("words", '{"text": "tea garden"}'), ("letters", '{"text": "a tag tea"}')):
+        assert found[key] == pytest.approx(_cosine(letters.embed_query(query), letters.embed_query(text)), abs=1e-6)
+    reset_backend()
+
+
+def test_without_an_embedder_a_query_search_finds_by_words_and_scores_none(store, settings):
+    if get_embedder() is not None:
+        settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": None}
+        reset_backend()
+    store.put(("docs",), "tea", {"text": "green tea"})
+    store.put(("docs",), "sun", {"text": "sunny days"})
+    found = store.search(("docs",), query="tea please")
+    assert found[0].key == "tea" and all(i.score is None for i in found)
+    reset_backend()
+
+
 def test_list_namespaces_prefix_suffix_wildcards_depth_and_pages(store):
     spaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f"), ("x",)]
     for i, ns in enumerate(spaces):
@@ -109,7 +172,39 @@ def test_items_expire_after_their_ttl_and_reads_refresh_it(db):
     time.sleep(0.8)
     assert store.get(("t",), "short") is None and store.get(("t",), "forever") is not None
     assert [i.key for i in store.search(("t",))] == ["forever"]
-    assert store.sweep_ttl() == 1 and StoreItem.objects.count() == 1
+    assert store.list_namespaces() == [("t",)]
+    store.put(("gone",), "k", {"v": 3}, ttl=0.005)
+    time.sleep(0.5)
+    assert store.list_namespaces() == [("t",)]  # a namespace whose items all expired is not listed
+    assert store.sweep_ttl() == 2 and StoreItem.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the sweeper's thread sees committed rows only
+def test_the_ttl_sweeper_runs_every_sweep_interval_minutes_and_stops():
+    store = EngramStore(ttl={"default_ttl": 0.001, "sweep_interval_minutes": 0.005})  # 0.06 s, 0.3 s
+    assert store.start_ttl_sweeper().done() is False
+    store.put(("t",), "short", {"v": 1})
+    store.put(("t",), "kept", {"v": 2}, ttl=None)
+    deadline = time.monotonic() + 10
+    while StoreItem.objects.filter(key="short").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(StoreItem.objects.values_list("key", flat=True)) == ["kept"]  # deleted, not only hidden
+    assert store.stop_ttl_sweeper(timeout=5) is True
+    assert store.stop_ttl_sweeper() is True  # stopping a stopped sweeper is fine
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ttl_sweepers_interval_comes_from_its_argument_then_the_config():
+    store = EngramStore(ttl={"default_ttl": 0.001, "sweep_interval_minutes": 60})
+    store.start_ttl_sweeper(sweep_interval_minutes=0.005)  # the argument wins: 0.3 s, not an hour
+    store.put(("t",), "short", {"v": 1})
+    deadline = time.monotonic() + 10
+    while StoreItem.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not StoreItem.objects.exists()
+    future = store.start_ttl_sweeper()  # already running: another handle; cancelling it stops the thread
+    assert future.cancel() and store.stop_ttl_sweeper(timeout=5)
+    assert EngramStore().start_ttl_sweeper().done()  # no TTL config: nothing to sweep, nothing started
 
 
 @pytest.mark.parametrize(
@@ -135,29 +230,55 @@ def test_bad_input_is_refused_and_writes_nothing(store, namespace, value, error)
 
 def test_namespaces_map_to_owners_and_forgetting_a_person_takes_theirs(store, service, user_factory):
     ada, bob = user_factory("ada"), user_factory("bob")
-    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "Ada likes tea"})
-    store.put(("users", str(bob.pk), "memories"), "m1", {"text": "Bob likes coffee"})
+    store.put(("engram", "users", str(ada.pk), "memories"), "m1", {"text": "Ada likes tea"})
+    store.put(("engram", "users", str(bob.pk), "memories"), "m1", {"text": "Bob likes coffee"})
     store.put(("agents", "helper", "notes"), "n1", {"text": "be brief"})
     store.put(("shared",), "s1", {"text": "office opens at nine"})
     owners = {(i.namespace, i.scope, i.user_id, i.agent_id) for i in StoreItem.objects.all()}
     assert owners == {
-        (f"users.{ada.pk}.memories", Scope.USER, ada.pk, ""),
-        (f"users.{bob.pk}.memories", Scope.USER, bob.pk, ""),
+        (f"engram.users.{ada.pk}.memories", Scope.USER, ada.pk, ""),
+        (f"engram.users.{bob.pk}.memories", Scope.USER, bob.pk, ""),
         ("agents.helper.notes", Scope.AGENT, None, "helper"),
         ("shared", Scope.GLOBAL, None, ""),
     }
-    assert [i.value["text"] for i in store.search(("users", str(ada.pk)))] == ["Ada likes tea"]
+    assert [i.value["text"] for i in store.search(("engram", "users", str(ada.pk)))] == ["Ada likes tea"]
     footprint = service.user_footprint([ada.pk])
     assert footprint["store_items"] == 1
     service.delete_users([ada.pk], cascade=True)
     assert not StoreItem.objects.filter(user_id=ada.pk).exists()
-    assert store.get(("users", str(bob.pk), "memories"), "m1").value == {"text": "Bob likes coffee"}
+    assert store.get(("engram", "users", str(bob.pk), "memories"), "m1").value == {"text": "Bob likes coffee"}
+
+
+@pytest.mark.parametrize(
+    "namespace, error",
+    [
+        (("engram", "users", "999999"), "no memory user has id 999999"),
+        (("engram", "users", "ada"), "reserved"),
+        (("engram", "notes"), "reserved"),
+        (("engram",), "reserved"),
+    ],
+)
+def test_the_reserved_engram_namespace_names_only_existing_memory_users(store, namespace, error):
+    with pytest.raises(InvalidMemoryArgument, match=error) as raised:
+        store.put(namespace, "k", {"v": 1})
+    assert raised.value.field == "namespace" and not StoreItem.objects.exists()
+
+
+def test_an_apps_numeric_user_id_never_lands_on_the_memory_user_with_that_id(store, service, user_factory):
+    """("users", "<n>") is the application's user n (identity langgraph:n), not Engram's memory user n."""
+    ada = user_factory("ada")
+    store.put(("users", str(ada.pk)), "m1", {"text": "an app user whose id is Ada's memory user id"})
+    item = StoreItem.objects.get()
+    assert item.user_id != ada.pk
+    assert item.user_id == service.get_or_create_user("langgraph", str(ada.pk))[0].pk
+    service.delete_users([ada.pk], cascade=True)  # forgetting Ada leaves the app user's item alone
+    assert store.get(("users", str(ada.pk)), "m1") is not None
 
 
 def test_an_apps_own_user_ids_name_people_too(store, service, user_factory):
     """("users", "<the app's user id>") as LangGraph apps write it: a person from the first write."""
     store.put(("users", "u-42", "memories"), "m1", {"text": "likes jazz"})
-    store.put(("users", "123"), "m1", {"text": "no memory user has id 123 yet"})
+    store.put(("users", "123"), "m1", {"text": "the app's user 123"})
     store.put(("users", "u-42", "memories"), "m2", {"text": "lives in Oslo"})
     u42 = service.get_or_create_user("langgraph", "u-42")[0]
     assert set(StoreItem.objects.filter(user_id=u42.pk).values_list("key", flat=True)) == {"m1", "m2"}
@@ -171,10 +292,37 @@ def test_an_apps_own_user_ids_name_people_too(store, service, user_factory):
     assert store.search(("users", "u-42")) == [] and len(store.search(("users", "123"))) == 2
 
 
+def test_langmems_memories_namespace_is_the_persons_and_forgetting_them_deletes_it(store, service, user_factory):
+    """langmem's usual ("memories", "<app user id>") resolves through Engram's identities: linked to a
+    person's channel (MEMORY["STORE_NAMESPACES"]), it is their data and forget-a-person deletes it."""
+    ada = user_factory("ada", channel="app")  # how the app identifies Ada everywhere else
+    bob = user_factory("bob", channel="app")
+    with override_settings(MEMORY={**settings.MEMORY, "STORE_NAMESPACES": {"memories": "app"}}):
+        store.put(("memories", "ada"), "m1", {"content": "likes green tea"})
+        store.put(("memories", "ada", "profile"), "p", {"content": "lives in Lyon"})
+        store.put(("memories", "bob"), "m1", {"content": "likes coffee"})
+        assert set(StoreItem.objects.filter(user=ada).values_list("key", flat=True)) == {"m1", "p"}
+        assert service.delete_users([ada.pk], cascade=True).deleted == 1  # forget this person
+    assert store.search(("memories", "ada")) == [] and not StoreItem.objects.filter(
+        namespace__startswith="memories.ada"
+    )
+    assert [i.value for i in store.search(("memories", "bob"))] == [{"content": "likes coffee"}]
+    assert StoreItem.objects.get(namespace="memories.bob").user_id == bob.pk
+
+
+def test_by_default_langmems_namespace_belongs_to_the_apps_user(store, service):
+    store.put(("memories", "u-7"), "m1", {"content": "likes tea"})
+    person = service.get_or_create_user("langgraph", "u-7")[0]
+    assert StoreItem.objects.get().user_id == person.pk
+    with override_settings(MEMORY={**settings.MEMORY, "STORE_NAMESPACES": {"memories": None}}):
+        store.put(("memories", "u-8"), "m1", {"content": "nobody's"})
+    assert StoreItem.objects.get(namespace="memories.u-8").scope == Scope.GLOBAL
+
+
 def test_a_merged_users_items_land_on_the_survivor(store, service, user_factory):
     ada, ann = user_factory("ada"), user_factory("ann")
     service.merge_users(ann.pk, ada.pk)
-    store.put(("users", str(ann.pk)), "k", {"v": 1})
+    store.put(("engram", "users", str(ann.pk)), "k", {"v": 1})
     assert StoreItem.objects.get().user_id == ada.pk
 
 
@@ -230,9 +378,9 @@ class ToolCallingFake(GenericFakeChatModel):
 def test_langmem_tools_manage_and_search_memories_on_engram(user_factory, staff_client):
     from langmem import create_manage_memory_tool, create_search_memory_tool
 
-    ada = user_factory("ada")
+    ada = user_factory("ada", channel="langgraph")  # the app's user "ada", as langmem names them
     store = EngramStore()
-    namespace = ("users", "{user_id}", "memories")
+    namespace = ("memories", "{langgraph_user_id}")  # langmem's usual namespace: Ada's by default
 
     def created_id():
         return StoreItem.objects.get(user=ada).key
@@ -260,7 +408,7 @@ def test_langmem_tools_manage_and_search_memories_on_engram(user_factory, staff_
         [create_manage_memory_tool(namespace), create_search_memory_tool(namespace)],
         store=store,
     )
-    out = agent.invoke({"messages": [("user", "remember I like tea")]}, {"configurable": {"user_id": str(ada.pk)}})
+    out = agent.invoke({"messages": [("user", "remember I like tea")]}, {"configurable": {"langgraph_user_id": "ada"}})
     tool_replies = [m.content for m in out["messages"] if m.type == "tool"]
     assert tool_replies[0].startswith("created memory")
     assert tool_replies[1].startswith("updated memory")
@@ -268,7 +416,7 @@ def test_langmem_tools_manage_and_search_memories_on_engram(user_factory, staff_
     assert tool_replies[3].lower().startswith("deleted memory")
     assert not StoreItem.objects.exists()
     # While it existed it was Ada's, and the admin lists store items under their owner.
-    store.put(("users", str(ada.pk), "memories"), "again", {"content": "likes oolong"})
+    store.put(("engram", "users", str(ada.pk), "memories"), "again", {"content": "likes oolong"})
     page = staff_client.get("/memories/memory/storeitem/", {"user__id__exact": ada.pk})
     assert page.status_code == 200 and "likes oolong" in page.content.decode()
 
@@ -282,10 +430,10 @@ def test_writes_inside_a_callers_transaction_roll_back_with_it(store):
 
 def test_operators_list_filter_and_batch_delete_store_items_over_rest(api, store, user_factory):
     ada = user_factory("ada")
-    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "tea"})
+    store.put(("engram", "users", str(ada.pk), "memories"), "m1", {"text": "tea"})
     store.put(("shared", "faq"), "hours", {"text": "nine to five"})
     body = api.get("/api/v1/store-items/", {"user": ada.pk}).json()
-    assert body["count"] == 1 and body["results"][0]["namespace"] == ["users", str(ada.pk), "memories"]
+    assert body["count"] == 1 and body["results"][0]["namespace"] == ["engram", "users", str(ada.pk), "memories"]
     assert api.get("/api/v1/store-items/", {"namespace": "shared"}).json()["count"] == 1
     ids = [row["id"] for row in api.get("/api/v1/store-items/").json()["results"]]
     assert api.get("/api/v1/store-items/", {"namespace": "x" * 501}).status_code == 400
@@ -298,16 +446,16 @@ def test_store_items_travel_with_export_and_import(store, service, user_factory)
     import io
 
     ada = user_factory("ada")
-    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "likes tea", "n": 1}, ttl=None)
+    store.put(("engram", "users", str(ada.pk), "memories"), "m1", {"text": "likes tea", "n": 1}, ttl=None)
     store.put(("agents", "helper"), "style", {"text": "be brief"})
     out = io.StringIO()
     assert service.export_memories(out)["store_item"] == 2
     StoreItem.objects.all().delete()
     report = service.import_memories(io.StringIO(out.getvalue()))
     assert report.added["store_item"] == 2
-    assert store.get(("users", str(ada.pk), "memories"), "m1").value == {"text": "likes tea", "n": 1}
+    assert store.get(("engram", "users", str(ada.pk), "memories"), "m1").value == {"text": "likes tea", "n": 1}
     assert StoreItem.objects.get(key="style").agent_id == "helper"
-    assert [i.key for i in store.search(("users",), query="tea")] == ["m1"]  # found by its words
+    assert [i.key for i in store.search(("engram", "users"), query="tea")] == ["m1"]  # found by its words
 
 
 def test_a_persons_export_holds_their_store_items(store, service, user_factory):
@@ -315,7 +463,7 @@ def test_a_persons_export_holds_their_store_items(store, service, user_factory):
     import json
 
     ada = user_factory("ada")
-    store.put(("users", str(ada.pk), "memories"), "m1", {"text": "likes tea"})
+    store.put(("engram", "users", str(ada.pk), "memories"), "m1", {"text": "likes tea"})
     out = io.StringIO()
     service.export_person(ada.pk, out)
     rows = [json.loads(line) for line in out.getvalue().splitlines()]

@@ -4,13 +4,24 @@
     store = EngramStore(index={"dims": 384, "embed": my_embeddings, "fields": ["text"]})
     store = EngramStore(ttl={"default_ttl": 60, "refresh_on_read": True})
 
-Items live in MemoryService's tables (memory/store_items.py), owned by their namespace:
-("users", "<user id>", ...) is that person's (MemoryService.store_owner: shown on their page in
-/memories/, exported with them, deleted when they are forgotten), ("agents", "<agent id>", ...) that
-agent's, anything else global. Query searches are hybrid: the cosine of the query's and the item's
-vectors and the share of the query's words the item holds (memory.store_items.KEYWORD_SHARE);
-without an embedder, the words alone. No embedding model runs inside a database transaction: with
-an `index`, values are embedded before their transaction; on Engram's embedder, after it commits.
+Items live in MemoryService's tables (memory/store_items.py), owned by their namespace
+(MemoryService.store_owner): ("users", "<your app's user id>", ...) and langmem's ("memories", "<id>",
+...) are that person's (MEMORY["STORE_NAMESPACES"] maps such first labels to an identity channel;
+shown on their page in /memories/, exported with them, deleted when they are forgotten), ("engram",
+"users", "<memory user id>", ...) names a memory user by Engram's own id, ("agents", "<agent id>",
+...) is that agent's, anything else global.
+
+A query search's `score` is what LangGraph's stores give: the cosine similarity of the query's vector
+and the item's (its best vector: one per indexed text), None for an item without a vector, and None
+throughout without an embedder. With an `index` of its own the results are ordered by that score, as
+LangGraph's stores order them; on Engram's embedder the order is hybrid, like recall (the cosine and
+the share of the query's words the item holds, so items not embedded yet are found by their words),
+while `score` stays the cosine. No embedding model runs inside a database transaction: with an
+`index`, values are embedded before their transaction; on Engram's embedder, after it commits.
+
+Expired items (TTLConfig) are invisible at once; `sweep_ttl()` deletes them, and
+`start_ttl_sweeper()` / `stop_ttl_sweeper()` run it every `sweep_interval_minutes` on a thread, as
+LangGraph's SqliteStore and PostgresStore do (started explicitly, as theirs are).
 
 The sync API also works when called from a coroutine (LangGraph's stores allow it; Django refuses
 database work on an event loop's thread): the call then runs on a worker thread while the caller
@@ -18,7 +29,10 @@ waits. Async code should prefer the a-methods, which never block the loop.
 """
 
 import asyncio
+import concurrent.futures
 import functools
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -44,6 +58,8 @@ from memory.service import MemoryService
 from memory.store_items import StorePut, joined, split
 
 __all__ = ["EngramStore"]
+
+logger = logging.getLogger(__name__)
 
 _OFF_THE_LOOP = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engram-store")
 
@@ -83,6 +99,8 @@ class EngramStore(BaseStore):
             fields = ["$"]
         self._fields = [_path(path) for path in fields]
         self._memory = MemoryService()
+        self._ttl_sweeper_thread = None
+        self._ttl_stop_event = threading.Event()
 
     # ---- the BaseStore interface
 
@@ -136,6 +154,62 @@ class EngramStore(BaseStore):
         """Delete expired items now; returns how many went (expired items are invisible already)."""
         return self._memory.sweep_store_items()
 
+    def start_ttl_sweeper(self, sweep_interval_minutes=None):
+        """Delete expired items every `sweep_interval_minutes` (else the TTL config's, else 5) on a daemon
+        thread, as LangGraph's SqliteStore and PostgresStore do; returns a Future that completes when the
+        sweeper stops (cancelling it stops it). Without a TTL config nothing starts (a done Future)."""
+        if not self.ttl_config:
+            future = concurrent.futures.Future()
+            future.set_result(None)
+            return future
+        future = concurrent.futures.Future()
+        future.add_done_callback(lambda f: self._ttl_stop_event.set() if f.cancelled() else None)
+        if self._ttl_sweeper_thread is not None and self._ttl_sweeper_thread.is_alive():
+            logger.info("TTL sweeper thread is already running")
+            return future
+        self._ttl_stop_event.clear()
+        minutes = float(sweep_interval_minutes or self.ttl_config.get("sweep_interval_minutes") or 5)
+
+        def sweep_loop():
+            try:
+                while not self._ttl_stop_event.wait(minutes * 60):
+                    try:
+                        swept = self.sweep_ttl()
+                    except Exception:  # a failed sweep (the database away) is logged; the next one retries
+                        logger.exception("Store TTL sweep failed")
+                    else:
+                        if swept:
+                            logger.info("Store swept %d expired items", swept)
+                    finally:
+                        connection.close()  # this thread's connection goes back between sweeps
+                if not future.done():
+                    future.set_result(None)
+            except Exception as exc:  # pragma: no cover - only the Event itself could raise here
+                if not future.done():
+                    future.set_exception(exc)
+
+        self._ttl_sweeper_thread = threading.Thread(target=sweep_loop, daemon=True, name="engram-ttl-sweeper")
+        self._ttl_sweeper_thread.start()
+        return future
+
+    def stop_ttl_sweeper(self, timeout=None):
+        """Stop the sweeper thread, waiting up to `timeout` seconds (None: as long as it takes); True once
+        it has stopped or was not running, False when the timeout came first."""
+        thread = self._ttl_sweeper_thread
+        if thread is None or not thread.is_alive():
+            return True
+        self._ttl_stop_event.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.warning("Timed out waiting for the TTL sweeper thread to stop")
+            return False
+        self._ttl_sweeper_thread = None
+        return True
+
+    def __del__(self):
+        if getattr(self, "_ttl_sweeper_thread", None) is not None:
+            self.stop_ttl_sweeper(timeout=0.1)
+
     # ---- helpers
 
     def _embedder(self):
@@ -149,7 +223,7 @@ class EngramStore(BaseStore):
 
     def _prepared(self, puts):
         """StorePut rows with their search text and, with the store's own `index`, their vectors."""
-        rows = []
+        rows, texts = [], []
         for op in puts:
             if not op.namespace or any(
                 not isinstance(label, str) or not label or "." in label for label in op.namespace
@@ -157,31 +231,37 @@ class EngramStore(BaseStore):
                 raise InvalidNamespaceError(f"Invalid namespace {op.namespace!r}: non-empty labels without periods")
             if op.value is None:
                 rows.append(StorePut(tuple(op.namespace), op.key, None))
+                texts.append([])
                 continue
             if not isinstance(op.value, dict):
                 raise InvalidMemoryArgument("value", f"must be a dict, got {type(op.value).__name__}")
             if op.index is False:
-                text = ""
+                found = []
             else:
                 paths = self._fields if op.index is None else [_path(p) for p in op.index]
-                text = "\n".join(t for _, path in paths for t in get_text_at_path(op.value, path))
+                found = [t for _, path in paths for t in get_text_at_path(op.value, path)]
+            texts.append(found)
             rows.append(
-                StorePut(tuple(op.namespace), op.key, op.value, text=text, ttl_minutes=getattr(op, "ttl", None))
+                StorePut(
+                    tuple(op.namespace), op.key, op.value, text="\n".join(found), ttl_minutes=getattr(op, "ttl", None)
+                )
             )
-        # With an `index` of its own, the store embeds as LangGraph's stores do, before the write; on
-        # Engram's embedder, items are embedded after their commit by its embedding worker (off the
-        # write path, batched with other writes), and a query search finds them by words meanwhile.
-        wanted = [i for i, row in enumerate(rows) if row.value is not None and row.text]
+        # With an `index` of its own, the store embeds as LangGraph's stores do, before the write: one
+        # vector per indexed text (a search scores an item by its best one); on Engram's embedder, items
+        # are embedded after their commit by its embedding worker (off the write path, batched with
+        # other writes; one vector of the item's text), and a query search finds them by words meanwhile.
+        wanted = [i for i, row in enumerate(rows) if row.value is not None and texts[i]]
         if self._embed is not None and wanted:
-            vectors = self._embed.embed_documents([rows[i].text for i in wanted])
-            for i, vector in zip(wanted, vectors):
+            vectors = iter(self._embed.embed_documents([t for i in wanted for t in texts[i]]))
+            for i in wanted:
                 row = rows[i]
+                stacked = np.asarray([next(vectors) for _ in texts[i]], dtype=np.float32)
                 rows[i] = StorePut(
                     row.namespace,
                     row.key,
                     row.value,
                     text=row.text,
-                    embedding=np.asarray(vector, dtype=np.float32).tobytes(),
+                    embedding=stacked.tobytes(),
                     ttl_minutes=row.ttl_minutes,
                 )
         return rows
@@ -199,6 +279,7 @@ class EngramStore(BaseStore):
             offset=op.offset,
             query=op.query or "",
             query_vector=query_vector,
+            hybrid=self._embed is None,  # with an `index` of its own: ordered by the cosine alone, as LangGraph's
             refresh_ttl=op.refresh_ttl,
         )
         return [_item(SearchItem, item, score=score) for item, score in found]

@@ -34,6 +34,10 @@ _ALIVE = "(s.expires_at IS NULL OR s.expires_at > %s)"
 _FIELD = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
 
+def _chunks(values, size):
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
 def pushable(name, wanted):
     """Whether `{name: wanted}` can be decided in SQL exactly: a plain top-level field, a string or number."""
     return bool(_FIELD.match(name)) and isinstance(wanted, (str, int, float)) and not isinstance(wanted, bool)
@@ -59,6 +63,47 @@ class StoreSQL:
         (in STORE_COLUMNS order; SEARCH_COLUMNS when `scored`)."""
         sql, params = self.store_under_sql(prefix, now, equal_to, limit, scored=scored)
         return fetch_rows(sql, params, SEARCH_COLUMNS if scored else STORE_COLUMNS)
+
+    def store_namespace_names(self, prefix, now):
+        """The distinct joined namespaces under the joined `prefix` ("" for all) holding an item alive at `now`.
+
+        A loose index scan: one seek in the (namespace, key) unique index per distinct namespace (the
+        next name after the last one), so a listing costs the number of namespaces, not of items. The
+        few namespaces with an expired item are then checked for one still alive (expired items wait
+        for a sweep, and a namespace with none alive is not listed).
+        """
+        conn = connections[DEFAULT_DB_ALIAS]
+        when = StoreItem._meta.get_field("expires_at").get_db_prep_value(now, conn)
+        # The range holds the prefix and every "<prefix>.<more>" ("/" sorts right after "."), and names
+        # like "<prefix>-x" too, which the caller's label check drops. Without a prefix: every name
+        # (U+10FFFF sorts after any text a label can hold).
+        low, high = (prefix, prefix + "/") if prefix else ("", "\U0010ffff")
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"""WITH RECURSIVE names(name) AS (
+                    SELECT MIN(namespace) FROM {_TABLE} WHERE namespace >= %s AND namespace < %s
+                    UNION ALL
+                    SELECT (SELECT MIN(namespace) FROM {_TABLE} WHERE namespace > names.name AND namespace < %s)
+                    FROM names WHERE names.name IS NOT NULL
+                ) SELECT name FROM names WHERE name IS NOT NULL""",
+                [low, high, high],
+            )
+            names = {row[0] for row in cursor.fetchall()}
+            # By the expiry index alone: with the prefix, or DISTINCT, SQLite's planner walks every row of
+            # the unique index instead (the names are made distinct here).
+            cursor.execute(f"SELECT s.namespace FROM {_TABLE} s WHERE s.expires_at <= %s", [when])
+            expired = {row[0] for row in cursor.fetchall()} & names
+            if expired:
+                alive = set()
+                for chunk in _chunks(sorted(expired), 400):
+                    marks = ", ".join(["%s"] * len(chunk))
+                    cursor.execute(
+                        f"SELECT DISTINCT s.namespace FROM {_TABLE} s WHERE s.namespace IN ({marks}) AND {_ALIVE}",
+                        [*chunk, when],
+                    )
+                    alive.update(row[0] for row in cursor.fetchall())
+                names -= expired - alive
+        return names
 
     def store_under_sql(self, prefix, now, equal_to, limit, *, scored=False, select=None):
         """(SQL with %s placeholders, params) of store_rows_under; `select` replaces the column list."""
