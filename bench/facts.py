@@ -97,7 +97,7 @@ def fill_vectors(progress, seed):
     """
     import numpy as np
 
-    from memory.embeddings import get_embedder, to_blob
+    from memory.embedding.embedder import get_embedder, to_blob
     from memory.models import EmbeddingModelRecord, RecallDocument
 
     embedder = get_embedder()

@@ -106,7 +106,7 @@ def grow(start, stop, rng, vocab, probs, progress):
 
 
 def measure(service, queries, modes, progress, label):
-    from memory.embeddings import clear_query_cache
+    from memory.embedding.embedder import clear_query_cache
 
     results = {}
     for mode in modes:
@@ -179,7 +179,7 @@ def vector_lag(service, probes=40, load_per_s=50):
                 if time.perf_counter() - committed > 30:
                     import traceback
 
-                    from memory.indexer import indexer
+                    from memory.recall.indexer import indexer
 
                     # Where the embedding worker is (what it waits for), for the one who reads this.
                     frame = sys._current_frames().get(indexer._thread.ident)
@@ -258,7 +258,7 @@ def main(argv=None):
         from django.conf import settings
 
         from memory.conf import memory_settings
-        from memory.embeddings import configured_mode, get_embedder
+        from memory.embedding.embedder import configured_mode, get_embedder
         from memory.models import EmbeddingModelRecord
         from memory.service import MemoryService
 

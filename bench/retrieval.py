@@ -200,7 +200,7 @@ class Asked:
 
 def ask(conversations, turn_of, modes, progress, label="asking questions"):
     """Every question with valid evidence, asked in each mode. Returns ([Asked], skipped, {mode: [ms]})."""
-    from memory.recall_events import recall_log
+    from memory.recall.events import recall_log
     from memory.service import MemoryService
 
     service = MemoryService()
@@ -222,7 +222,7 @@ def ask(conversations, turn_of, modes, progress, label="asking questions"):
                 result = service.recall(q.question, agent_id=agent, types=["episodes"], limit=max(KS), mode=mode)
                 latency[mode].append((time.perf_counter() - t0) * 1000.0 - result.embed_ms)
                 # A benchmark's question is not a use: its hits would count as references (the boost,
-                # step 5 of memory/recall.py) for every later recall, so that the figures would
+                # step 5 of memory/recall/ranking.py) for every later recall, so that the figures would
                 # depend on the order of the questions and of the modes (the hybrid run of a question
                 # boosted by the keyword and vector runs just before it). Every question sees the store
                 # as it was stored.

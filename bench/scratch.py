@@ -50,10 +50,10 @@ def scratch_django(database_url=None, mode=None):
         finally:
             from django.db import connections
 
-            from memory.access import access_counter
-            from memory.indexer import indexer
-            from memory.recall_events import recall_log
-            from memory.relations import contradictions
+            from memory.recall.access import access_counter
+            from memory.recall.events import recall_log
+            from memory.recall.indexer import indexer
+            from memory.recall.relations import contradictions
 
             indexer.wait(60)  # the embedding worker finishes with the database before it goes
 
@@ -84,7 +84,7 @@ def add_scratch_arguments(parser, *, seed=True, json_help="print exactly one JSO
 
 def add_mode_argument(parser):
     """--mode keyword|hybrid: the recall mode to measure; default what a user gets (hybrid with the model installed)."""
-    from memory.embeddings import local_model_installed
+    from memory.embedding.embedder import local_model_installed
 
     default = "hybrid" if local_model_installed() else "keyword"
     parser.add_argument(

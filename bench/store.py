@@ -100,7 +100,7 @@ def run(items, seed, database_url):
     with scratch_django(database_url):
         from django.db import connection
 
-        from memory.embeddings import configured_mode
+        from memory.embedding.embedder import configured_mode
         from memory.service import MemoryService
         from workflows.store import EngramStore
 

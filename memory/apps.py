@@ -9,16 +9,17 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.core.signals import request_finished, request_started
         from django.db.backends.signals import connection_created
 
-        from . import (
-            checks,  # noqa: F401  (system checks: SQLite's write mode)
-            signals,  # noqa: F401  (flushes buffered access counts)
-        )
+        from . import checks  # noqa: F401  (system checks: SQLite's write mode)
         from .backends import sqlite  # noqa: F401  (registers SQL functions the SQLite index needs)
         from .backends.wal import prepare_connection
-        from .embeddings import log_mode
+        from .embedding.embedder import log_mode
+        from .recall.upkeep import flush_buffers, start_indexer
 
         connection_created.connect(prepare_connection, dispatch_uid="memory_sqlite_connections")
+        request_finished.connect(flush_buffers, dispatch_uid="memory_flush_buffers")
+        request_started.connect(start_indexer, dispatch_uid="memory_start_indexer")
 
         log_mode()  # recall: hybrid or keyword-only, said once at start

@@ -1,8 +1,8 @@
 """Write buffers: what reads and committed writes note, written later in one transaction.
 
 A read never commits, and a bulk writer should not pay a transaction (on PostgreSQL a WAL flush)
-per statistic. So access counts (memory/access.py), recall events (memory/recall_events.py) and
-`contradicts` edges (memory/relations.py) are noted in a process-wide buffer and written when the
+per statistic. So access counts (memory/domain/access.py), recall events (memory/recall/events.py) and
+`contradicts` edges (memory/recall/relations.py) are noted in a process-wide buffer and written when the
 buffer holds its limit, when a request finishes (memory/signals.py: every buffer in one transaction),
 at process exit, and on flush(). What a killed process had noted is lost, so only statistics or what
 can be rebuilt are buffered.

@@ -20,7 +20,7 @@ DEFAULTS = {
     # Access counts are buffered in memory and written in one statement when this many facts are
     # pending, at the end of each request, at exit, or on MemoryService.flush_access_counts().
     "ACCESS_FLUSH_PENDING": 5000,
-    # Keep a version of every change of a fact (memory/history.py): what `memory history` shows and
+    # Keep a version of every change of a fact (memory/domain/history.py): what `memory history` shows and
     # point-in-time reads (`as_of=`) answer from. False: no versions are written; deletes forget at once.
     "FACT_HISTORY": True,
     # Operators' REST API: most ids one batch-delete request may name, the largest request body
@@ -48,11 +48,11 @@ DEFAULTS = {
         # Read by workflows: consolidate the run's episode when a run ends.
         "AFTER_EACH_RUN": False,
     },
-    # The memory graph (memory/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
+    # The memory graph (memory/recall/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
     # closest memories of the same owner with a cosine of at least SIMILAR_MIN_COSINE (for the local
     # model, 0.8 is a paraphrase or the same topic in other words, not just a shared subject).
     "RELATIONS": {"SIMILAR": True, "SIMILAR_TOP": 3, "SIMILAR_MIN_COSINE": 0.8},
-    # Promotion (memory/promotion.py): memories recalled often become durable ones, each once.
+    # Promotion (memory/operations/promotion.py): memories recalled often become durable ones, each once.
     "PROMOTION": {
         # Recall hits a memory needs before it is promoted.
         "MIN_RECALLS": 3,
@@ -92,14 +92,14 @@ DEFAULTS = {
         # How long /healthz and `memory health` reuse a computed score.
         "CACHE_SECONDS": 60,
     },
-    # EngramStore's namespaces that belong to a person (memory/store_items.py): {first label: identity
+    # EngramStore's namespaces that belong to a person (memory/domain/store_items.py): {first label: identity
     # channel}; the second label is the person's id on that channel (an application's own user id),
     # resolved through Engram's identities like any channel's id. ("users", "42") and langmem's
     # ("memories", "42") are the person with identity langgraph:42, never memory user 42 (Engram's ids
     # are named only by the reserved ("engram", "users", "<memory user id>", ...)). A label mapped to
     # None is nobody's (global).
     "STORE_NAMESPACES": {"users": "langgraph", "memories": "langgraph"},
-    # ---- recall (MemoryService.recall; see memory/recall.py)
+    # ---- recall (MemoryService.recall; see memory/recall/ranking.py)
     # "auto": the local all-MiniLM-L6-v2 when the `embeddings` extra is installed; None: keyword-only;
     # or a dotted path to a LangChain Embeddings class/factory (called with EMBEDDINGS_OPTIONS).
     "EMBEDDINGS": "auto",
@@ -107,28 +107,28 @@ DEFAULTS = {
     # Recorded with the stored vectors; blank derives it from the embedder's class and model name.
     "EMBEDDINGS_MODEL_ID": "",
     # "background": a write's vector is computed after it commits, by the process's embedding worker,
-    # in batches (memory/indexer.py); "inline": inside the write's transaction (tests, scripts).
+    # in batches (memory/recall/indexer.py); "inline": inside the write's transaction (tests, scripts).
     "EMBED_ON_WRITE": "background",
     # Most texts the worker embeds in one model call, and how long it waits for more writers to
     # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
     "EMBED_WAIT_MS": 50,
     # How long a committed write's vector may take before its batch is embedded at the requests'
-    # priority instead of in the CPU they leave (memory/model_process.py): vector recall finds a
+    # priority instead of in the CPU they leave (memory/embedding/model_process.py): vector recall finds a
     # write within about this much, however busy the machine, at the cost of the requests' CPU.
     "EMBED_DUE_MS": 500,
     # Longer recall texts (long episodes) are embedded in pieces of at most this many words, each a
     # vector of its document: ~1.3 word pieces per English word keeps a piece within the 128 word
-    # pieces the local model was trained on (memory.embeddings.split_pieces).
+    # pieces the local model was trained on (memory.embedding.embedder.split_pieces).
     "EMBED_PIECE_WORDS": 96,
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,
-    # Hops recall walks along the memory graph from its hits (memory/relations.py); 0: none.
+    # Hops recall walks along the memory graph from its hits (memory/recall/relations.py); 0: none.
     "RECALL_WALK_DEPTH": 0,
     # The MCP server over HTTP (`memory mcp --http`): {bearer token: {"agent": id, "user": memory user id or None}}.
     "MCP_TOKENS": {},
-    # How the keyword and vector legs combine (memory/recall.py): "standardized" (each leg's scores
+    # How the keyword and vector legs combine (memory/recall/ranking.py): "standardized" (each leg's scores
     # standardized over its own candidates and summed; nothing to tune) or "weighted" (fitted on
     # LoCoMo): RECALL_KEYWORD_WEIGHT of (bm25 / best bm25) ** RECALL_KEYWORD_POWER, the cosine the rest.
     "RECALL_FUSION": "standardized",
@@ -141,12 +141,12 @@ DEFAULTS = {
     "RECALL_CONTEXT_WEIGHTS": (0.35, 0.2, 0.25, 0.15),
     "RECALL_SESSION_WEIGHT": 0.4,
     # An episode's relevance x (its length / the median length of the episodes ranked) ** this: what
-    # a longer turn says is more likely to hold what is asked for (memory/recall.py, step 4). Chosen
+    # a longer turn says is more likely to hold what is asked for (memory/recall/ranking.py, step 4). Chosen
     # by 5-fold cross-validation on LoCoMo among 0, 1/4 and 1/2 (bench/README.md); 0 turns it off.
     "RECALL_LENGTH_EXPONENT": 0.25,
     # What asking is worth against stating: an episode's relevance counts 1 - (1 - this) x its share
     # of sentences that are questions (a bare question: this share); what it gives up goes to the
-    # turn after it, its answer (memory/recall.py, step 4).
+    # turn after it, its answer (memory/recall/ranking.py, step 4).
     "RECALL_BARE_QUESTION_WEIGHT": 0.5,
     # Share of the final score that importance, recency and references decide (the rest is relevance).
     "RECALL_BOOST_WEIGHT": 0.1,

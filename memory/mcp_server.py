@@ -32,8 +32,8 @@ from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
 from .models import FactType, Scope
+from .rules.validation import check_int, check_user_id, clean_text
 from .service import MemoryService
-from .validation import check_int, check_user_id, clean_text
 
 # Most hits one recall call may ask for.
 MAX_RECALL_LIMIT = 50

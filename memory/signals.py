@@ -1,12 +1,8 @@
-"""Signals of the memory app, and the receivers that keep buffered state written."""
+"""Signals of the memory app: what other apps hear of and answer for (merges, deletions, exports, pruning).
 
-import logging
+The receivers that keep buffered state written are connected in MemoryConfig.ready (memory/apps.py)."""
 
-from django.core.signals import request_finished, request_started
-from django.db import DatabaseError
-from django.dispatch import Signal, receiver
-
-logger = logging.getLogger("engram.memory")
+from django.dispatch import Signal
 
 # Sent inside the merge transaction with `source_id` and `target_id`, so apps that keep their own
 # per-user rows (conversation threads) can move them to the surviving user.
@@ -33,24 +29,3 @@ person_exporting = Signal()
 # (conversation threads and checkpoints, recall events) prune them with the same command.
 # A receiver returns {what: rows deleted (or that would be, on a dry run)}; the counts join the report.
 prune_requested = Signal()
-
-# ---- buffered statistics (access counts, recall events and reference counts) and graph edges.
-from . import access, recall_events, relations  # noqa: E402, F401  (their buffers join BUFFERS)
-from .buffers import flush_all  # noqa: E402
-from .indexer import indexer  # noqa: E402
-
-
-@receiver(request_finished, dispatch_uid="memory_flush_buffers")
-def flush_buffers(**kwargs):
-    """Write what the request noted (reads' counts and events, writes' `contradicts` edges), in one
-    write transaction."""
-    try:
-        flush_all()
-    except DatabaseError:  # statistics and hints, not memory: say so and let the response go out
-        logger.exception("could not write buffered access counts, recall events and contradiction edges")
-
-
-@receiver(request_started, dispatch_uid="memory_start_indexer")
-def start_indexer(**kwargs):
-    """A serving process starts its embedding worker with its first request: it embeds what is pending."""
-    indexer.start()

@@ -1,14 +1,30 @@
-"""Text normalisation shared by indexing and search: one place decides what "matches" means."""
+"""Text rules shared by indexing, search and consolidation: one place decides what "matches" means.
+
+Two rules, each defined once: the normal form of substring search (`normalize`: its pieces keep
+their punctuation, so "o'brien" and "3.5" match as typed), and the word rule (`words`: runs of
+letters and digits) that keyword recall, content words and fact keys are made of.
+"""
 
 import json
 import re
 
 _SEPARATORS = re.compile(r"[\s_\-]+")
+# A word: a run of letters and digits; underscores and everything else separate words.
+_WORD = r"[^\W_]+"
+_WORDS = re.compile(_WORD)
+_ASCII_WORDS = re.compile(_WORD, re.ASCII)
 
 
 def normalize(text):
     """Lower-case, with runs of spaces, underscores and hyphens read as one space."""
     return _SEPARATORS.sub(" ", str(text).lower()).strip()
+
+
+def words(text, *, ascii_only=False):
+    """The words of `text`, lower-case, in order; `ascii_only`: of ASCII letters and digits alone (fact keys)."""
+    if ascii_only:
+        return _ASCII_WORDS.findall((text or "").lower())
+    return [w.lower() for w in _WORDS.findall(text or "")]
 
 
 def value_text(value):
@@ -91,15 +107,14 @@ def attribute_fact_type(attribute):
     "relationship" when the attribute names someone (or a pet) the person is related to ("my sister",
     "my best friend", "my older brother's name"); "user_preference" when it says what they prefer.
     """
-    words = normalize(attribute).replace("'s", "").split()
-    if any(p in w for w in words for p in PREFERENCE_WORDS):  # "my favourite dog breed": a preference
+    said = normalize(attribute).replace("'s", "").split()
+    if any(p in w for w in said for p in PREFERENCE_WORDS):  # "my favourite dog breed": a preference
         return "user_preference"
-    if any(w in RELATION_WORDS or w.rstrip("s") in RELATION_WORDS for w in words):
+    if any(w in RELATION_WORDS or w.rstrip("s") in RELATION_WORDS for w in said):
         return "relationship"
     return None
 
 
-_WORD = re.compile(r"[^\W_]+")
 # Question and function words that would match almost every memory; dropped from keyword queries
 # unless nothing else is left.
 STOPWORDS = frozenset(
@@ -114,13 +129,13 @@ STOPWORDS = frozenset(
 
 def content_words(text):
     """The words of `text` that say something (stop words dropped), lower-case, in order."""
-    return [w for w in (w.lower() for w in _WORD.findall(text or "")) if w not in STOPWORDS]
+    return [w for w in words(text) if w not in STOPWORDS]
 
 
 def keyword_terms(query, limit=32):
     """The words of a query a keyword index should look for: lower-case, stop words dropped, unique."""
-    words = [w.lower() for w in _WORD.findall(query)]
-    kept = [w for w in words if w not in STOPWORDS] or words
+    found = words(query)
+    kept = [w for w in found if w not in STOPWORDS] or found
     return list(dict.fromkeys(kept))[:limit]
 
 

@@ -7,10 +7,10 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from .admin import memories_site
+from .admin.tabs import memories_site
+from .api.healthz import healthz
 from .api.policy import StaffAPI
-from .healthz import healthz
-from .recall_views import RecallView
+from .api.recall_views import RecallView
 
 # The schema and its docs page: staff only, as the API they describe.
 _STAFF = {"authentication_classes": StaffAPI.authentication_classes, "permission_classes": StaffAPI.permission_classes}

@@ -5,7 +5,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from memory.admin import memories_site
+from memory.admin.tabs import memories_site
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
 
 pytestmark = pytest.mark.django_db

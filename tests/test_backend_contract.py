@@ -5,17 +5,22 @@ Rows are written through MemoryService (what users do); each test then asks the 
 """
 
 import inspect
+import re
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from memory.backends import get_backend
 from memory.backends.base import USER_OWNER_SQL, owner_terms
 from memory.backends.interface import StorageBackend
 from memory.backends.postgresql import PostgreSQLBackend
 from memory.backends.sqlite import SQLiteBackend
-from memory.models import Episode, Fact, Scope
-from memory.validation import Viewer
+from memory.domain.store_items import StorePut
+from memory.models import Episode, Fact, RecallDocument, Scope
+from memory.rules.validation import Viewer
 
 INTERFACE = [name for name, _ in inspect.getmembers(StorageBackend, inspect.isfunction) if not name.startswith("_")]
 
@@ -37,6 +42,11 @@ def test_every_backend_implements_the_whole_interface(backend_class):
 def test_the_configured_backend_is_a_storage_backend(backend):
     assert isinstance(backend, StorageBackend)
     assert len(INTERFACE) >= 20
+
+
+def test_this_suite_exercises_every_method_of_the_interface():
+    called = set(re.findall(r"\bbackend\.(\w+)\(", Path(__file__).read_text()))
+    assert sorted(set(INTERFACE) - called) == []
 
 
 def test_get_fact_returns_the_most_specific_visible_fact(backend, service, user_factory):
@@ -166,3 +176,83 @@ def test_rows_read_in_chunks_bring_stored_bytes_back_as_written_and_errors_as_dj
         Fact.objects.create(key="gone", value="v", scope=Scope.GLOBAL, search_text="gone v")
         list(fetch_in_chunks("SELECT no_such_column FROM memory_recall_doc", [], 10))
     assert sorted(Fact.objects.values_list("key", flat=True)) == ["k0", "k1", "k2"]  # rolled back, usable
+
+
+def test_recall_neighbours_are_the_pieces_said_around_an_episode_in_its_session(backend, service, user_factory):
+    ada = user_factory("ada")
+    said = ["we met at the harbour", "the ferry left at noon", "it rained all afternoon", "we ate soup"]
+    ids = [
+        service.record_episode(
+            started_at=timezone.now(), agent_id="bot", user_id=ada.pk, session_id="s1", summary=text, success=True
+        ).pk
+        for text in said
+    ]
+    service.record_episode(
+        started_at=timezone.now(), agent_id="bot", user_id=ada.pk, session_id="s2", summary="elsewhere", success=True
+    )
+    docs = dict(RecallDocument.objects.filter(kind="episode", item_id__in=ids).values_list("item_id", "id"))
+    session, around = backend.recall_neighbours([docs[ids[1]]])[docs[ids[1]]]
+    assert session == "s1"
+    # one before, one after, two before, two after: the first piece has nothing two before it
+    assert around == [docs[ids[0]], docs[ids[2]], None, docs[ids[3]]]
+    assert backend.recall_neighbours([]) == {}
+
+
+def test_store_statements_read_live_items_by_key_and_under_a_namespace(backend, service):
+    service.store_put_many(
+        [
+            StorePut(("docs", "en"), "a", {"lang": "en", "n": 1}),
+            StorePut(("docs", "fr"), "b", {"lang": "fr", "n": 2}),
+            StorePut(("docsx",), "c", {"lang": "en", "n": 1}),
+            StorePut(("docs", "en"), "gone", {"lang": "en"}, ttl_minutes=1),
+        ]
+    )
+    now = timezone.now()
+    by_key = backend.store_rows_by_key([("docs.en", "a"), ("docs.fr", "b"), ("docs.en", "missing")], now)
+    assert sorted((row[1], row[2]) for row in by_key) == [("docs.en", "a"), ("docs.fr", "b")]
+    later = now + timedelta(minutes=5)  # the item with a one-minute TTL has expired by then
+    assert [row[2] for row in backend.store_rows_by_key([("docs.en", "gone")], later)] == []
+    under = backend.store_rows_under("docs", later, {}, None)
+    assert sorted(row[2] for row in under) == ["a", "b"]  # not "docsx", not the expired item
+    assert [row[2] for row in backend.store_rows_under("docs", later, {"lang": "en"}, 10)] == ["a"]
+    assert [row[2] for row in backend.store_rows_under("", later, {"n": 1}, 10)] in (["a", "c"], ["c", "a"])
+    scored = backend.store_rows_under("docs", later, {"lang": "fr"}, 10, scored=True)
+    assert [row[2] for row in scored] == ["b"] and len(scored[0]) == len(by_key[0]) + 2  # with text and vector
+    assert sorted(backend.store_namespace_names("docs", now)) == ["docs.en", "docs.fr"]  # not "docsx"
+    assert sorted(backend.store_namespace_names("", later)) == ["docs.en", "docs.fr", "docsx"]
+
+
+def test_store_field_equality_keeps_every_equal_item_and_only_those_when_it_says_exact(backend, service):
+    values = ["en", 1, 2.5, ["en"], {"a": 1}, '{"a":1}', "[1]", [1]]
+    service.store_put_many([StorePut(("eq",), f"k{i}", {"v": value}) for i, value in enumerate(values)])
+    now = timezone.now()
+    for wanted in ("en", 1, 2.5, '{"a":1}', "[1]"):
+        condition, _ = backend.store_field_equals("v", wanted)
+        assert isinstance(condition, str) and condition.count("%s") == 1
+        kept = {row[2] for row in backend.store_rows_under("eq", now, {"v": wanted}, None)}
+        equal = {f"k{i}" for i, value in enumerate(values) if value == wanted and type(value) is type(wanted)}
+        assert kept >= equal, wanted  # never loses an equal item (the service re-checks the rest)
+        if backend.store_equality_is_exact(wanted):
+            assert kept == equal, wanted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_deletion_commits_the_database_lets_go_of_its_rows(backend, service, user_factory):
+    ada = user_factory("ada")
+    service.set_fact("boat", "a red kayak", scope=Scope.USER, user_id=ada.pk)
+    service.delete_users([ada.pk], cascade=True)
+    refreshed, problems = backend.scrub_after_erasure(["memory_fact", "no_such_table"])
+    assert problems == [] and set(refreshed) <= {"memory_fact"}  # a table that does not exist is passed over
+    assert isinstance(backend.reclaim_space(), int)  # outside a transaction: done now, pages counted
+    with transaction.atomic():
+        freed = backend.reclaim_space()  # inside one: at its commit (None), or nothing to do (0)
+    assert freed in (None, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_snapshot_reads_what_was_committed_before_it(backend, service):
+    service.set_fact("tz", "UTC", scope=Scope.GLOBAL)
+    with transaction.atomic():
+        backend.begin_snapshot()
+        assert backend.get_fact("tz", Viewer()).value == "UTC"
+        assert [f.key for f in backend.visible_facts(Viewer())] == ["tz"]

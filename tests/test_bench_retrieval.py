@@ -7,7 +7,7 @@ from rich.console import Console
 
 from bench import retrieval
 from memory.models import RecallDocument, RecallEvent
-from memory.recall_events import recall_log
+from memory.recall.events import recall_log
 
 
 def conversations(tmp_path):

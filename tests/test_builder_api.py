@@ -330,7 +330,7 @@ def test_forgetting_a_person_deletes_their_runs_and_verify_erasure_finds_none(de
     service.delete_users([zed.pk], cascade=True)
     assert not WorkflowRun.objects.filter(external_id="zed").exists()
     assert WorkflowRun.objects.filter(pk=kept.run_id).exists()
-    from memory.erasure import find_traces
+    from memory.operations.erasure import find_traces
 
     left = [where for where, _ in find_traces(["Zebedee", "zed"], [zed.pk]) if WorkflowRun._meta.db_table in where]
     assert left == []

@@ -105,7 +105,17 @@ def test_build_from_an_empty_canvas_save_reload_and_run_twice(live_server, opera
         await select_node(page, "recall")
         last_run = await page.locator(".inspector .last-run").inner_text()
         assert "Ada" in last_run and "Recalled" in last_run and "user" in last_run
-        await page.wait_for_selector(".memory-panel .fact:has-text('Ada')")
+        fact = page.locator(".memory-panel .fact:has-text('Ada')")
+        await fact.wait_for()
+        # The README's picture of a run: the node states on the canvas, what recall found, the reply
+        # and the fact in the memory panel together (the node's raw input and output folded away).
+        folded = page.locator(".inspector details[open] > summary")
+        while await folded.count():
+            await folded.first.click()
+        await page.locator(".inspector .last-run").evaluate("el => el.scrollIntoView({block: 'start'})")
+        box = await fact.bounding_box()
+        assert box["y"] + box["height"] <= page.viewport_size["height"], "the fact is below the fold"
+        assert "Ada" in await page.inner_text("[data-testid=run-result]")
         await page.screenshot(path=str(ARTIFACTS / "builder-run.png"))
         return before
 

@@ -6,9 +6,9 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
-from memory.consolidation import LLMExtractor, RuleExtractor
 from memory.exceptions import ConsolidationFailed
 from memory.models import ConsolidationRun, Episode, Fact
+from memory.operations.consolidation import LLMExtractor, RuleExtractor
 from memory.service import MemoryService
 
 pytestmark = pytest.mark.django_db

@@ -18,8 +18,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from memory.filebytes import count_in_files
 from memory.models import DeletionRecord, Fact, MemoryUser
+from memory.operations.filebytes import count_in_files
 from workflows.conversations.checkpointer import checkpoint_path
 from workflows.conversations.reminders import schedule_reminder
 from workflows.graph.runtime import run_workflow

@@ -15,10 +15,10 @@ from django.db import connection
 from langchain_core.messages import AIMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
-from memory.erasure import find_traces
 from memory.exceptions import PersonForgotten
 from memory.models import RecallEvent
-from memory.recall_events import recall_log
+from memory.operations.erasure import find_traces
+from memory.recall.events import recall_log
 from memory.signals import users_deleting
 from workflows.conversations.checkpointer import get_checkpointer
 from workflows.langgraph import conversation

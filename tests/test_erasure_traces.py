@@ -17,8 +17,8 @@ from django.contrib.sessions.models import Session
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from memory.erasure import find_traces
-from memory.filebytes import count_in_files
+from memory.operations.erasure import find_traces
+from memory.operations.filebytes import count_in_files
 from workflows.conversations.checkpointer import checkpoint_path, checkpointer_kind
 from workflows.graph.runtime import run_workflow
 

@@ -7,10 +7,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from memory import health
-from memory.embeddings import configured_mode
-from memory.indexer import pending_count
+from memory.embedding.embedder import configured_mode
 from memory.models import Episode, Fact
+from memory.operations import health
+from memory.recall.indexer import pending_count
 
 pytestmark = pytest.mark.django_db
 

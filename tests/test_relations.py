@@ -1,4 +1,4 @@
-"""The memory graph (memory/relations.py): similar and supports edges, the walk, reachability, cascades."""
+"""The memory graph (memory/recall/relations.py): similar and supports edges, the walk, reachability, cascades."""
 
 import hashlib
 
@@ -8,11 +8,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from langchain_core.embeddings import Embeddings
 
-from memory.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, MemoryRelation, RecallDocument
-from memory.relations import contradictions, link_contradictions
-from memory.signals import flush_buffers
-from memory.vectors import reset_vector_index
+from memory.operations.consolidation import BaseExtractor, ExtractedFact
+from memory.recall.relations import contradictions, link_contradictions
+from memory.recall.upkeep import flush_buffers
+from memory.recall.vectors import reset_vector_index
 
 SIZE = 256
 

@@ -11,7 +11,7 @@ from django.db import connection
 from memory.backends import get_backend, reset_backend
 from memory.backends.base import WALK_OWNERS
 from memory.models import SCOPE_RANK, Fact, Scope
-from memory.validation import make_viewer
+from memory.rules.validation import make_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp,
 from langgraph.store.memory import InMemoryStore
 
 from memory.backends import reset_backend
-from memory.embeddings import get_embedder
+from memory.embedding.embedder import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Scope, StoreItem
 from workflows.store import EngramStore

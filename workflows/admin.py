@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.timezone import localtime
 
-from memory.admin import MemoriesTab, memories_site
+from memory.admin.tabs import MemoriesTab, memories_site
 from memory.service import BatchDelete
 
 from .conversations.checkpoints import (

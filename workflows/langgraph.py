@@ -36,8 +36,8 @@ from langchain_core.runnables import RunnableLambda
 
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, PersonForgotten
+from memory.rules.validation import check_user_id, clean_text
 from memory.service import MemoryService
-from memory.validation import check_user_id, clean_text
 
 from .conversations import threads, turns
 from .conversations.checkpointer import get_checkpointer

@@ -38,8 +38,8 @@ from langgraph.types import Command
 
 from memory.asynchronous import off_the_loop
 from memory.exceptions import MemoryServiceError
+from memory.rules.validation import check_user_id, clean_text, storable
 from memory.service import MemoryService
-from memory.validation import check_user_id, clean_text, storable
 
 from .graph.agent import episode_actions, since_last_human, with_memory
 from .graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt

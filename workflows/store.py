@@ -4,7 +4,7 @@
     store = EngramStore(index={"dims": 384, "embed": my_embeddings, "fields": ["text"]})
     store = EngramStore(ttl={"default_ttl": 60, "refresh_on_read": True})
 
-Items live in MemoryService's tables (memory/store_items.py), owned by their namespace
+Items live in MemoryService's tables (memory/domain/store_items.py), owned by their namespace
 (MemoryService.store_owner): ("users", "<your app's user id>", ...) and langmem's ("memories", "<id>",
 ...) are that person's (MEMORY["STORE_NAMESPACES"] maps such first labels to an identity channel;
 shown on their page in /memories/, exported with them, deleted when they are forgotten), ("engram",
@@ -52,10 +52,10 @@ from langgraph.store.base import (
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
 from memory.asynchronous import off_the_loop
-from memory.embeddings import get_embedder
+from memory.domain.store_items import StorePut, joined, split
+from memory.embedding.embedder import get_embedder
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
-from memory.store_items import StorePut, joined, split
 
 __all__ = ["EngramStore"]
 

@@ -6,18 +6,16 @@ import {
   ReactFlow,
   ReactFlowProvider,
   applyNodeChanges,
-  useNodesInitialized,
   useReactFlow,
   type Connection,
   type Edge,
   type Node,
   type NodeChange,
   type EdgeChange,
-  type Viewport as FlowViewport,
 } from "@xyflow/react";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 
-import { loadForms, useValidation } from "./validation";
+import { loadForms, trustLoaded, useValidation } from "./validation";
 import {
   ApiError,
   StaleWorkflow,
@@ -43,9 +41,11 @@ import {
   toFlowEdges,
   toFlowNodes,
   withPositions,
+  type Overlay,
 } from "./graph";
 import { History } from "./history";
-import { OverlayContext, nodeTypes, type Overlay } from "./nodes";
+import { nodeTypes } from "./nodes";
+import { keepMeasured, reconcileEdges, reconcileNodes, selectOnly, useFitting } from "./canvas";
 import { DRAG_MIME, Palette } from "./Palette";
 import { slugify, errorText, download } from "./util";
 import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
@@ -57,12 +57,18 @@ import { Topbar } from "./Topbar";
 import type { Definition, MemoryView, NodeTypeSpec, Workflow, WorkflowRun } from "./types";
 
 
+// Props of the canvas that never change, defined once so it never sees them as new.
+const DELETE_KEYS = ["Delete", "Backspace"];
+const PRO_OPTIONS = { hideAttribution: true };
+const MIN_ZOOM = 0.1;
+
 interface Draft extends Workflow {
   draft?: boolean;
 }
 
 function Builder() {
   const flow = useReactFlow();
+  const measuredOf = useCallback((id: string) => flow.getInternalNode(id)?.measured, [flow]);
   const [types, setTypes] = useState<NodeTypeSpec[]>([]);
   const specs = useMemo(() => new Map(types.map((t) => [t.name, t])), [types]);
   const [workflows, setWorkflows] = useState<Workflow[]>([]);
@@ -84,15 +90,9 @@ function Builder() {
   const [runForm, setRunForm] = useState<RunForm>({ message: "", channel: "telegram", external_id: "42", display_name: "", conversation_id: "" });
   const [loadError, setLoadError] = useState<string | null>(null);
   const wrapper = useRef<HTMLDivElement>(null);
-  const [fitPending, setFitPending] = useState(false);
-  const measured = useNodesInitialized();
-  useEffect(() => {
-    // Fit once the nodes have been measured (before that, fitView has no sizes to fit).
-    if (fitPending && measured) {
-      flow.fitView({ padding: 0.15, maxZoom: 1.2 });
-      setFitPending(false);
-    }
-  }, [fitPending, measured, flow]);
+  const specsRef = useRef(specs);
+  specsRef.current = specs;
+  const fitSoon = useFitting(flow, wrapper, specsRef, terminals, () => history.current.present, flowNodes);
 
   const say = useCallback((text: string, options: { undo?: boolean; error?: boolean } = {}) => setToast({ text, ...options }), []);
 
@@ -118,13 +118,6 @@ function Builder() {
     }
   }, []);
 
-  // The canvas follows the definition (keeping what is selected).
-  useEffect(() => {
-    setFlowNodes((previous) => {
-      const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
-      return toFlowNodes(definition, specs, terminals.current, selected);
-    });
-  }, [definition, specs]);
   const flowEdges = useMemo(() => toFlowEdges(definition, specs, selectedEdges), [definition, specs, selectedEdges]);
 
   // ------------------------------------------------------------ loading
@@ -132,7 +125,7 @@ function Builder() {
     async (slug: string) => {
       try {
         const loaded = await getWorkflow(slug);
-        const def = withPositions(loaded.definition);
+        const def = trustLoaded(withPositions(loaded.definition));
         terminals.current = terminalPositions(def);
         history.current.reset(def);
         setDefinition(def);
@@ -146,8 +139,13 @@ function Builder() {
         url.searchParams.set("workflow", slug);
         window.history.replaceState(null, "", url);
         const viewport = def.layout?.viewport;
-        if (viewport) requestAnimationFrame(() => flow.setViewport(viewport));
-        else setFitPending(true);
+        if (viewport) {
+          // Before the nodes are drawn (they are drawn once, where they stay); again on the next frame
+          // in case the canvas was not ready to move yet.
+          flow.setViewport(viewport);
+          requestAnimationFrame(() => flow.setViewport(viewport));
+        }
+        else fitSoon(def);
         listRuns(slug)
           .then((rows) => {
             setRuns(rows);
@@ -160,7 +158,7 @@ function Builder() {
       }
     },
     // eslint-disable-next-line react-hooks/exhaustive-deps
-    [flow],
+    [flow, fitSoon],
   );
 
   useEffect(() => {
@@ -168,6 +166,7 @@ function Builder() {
       try {
         const [nodeTypesList, workflowList] = await Promise.all([getNodeTypes(), listWorkflows()]);
         setTypes(nodeTypesList);
+        specsRef.current = new Map(nodeTypesList.map((t) => [t.name, t]));
         setWorkflows(workflowList);
         const wanted = new URL(window.location.href).searchParams.get("workflow");
         const slug = wanted ?? workflowList[0]?.slug;
@@ -198,11 +197,11 @@ function Builder() {
     url.searchParams.delete("workflow");
     window.history.replaceState(null, "", url);
     // An empty canvas at scale 1: fitting START and END alone would zoom in on them.
-    if (def.nodes.length) setFitPending(true);
+    if (def.nodes.length) fitSoon(def);
     else requestAnimationFrame(() => flow.setViewport({ x: 0, y: 0, zoom: 1 }));
-  }, [flow]);
+  }, [flow, fitSoon]);
 
-  const { errors, validationNote } = useValidation(definition, specs, types.length > 0);
+  const { errors, validationNote, saving: validationSaving, saved: validationSaved } = useValidation(definition, specs, types.length > 0);
 
   const overlay: Overlay = useMemo(() => {
     const byNode: Record<string, string[]> = {};
@@ -210,16 +209,32 @@ function Builder() {
     return { runs: run.nodes, errors: byNode };
   }, [errors, run.nodes]);
 
+  // The canvas follows the definition, the run and the errors (keeping what is selected); only the
+  // nodes whose drawing changed get new objects, so only they re-render.
+  useEffect(() => {
+    setFlowNodes((previous) => {
+      const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
+      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay), measuredOf);
+    });
+  }, [definition, specs, overlay, measuredOf]);
+
+  const shownEdges = useRef<Edge[]>([]);
   const displayedEdges = useMemo(() => {
     const bad = new Set(errors.filter((e) => e.edge !== null && e.edge !== undefined).map((e) => e.edge as number));
-    return flowEdges.map((edge) => {
+    const next = flowEdges.map((edge) => {
       const index = (edge.data as { index: number }).index;
       const running = run.nodes[edge.source]?.status === "done" && run.nodes[edge.target];
       return { ...edge, className: [bad.has(index) ? "invalid" : "", running ? "ran" : ""].filter(Boolean).join(" "), animated: Boolean(running && run.status === "running") };
     });
+    shownEdges.current = reconcileEdges(shownEdges.current, next);
+    return shownEdges.current;
   }, [flowEdges, errors, run]);
 
-  const dirty = workflow ? Boolean(workflow.draft) || comparable(definition) !== comparable(workflow.definition) : false;
+  // Serialising the definition is the costly part of this comparison: once per edit, not per render.
+  const dirty = useMemo(
+    () => (workflow ? Boolean(workflow.draft) || comparable(definition) !== comparable(workflow.definition) : false),
+    [workflow, definition],
+  );
   const blocked = errors.length ? `${errors.length} problem${errors.length > 1 ? "s" : ""}: ${errorText(errors[0])}` : !workflow ? "no workflow open" : null;
 
   useEffect(() => {
@@ -238,9 +253,9 @@ function Builder() {
       const id = freeNodeId(current, spec.name);
       const at = position ?? { x: 80 + current.nodes.length * 40, y: 80 + current.nodes.length * 40 };
       commit({ ...current, nodes: [...current.nodes, { id, type: spec.name, config: defaultConfig(spec.config_schema), position: at }] });
-      setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: n.id === id })));
+      setFlowNodes((nodes) => selectOnly(nodes, new Set([id]), measuredOf));
     },
-    [commit],
+    [commit, measuredOf],
   );
 
   const onDrop = useCallback(
@@ -257,8 +272,10 @@ function Builder() {
 
   const onNodesChange = useCallback(
     (changes: NodeChange[]) => {
-      const kept = changes.filter((c) => c.type !== "remove"); // deletions go through onDelete (undoable)
-      setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
+      // Deletions go through onDelete (undoable). Sizes stay in React Flow's store (read back when a node
+      // is replaced): applying them here would replace, and render, every node again after the first draw.
+      const kept = changes.filter((c) => c.type !== "remove" && c.type !== "dimensions");
+      if (kept.length) setFlowNodes((nodes) => keepMeasured(applyNodeChanges(kept, nodes), nodes, measuredOf));
       const moved = kept.filter((c) => c.type === "position" && c.dragging === false && c.position);
       if (moved.length) {
         const current = history.current.present;
@@ -269,7 +286,7 @@ function Builder() {
         commit({ ...current, nodes: current.nodes.map((n) => (positions.has(n.id) ? { ...n, position: positions.get(n.id) } : n)) });
       }
     },
-    [commit],
+    [commit, measuredOf],
   );
 
   const onEdgesChange = useCallback((changes: EdgeChange[]) => {
@@ -330,8 +347,11 @@ function Builder() {
       const target = force ?? workflow;
       if (!target) return null;
       const viewport = flow.getViewport();
-      const def: Definition = { ...history.current.present, layout: { ...history.current.present.layout, viewport: { x: Math.round(viewport.x), y: Math.round(viewport.y), zoom: Number(viewport.zoom.toFixed(3)) } } };
+      const present = history.current.present;
+      const def: Definition = { ...present, layout: { ...present.layout, viewport: { x: Math.round(viewport.x), y: Math.round(viewport.y), zoom: Number(viewport.zoom.toFixed(3)) } } };
       setSaving(true);
+      validationSaving(present); // one request: the save checks the definition itself
+      let accepted = false;
       try {
         let saved: Workflow;
         if ((target as Draft).draft) {
@@ -343,6 +363,7 @@ function Builder() {
         } else {
           saved = await saveWorkflow(target, { definition: def });
         }
+        accepted = true;
         setWorkflow(saved);
         say(`Saved version ${saved.version}.`);
         return saved;
@@ -352,9 +373,10 @@ function Builder() {
         return null;
       } finally {
         setSaving(false);
+        validationSaved(present, accepted);
       }
     },
-    [workflow, flow, say],
+    [workflow, flow, say, validationSaving, validationSaved],
   );
 
   // ------------------------------------------------------------ runs
@@ -413,14 +435,15 @@ function Builder() {
     }
   }, [workflow, running, dirty, save, runForm, refreshMemory]);
 
-  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => nodes.map((n) => ({ ...n, selected: ids.has(n.id) }))) });
+  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => selectOnly(nodes, ids, measuredOf)) });
 
   // ------------------------------------------------------------ import / export / templates
   const onImport = async (file: File) => {
     try {
       const { definition: imported } = parseImport(await file.text());
-      commit(withPositions(imported));
-      setFitPending(true);
+      const def = withPositions(imported);
+      commit(def);
+      fitSoon(def);
       say(`Imported ${file.name} (undo to go back).`, { undo: true });
     } catch (error) {
       say(`Not imported: ${(error as Error).message}`, { error: true });
@@ -463,8 +486,7 @@ function Builder() {
       <div className="main">
         <Palette types={types} onAdd={(spec) => addNode(spec)} />
         <div className="canvas" ref={wrapper} onDragOver={(e) => { e.preventDefault(); e.dataTransfer.dropEffect = "copy"; }} onDrop={onDrop}>
-          <OverlayContext.Provider value={overlay}>
-            <ReactFlow
+          <ReactFlow
               nodes={flowNodes}
               edges={displayedEdges}
               nodeTypes={nodeTypes}
@@ -472,17 +494,15 @@ function Builder() {
               onEdgesChange={onEdgesChange}
               onConnect={onConnect}
               onDelete={onDelete}
-              deleteKeyCode={["Delete", "Backspace"]}
+              deleteKeyCode={DELETE_KEYS}
               onlyRenderVisibleElements
-              minZoom={0.1}
-              onMoveEnd={(_e: unknown, _v: FlowViewport) => undefined}
-              proOptions={{ hideAttribution: true }}
+              minZoom={MIN_ZOOM}
+              proOptions={PRO_OPTIONS}
             >
               <Background />
               <Controls />
               <MiniMap pannable zoomable />
             </ReactFlow>
-          </OverlayContext.Provider>
           <div className="problems" data-testid="problems">
             {validationNote ? <p className="muted">{validationNote}</p> : null}
             {errors.filter((e) => !e.node).map((e, i) => (

@@ -1,6 +1,7 @@
 // Between a workflow definition (what the server stores) and the canvas's nodes and edges.
 // START and END are the definition's own entry and exit, drawn as small fixed nodes.
 import type { Edge, Node } from "@xyflow/react";
+import type { NodeRunState } from "./nodes";
 import type { Definition, DefinitionEdge, DefinitionNode, NodeTypeSpec } from "./types";
 
 export const START = "START";
@@ -9,9 +10,21 @@ export const GENERIC_IN = "in";
 export const GENERIC_OUT = "out";
 const NODE_ID = /^[A-Za-z][A-Za-z0-9_-]{0,63}$/;
 
+/**
+ * What a step node draws. Its last run state and the errors named on it travel in its own data, so a
+ * run event or a validation answer re-renders only the nodes it changes.
+ */
 export interface StepData extends Record<string, unknown> {
   node: DefinitionNode;
   spec?: NodeTypeSpec;
+  run?: NodeRunState;
+  errors?: string[];
+}
+
+/** What the canvas shows over the definition: the last run's state and the server's errors per node. */
+export interface Overlay {
+  runs: Record<string, NodeRunState>;
+  errors: Record<string, string[]>;
 }
 
 export function emptyDefinition(): Definition {
@@ -80,18 +93,16 @@ export function toFlowNodes(
   specs: Map<string, NodeTypeSpec>,
   terminals: { start: { x: number; y: number }; end: { x: number; y: number } },
   selected: Set<string> = new Set(),
+  overlay: Overlay = { runs: {}, errors: {} },
 ): Node[] {
   const nodes: Node[] = [
     { id: START, type: "terminal", position: terminals.start, data: { kind: START }, deletable: false, selected: selected.has(START) },
   ];
   for (const node of definition.nodes) {
-    nodes.push({
-      id: node.id,
-      type: "step",
-      position: node.position ?? { x: 0, y: 0 },
-      data: { node, spec: specs.get(node.type) } satisfies StepData,
-      selected: selected.has(node.id),
-    });
+    const data: StepData = { node, spec: specs.get(node.type) };
+    if (overlay.runs[node.id]) data.run = overlay.runs[node.id];
+    if (overlay.errors[node.id]?.length) data.errors = overlay.errors[node.id];
+    nodes.push({ id: node.id, type: "step", position: node.position ?? { x: 0, y: 0 }, data, selected: selected.has(node.id) });
   }
   nodes.push({ id: END, type: "terminal", position: terminals.end, data: { kind: END }, deletable: false, selected: selected.has(END) });
   return nodes;

@@ -1,9 +1,10 @@
 // The canvas's node components: a step (any registered type, ports from its inputs and outputs) and
-// the definition's START and END.
+// the definition's START and END. Both are memoised: React Flow hands a node new props only when its
+// own object changes (see canvas.ts), and a step's ports re-render only when its type does.
 import { Handle, Position, type NodeProps } from "@xyflow/react";
-import { createContext, useContext } from "react";
+import { memo } from "react";
 import { END, GENERIC_IN, GENERIC_OUT, inputHandles, outputHandles, type StepData } from "./graph";
-import type { NodeMemory } from "./types";
+import type { NodeMemory, NodeTypeSpec } from "./types";
 
 export interface NodeRunState {
   status: "running" | "done" | "error";
@@ -14,22 +15,32 @@ export interface NodeRunState {
   error?: string;
 }
 
-/** What the canvas shows over the definition: the last run's state and the server's errors per node. */
-export interface Overlay {
-  runs: Record<string, NodeRunState>;
-  errors: Record<string, string[]>;
-}
-
-export const OverlayContext = createContext<Overlay>({ runs: {}, errors: {} });
-
-export function StepNode({ id, data, selected }: NodeProps) {
-  const { node, spec } = data as StepData;
-  const overlay = useContext(OverlayContext);
-  const run = overlay.runs[id];
-  const errors = overlay.errors[id] ?? [];
+const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
   const inputs = inputHandles(spec);
   const outputs = outputHandles(spec);
   const rows = Math.max(inputs.length, outputs.length);
+  return (
+    <div className="ports" style={{ height: rows * 18 }}>
+      {inputs.map((port, i) => (
+        <div key={`in-${port}`} className="port port-in" style={{ top: i * 18 }}>
+          <Handle type="target" position={Position.Left} id={port} style={{ top: 9 }} />
+          <span>{port === GENERIC_IN ? "" : port}</span>
+        </div>
+      ))}
+      {outputs.map((port, i) => (
+        <div key={`out-${port}`} className="port port-out" style={{ top: i * 18 }}>
+          <span>{port === GENERIC_OUT ? "" : port}</span>
+          <Handle type="source" position={Position.Right} id={port} style={{ top: 9 }} />
+        </div>
+      ))}
+    </div>
+  );
+});
+
+const NO_ERRORS: string[] = [];
+
+export const StepNode = memo(function StepNode({ id, data, selected }: NodeProps) {
+  const { node, spec, run, errors = NO_ERRORS } = data as StepData;
   const classes = ["step", selected ? "selected" : "", run ? `run-${run.status}` : "", errors.length ? "invalid" : "", spec ? "" : "unknown"];
   return (
     <div className={classes.filter(Boolean).join(" ")} data-node-id={id} data-status={run?.status ?? ""} title={errors.join("\n") || spec?.description}>
@@ -38,20 +49,7 @@ export function StepNode({ id, data, selected }: NodeProps) {
         <span className="step-type">{node.type}</span>
       </div>
       {spec ? null : <div className="step-error">unknown node type</div>}
-      <div className="ports" style={{ height: rows * 18 }}>
-        {inputs.map((port, i) => (
-          <div key={`in-${port}`} className="port port-in" style={{ top: i * 18 }}>
-            <Handle type="target" position={Position.Left} id={port} style={{ top: 9 }} />
-            <span>{port === GENERIC_IN ? "" : port}</span>
-          </div>
-        ))}
-        {outputs.map((port, i) => (
-          <div key={`out-${port}`} className="port port-out" style={{ top: i * 18 }}>
-            <span>{port === GENERIC_OUT ? "" : port}</span>
-            <Handle type="source" position={Position.Right} id={port} style={{ top: 9 }} />
-          </div>
-        ))}
-      </div>
+      <Ports spec={spec} />
       {errors.length ? (
         <div className="step-error" role="alert">
           {errors[0]}
@@ -66,9 +64,9 @@ export function StepNode({ id, data, selected }: NodeProps) {
       ) : null}
     </div>
   );
-}
+});
 
-export function TerminalNode({ data }: NodeProps) {
+export const TerminalNode = memo(function TerminalNode({ data }: NodeProps) {
   const kind = (data as { kind: string }).kind;
   return (
     <div className={`terminal terminal-${kind.toLowerCase()}`} data-node-id={kind}>
@@ -77,6 +75,6 @@ export function TerminalNode({ data }: NodeProps) {
       {kind === END ? null : <Handle type="source" position={Position.Right} id={GENERIC_OUT} />}
     </div>
   );
-}
+});
 
 export const nodeTypes = { step: StepNode, terminal: TerminalNode };

@@ -14,7 +14,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
 
-from .. import validation
 from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Episode,
@@ -32,6 +31,7 @@ from ..models import (
     Scope,
     StoreItem,
 )
+from ..rules import validation
 from ..service import MAX_ID
 from ..text import search_tokens
 
@@ -102,10 +102,14 @@ class IdFilter(django_filters.Filter):
     field_class = _IdField
 
 
-class _StrictBooleanField(forms.TypedChoiceField):
-    def __init__(self, **kwargs):
-        kwargs.update(choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", empty_value=None)
-        super().__init__(**kwargs)
+class _StrictBooleanField(forms.Field):
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        try:
+            return validation.check_bool(self.label or "value", value, spelled=True)
+        except InvalidMemoryArgument as exc:
+            raise forms.ValidationError(exc.message) from None
 
 
 @extend_schema_field({"type": "boolean"})

@@ -2,9 +2,9 @@
 
 from rest_framework import exceptions, parsers, status
 
-from .. import validation
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument
+from ..rules import validation
 
 
 class RequestBodyTooLarge(exceptions.APIException):
@@ -18,7 +18,7 @@ class LimitedJSONParser(parsers.JSONParser):
 
     DRF reads the request stream itself, past Django's DATA_UPLOAD_MAX_MEMORY_SIZE check, so the
     limit is enforced here: by the declared Content-Length, and by reading at most limit + 1 bytes.
-    The body then goes through memory.validation.loads: JSON nested past its depth (which would
+    The body then goes through memory.domain.validation.loads: JSON nested past its depth (which would
     overflow Python's recursive parser), NUL characters, lone surrogates and integers past 64 bits
     are a 400 naming the field they are in (its top-level key, and its path in the message), or the
     body, before any view sees them.

@@ -4,6 +4,7 @@ from django.db import models
 from rest_framework import serializers
 
 from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument
 from ..models import (
     ChannelIdentity,
     Episode,
@@ -15,6 +16,7 @@ from ..models import (
     Promotion,
     StoreItem,
 )
+from ..rules.validation import check_bool
 from ..service import MAX_ID
 
 # Digits shown of stored floats: confidence moves by repeated arithmetic (0.8 -> 0.8720000000000001).
@@ -260,9 +262,10 @@ class StrictBooleanField(serializers.BooleanField):
     """JSON true or false only ("true", 1 and the like are refused)."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, bool):
+        try:
+            return check_bool(self.field_name, data)
+        except InvalidMemoryArgument:
             self.fail("invalid", input=data)
-        return data
 
 
 class BatchDeleteSerializer(serializers.Serializer):

@@ -12,6 +12,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from ..conf import memory_settings
+from ..exceptions import InvalidMemoryArgument
+from ..rules.validation import check_bool
 from ..service import MemoryService
 from . import serializers
 from .filters import (
@@ -148,7 +150,7 @@ class StoreItemViewSet(MemoryViewSet):
 
 
 class FactVersionViewSet(MemoryReadViewSet):
-    """Fact history: one row per change of a fact (memory/history.py), of present and deleted facts;
+    """Fact history: one row per change of a fact (memory/domain/history.py), of present and deleted facts;
     a fact's current version (`current`) has the id -<fact id> until a change supersedes it.
 
     Read only. History is the record of what the memory held; deleting a version would make
@@ -163,7 +165,7 @@ class FactVersionViewSet(MemoryReadViewSet):
 
 
 class PromotionViewSet(MemoryReadViewSet):
-    """The promotion ledger (memory/promotion.py): memories the sweep made durable.
+    """The promotion ledger (memory/operations/promotion.py): memories the sweep made durable.
 
     Read only: the ledger is what keeps a source from being promoted twice; deleting a row would let
     the next sweep promote it again. Rows go with their person (forget a person).
@@ -176,7 +178,7 @@ class PromotionViewSet(MemoryReadViewSet):
 
 
 class RelationViewSet(MemoryListViewSet):
-    """Edges of the memory graph (memory/relations.py), named by the memories they join.
+    """Edges of the memory graph (memory/recall/relations.py), named by the memories they join.
 
     List only: edges are derived (by the embedding worker, consolidation and writes) and go with
     their memories; `?kind=&item=` lists one memory's edges in either direction.
@@ -225,8 +227,9 @@ class MemoryUserViewSet(MemoryViewSet):
         )
 
     def perform_destroy(self, instance):
-        raw = self.request.query_params.get("cascade", "false").strip().lower()
-        if raw not in {"true", "false", "1", "0"}:
-            raise ValidationError({"cascade": ["Must be true or false."]})
+        try:
+            cascade = check_bool("cascade", self.request.query_params.get("cascade", "false"), spelled=True)
+        except InvalidMemoryArgument:
+            raise ValidationError({"cascade": ["Must be true or false."]}) from None
         with transaction.atomic():
-            self.delete_ids([instance.pk], {"cascade": raw in {"true", "1"}})
+            self.delete_ids([instance.pk], {"cascade": cascade})

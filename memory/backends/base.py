@@ -10,10 +10,10 @@ from functools import cache, lru_cache
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
-from ..owners import GLOBAL, fact_owner_key, owner_key
-from .recall import RecallSQL
+from ..models.owners import GLOBAL, fact_owner_key, owner_key, user_owner_sql
+from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
-from .store import StoreSQL
+from .store_rows import StoreSQL
 from .users import UserSQL
 
 FACT_TABLE = Fact._meta.db_table
@@ -55,7 +55,7 @@ def owner_keys(viewer, include_user=True):
 # The scope key of a user, or of the user it was merged into: `merged_into` always names a
 # surviving user, so one hop inside the query is enough. Takes the user id twice.
 SURVIVOR_SQL = f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)"
-USER_OWNER_SQL = f"'user:' || CAST({SURVIVOR_SQL} AS TEXT)"
+USER_OWNER_SQL = user_owner_sql(SURVIVOR_SQL)
 
 
 def owner_terms(viewer):
@@ -138,6 +138,9 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 
     def optimize(self):
         """Compact the search index after a bulk load (a no-op where the database needs none)."""
+
+    def begin_snapshot(self):
+        """Make the transaction's reads one snapshot (a no-op where a transaction's reads are one already)."""
 
     @contextlib.contextmanager
     def bulk_load(self):
@@ -297,7 +300,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
 
         `supersede`: first keep the state this write replaces as a history version (fact history,
-        memory/history.py), copied from the row in the database.
+        memory/domain/history.py), copied from the row in the database.
         """
         sql, params = fact_update_sql(changes)
         with connection.cursor() as cursor:

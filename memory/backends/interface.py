@@ -82,12 +82,27 @@ class StorageBackend(Protocol):
     def optimize_recall_index(self):
         """Compact the keyword recall index."""
 
+    # ---- what the database keeps of deleted rows, and consistent reads
+    def scrub_after_erasure(self, tables):
+        """After a deletion commits: the database lets go of what it keeps of the deleted rows of these
+        tables (statistics, free pages, a write-ahead log). Returns ([tables refreshed], [problems])."""
+
+    def reclaim_space(self):
+        """Return free pages to the file system: how many (0 where the database reclaims them itself;
+        None inside a transaction, where it happens at the commit)."""
+
+    def begin_snapshot(self):
+        """First thing in a new transaction: its reads become one consistent, read-only snapshot (export)."""
+
     # ---- LangGraph store items
     def store_rows_by_key(self, pairs, now):
         """Rows of these (joined namespace, key) pairs that have not expired."""
 
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
         """Rows under a joined namespace prefix whose top-level fields equal `equal_to`, newest first."""
+
+    def store_namespace_names(self, prefix, now):
+        """The distinct joined namespaces under a joined prefix ("" for all) holding an item alive at `now`."""
 
     def store_field_equals(self, name, wanted):
         """(SQL condition, parameter): an item's top-level field equals a string or number."""

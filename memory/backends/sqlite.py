@@ -27,8 +27,9 @@ from .base import (
     owners_sql,
     selective_word,
 )
-from .recall import DOC_TABLE
-from .store import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
+from .recall_index import DOC_TABLE
+from .space import sqlite_reclaim_space, sqlite_scrub
+from .store_rows import SQLiteStoreReads, sqlite_equality_is_exact, sqlite_field_equals
 
 _PUA_START, _PUA_SIZE = 0xE000, 6400  # Unicode private use area: never produced by normal text
 _STATS_TTL_S = 300.0  # term statistics only steer the plan, never what matches
@@ -191,6 +192,9 @@ class TermStatistics:
 
 class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
     vendor = "sqlite"
+    # A SQLite transaction reads one snapshot already (begin_snapshot: the base's no-op).
+    scrub_after_erasure = sqlite_scrub
+    reclaim_space = sqlite_reclaim_space
     like_escape = " ESCAPE '\\'"
     # The planner would also take the unique (scope_key, key) index and sort the owner's facts.
     owner_walk_hint = " INDEXED BY fact_owner_confidence"

@@ -4,7 +4,7 @@ Connected to Django's public `connection_created` signal (memory/apps.py), so it
 database of the site, the stock `django.db.backends.sqlite3` engine included:
 
 - `PRAGMA secure_delete = ON`: deleted and overwritten content is zeroed in the file, not left in
-  free space; forgetting a person must not leave their words readable in db.sqlite3 (memory/erasure.py).
+  free space; forgetting a person must not leave their words readable in db.sqlite3 (memory/operations/erasure.py).
 - WAL checkpoints (copying committed pages from the -wal file back into the database file) run on
   one background thread per file instead of inside the commit that takes the WAL past 1,000 pages.
   Measured with bench.facts (keyword-only, SQLite, 100,000 facts, medians of 3 interleaved runs in

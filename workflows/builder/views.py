@@ -17,10 +17,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from memory import validation
 from memory.api.policy import StaffAPI
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
+from memory.rules import validation
 
 from ..channels.telegram import handle_update
 from ..conf import workflow_settings

@@ -143,7 +143,7 @@ def destinations(user_ids):
     """
     user_ids = list(user_ids)
     identities = {}
-    for user_id, channel, external_id in MemoryService().identities_of(user_ids, DELIVERY_CHANNELS):
+    for user_id, channel, external_id in MemoryService().channel_identities(user_ids, DELIVERY_CHANNELS):
         identities.setdefault(user_id, {}).setdefault(channel, external_id)
     found = {}
     recent = (

@@ -149,7 +149,7 @@ def scrub_sqlite_files():
     saver's lock is taken per try, so its own runs go on meanwhile). Returns None, or why the WAL stays.
     """
     from memory.conf import memory_settings
-    from memory.erasure import truncate_wal
+    from memory.operations.erasure import truncate_wal
 
     saver = _saver
     if saver is None or checkpointer_kind() != "sqlite":

@@ -21,8 +21,8 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from memory.erasure import register_participant, scrub_after_commit
 from memory.exceptions import LimitReached, PersonForgotten
+from memory.operations.erasure import register_participant, scrub_after_commit
 from memory.service import MemoryService
 from memory.signals import (
     person_exporting,
@@ -327,7 +327,7 @@ def scrub_checkpoint_files():
 
 def _scan_checkpoints(needles, user_ids):
     """verify-erasure's look at the checkpoint store: thread ids of these users, and (SQLite) its file bytes."""
-    from memory.erasure import file_traces
+    from memory.operations.erasure import file_traces
 
     from .checkpointer import checkpoint_path, checkpointer_kind
 

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from memory import health
+from memory.operations import health
 from memory.service import MemoryService
 from memory.signals import prune_requested
 

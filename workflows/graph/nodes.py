@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
+from memory.rules.validation import storable
 from memory.service import MemoryService
-from memory.validation import storable
 
 from ..conversations import threads
 from ..exceptions import InvalidDefinition, InvalidTrigger

@@ -16,11 +16,11 @@ from django.dispatch import receiver
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from memory.admin_site import memories_site
+from memory.admin.site import memories_site
 from memory.models import MemoryUser
+from memory.rules.validation import storable
 from memory.service import BatchDelete, MemoryService
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
-from memory.validation import storable
 
 from ..conf import workflow_settings
 from ..models import Workflow, WorkflowRun
@@ -134,7 +134,7 @@ def runs_of(user_ids):
     nobody (identify_user failed: the words are still theirs)."""
     user_ids = list(user_ids)
     senders = Q(pk__in=[])
-    for _, channel, external_id in MemoryService().identities_of(user_ids):
+    for _, channel, external_id in MemoryService().channel_identities(user_ids):
         senders |= Q(channel=channel, external_id=external_id)
     return WorkflowRun.objects.filter(Q(user_id__in=user_ids) | (Q(user__isnull=True) & senders))
 

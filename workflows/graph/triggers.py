@@ -17,7 +17,7 @@ as its chat (channel `telegram_chat`, the chat's id) or is not run at all, as TE
 from dataclasses import dataclass
 
 from memory.exceptions import InvalidMemoryArgument
-from memory.validation import INT64_MAX, INT64_MIN, check_json
+from memory.rules.validation import INT64_MAX, INT64_MIN, check_json
 
 from ..conf import workflow_settings
 from ..exceptions import InvalidTrigger

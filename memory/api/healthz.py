@@ -1,0 +1,82 @@
+"""GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content)."""
+
+import logging
+import threading
+
+from django.core.signals import got_request_exception
+from django.db import DatabaseError
+from django.http import JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from ..operations import health
+from ..recall.indexer import indexer
+from ..service import MemoryService
+
+logger = logging.getLogger("engram.memory")
+
+
+class _ErrorCount:
+    """Unhandled exceptions of requests served by this process since it started (shown on /healthz)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def __call__(self, sender, request=None, **kwargs):
+        with self.lock:
+            self.count += 1
+
+
+unhandled_errors = _ErrorCount()
+got_request_exception.connect(unhandled_errors, dispatch_uid="memory_healthz_count_errors")
+
+
+@never_cache
+@require_GET
+def healthz(request):
+    """Database, checkpointer (and other registered components), recall mode, last consolidation, health band.
+
+    200 with "status": "ok" (or "degraded" when a component reports a problem or the band is red);
+    503 with "status": "unavailable" when the database does not answer.
+    """
+    database = health.database_status()
+    body = {"status": "ok", "database": database}
+    for name, check in health.components().items():
+        try:
+            body[name] = check()
+        except Exception as exc:  # noqa: BLE001  (a registered check of another app; report, don't crash the probe)
+            logger.warning("healthz: %s check failed: %s", name, exc)
+            body[name] = "error"
+    body["recall"] = health.recall_mode()
+    body["unhandled_errors"] = unhandled_errors.count  # this process's, since it started; each is logged
+    if database != "ok":
+        body.update(status="unavailable", last_consolidation=None, health=None)
+        return JsonResponse(body, status=503)
+    service = MemoryService()
+    try:
+        run = service.last_consolidation()
+        report = service.memory_health(fresh=False)
+    except DatabaseError as exc:  # the database went away between the check and these reads
+        logger.warning("healthz: memory unreadable: %s", exc)
+        body.update(status="unavailable", database="unreachable", last_consolidation=None, health=None)
+        return JsonResponse(body, status=503)
+    body["vectors"] = {
+        "pending": service.pending_vectors(),  # committed documents the embedding worker has not reached yet
+        "failures": indexer.failures,  # failed embedding batches in this process (each is retried)
+    }
+    body["last_consolidation"] = (
+        None
+        if run is None
+        else {
+            "finished_at": run.finished_at.isoformat(),
+            "ok": run.ok,
+            "episodes_processed": run.episodes_processed,
+            "episodes_failed": run.episodes_failed,
+        }
+    )
+    body["health"] = {"band": report.band, "score": None if report.score is None else round(report.score, 1)}
+    problems = [name for name in health.components() if body[name] not in ("ok", "unknown")]
+    if problems or report.band == health.RED:
+        body["status"] = "degraded"
+    return JsonResponse(body)

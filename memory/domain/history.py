@@ -1,0 +1,201 @@
+"""Fact history: every state a fact has had, and reads of what was true at a time.
+
+Internal to the memory service. As in SQL:2011 system-versioned tables, a fact's current state is
+its own row, with how it came to be (Fact.change_action, and the writer when not the value's own);
+a change first copies the state it replaces into a FactVersion row (`supersede`), in the change's
+own transaction, and a delete adds a `deleted` version after it (`record_deleted`). A create
+writes no version. FactHistory (a database view) reads both as one history: a version holds the
+fact as it was from `valid_from` until the next version of the same owner and key; a `deleted`
+one ends it. `MemoryService.get_fact(..., as_of=)`, `search_facts(..., as_of=)` and
+`fact_history()` read it. MEMORY["FACT_HISTORY"] = False stops keeping superseded states (and the
+point-in-time reads refuse, since they would answer from a partial record).
+
+Versions are copied from their fact's row in the database (never read into Python): set_fact's
+by the same statement as its write on PostgreSQL (a CTE), by the statement before it on SQLite
+(the backends' update_fact with supersede=True).
+"""
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils import timezone
+
+from ..backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_terms, version_copy_sql
+from ..backends.rows import fetch_models, select_columns
+from ..conf import memory_settings
+from ..models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
+from ..rules.validation import chunks
+from ..text import fact_search_text
+
+_VALID_FROM = FactHistory._meta.get_field("valid_from")
+
+
+def enabled():
+    return bool(memory_settings.FACT_HISTORY)
+
+
+def change_columns(action, writer=None):
+    """The Fact columns that say how its new state came to be: `action`, by `writer` (anything with
+    `source_episode_id` and `provenance`) when that is not the value's own writer (a confirmation, a
+    refused write, a merge), else None."""
+    return {
+        "change_action": action,
+        "change_source_episode_id": None if writer is None else writer.source_episode_id,
+        "change_provenance": None if writer is None else writer.provenance,
+    }
+
+
+def _in_chunks(cursor, sql, params, ids):
+    """Run `sql` + "IN (ids)" once per chunk of ids; returns the rows written."""
+    written = 0
+    for chunk in chunks(sorted(set(ids))):
+        cursor.execute(f"{sql} ({', '.join(['%s'] * len(chunk))})", [*params, *chunk])
+        written += max(cursor.rowcount, 0)
+    return written
+
+
+def supersede(fact_ids):
+    """Keep the current state of each of these facts as a version, before a change replaces it.
+
+    One INSERT ... SELECT per chunk of ids; call inside the changing transaction. Returns the versions written.
+    """
+    if not memory_settings.FACT_HISTORY or not fact_ids:
+        return 0
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        return _in_chunks(cursor, f"{SUPERSEDE_FROM}f.id IN", [], fact_ids)
+
+
+def record_deleted(fact_ids, when=None, *, provenance=None):
+    """Keep the last state of each of these facts and a `deleted` version after it, before they are deleted.
+
+    `provenance`: who deleted them ("deleted by admin:<username>"); None keeps each fact's own.
+    Two INSERT ... SELECT per chunk of ids; call inside the deleting transaction. Returns the
+    `deleted` versions written.
+    """
+    if not memory_settings.FACT_HISTORY or not fact_ids:
+        return 0
+    conn = connections[DEFAULT_DB_ALIAS]
+    stamp = _VALID_FROM.get_db_prep_save(when or timezone.now(), conn)
+    ended = version_copy_sql(
+        "f",
+        action="%s",
+        valid_from="%s",
+        episode="f.source_episode_id",
+        provenance="f.provenance" if provenance is None else "%s",
+    )
+    params = [FactAction.DELETED, *([] if provenance is None else [provenance]), stamp]
+    with conn.cursor() as cursor:
+        _in_chunks(cursor, f"{SUPERSEDE_FROM}f.id IN", [], fact_ids)
+        return _in_chunks(cursor, f"{ended}{FACT_TABLE} f WHERE f.id IN", params, fact_ids)
+
+
+def adopt_current_versions(fact_ids):
+    """Facts imported with their current state among their versions (an export from before the
+    current state lived on the fact row): each takes its latest version's action, writer and start,
+    and that version row goes. Only a version valid from the fact's last update on can be its
+    current state; a file of the current format has none. Returns the facts adopted."""
+    latest = f"SELECT {{}} FROM {VERSION_TABLE} q WHERE q.fact_id = f.id ORDER BY q.valid_from DESC, q.id DESC LIMIT 1"
+    found = {}
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        for chunk in chunks(sorted(set(fact_ids))):
+            cursor.execute(
+                f"SELECT f.id, v.id FROM {FACT_TABLE} f JOIN {VERSION_TABLE} v ON v.id = ({latest.format('q.id')}) "
+                f"WHERE f.id IN ({', '.join(['%s'] * len(chunk))}) AND v.action <> %s AND v.valid_from >= f.updated_at",
+                [*chunk, FactAction.DELETED],
+            )
+            found.update(cursor.fetchall())
+        if not found:
+            return 0
+        sets = ", ".join(
+            f"{column} = ({latest.format(source)})"
+            for column, source in (
+                ("change_action", "q.action"),
+                ("change_source_episode_id", "q.source_episode_id"),
+                ("change_provenance", "q.provenance"),
+                ("updated_at", "q.valid_from"),
+            )
+        )
+        _in_chunks(cursor, f"UPDATE {FACT_TABLE} AS f SET {sets} WHERE f.id IN", [], found)
+        _in_chunks(cursor, f"DELETE FROM {VERSION_TABLE} WHERE id IN", [], found.values())
+    return len(found)
+
+
+# ---------------------------------------------------------------- point-in-time reads
+
+_ORDER = "valid_from DESC, id DESC"  # the later version wins; of one instant, the later written
+
+
+def _rank(version):
+    return SCOPE_RANK[version.scope]
+
+
+def version_as_of(key, viewer, when):
+    """The most specific version in force at `when` for `key` among the viewer's owners, or None. One query.
+
+    Per owner, the latest version of the key at `when`; a `deleted` one means that owner held no
+    such fact then, so a less specific owner's answers (as a current read would).
+    """
+    conn = connections[DEFAULT_DB_ALIAS]
+    stamp = _VALID_FROM.get_db_prep_value(when, conn)
+    columns = select_columns(FactHistory, "v")
+    parts, params = [], []
+    for n, (owner_sql, owner_params, _) in enumerate(owner_terms(viewer)):
+        parts.append(
+            f"SELECT * FROM (SELECT {columns} FROM {FACT_HISTORY_VIEW} v "
+            f'WHERE v.scope_key = {owner_sql} AND v."key" = %s AND v.valid_from <= %s '
+            f"ORDER BY v.{_ORDER.replace(', ', ', v.')} LIMIT 1) latest{n}"
+        )
+        params += [*owner_params, key, stamp]
+    found = [v for v in fetch_models(FactHistory, " UNION ALL ".join(parts), params) if v.action != FactAction.DELETED]
+    return min(found, key=_rank) if found else None
+
+
+def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=None, limit=None):
+    """The versions in force at `when` that the viewer saw, matching as search_facts matches, most
+    confident first (then the more specific, then the newer). One query.
+
+    The latest version of each (owner, key) at `when` is picked in the database; shadowing (a more
+    specific owner's fact with the same key hides the others), the words, confidence and type are
+    applied in Python to what is left: a point-in-time read is an audit, not a hot path.
+    """
+    conn = connections[DEFAULT_DB_ALIAS]
+    terms = owner_terms(viewer)
+    owners = ", ".join(sql for sql, _, _ in terms)
+    params = [p for _, term_params, _ in terms for p in term_params]
+    columns = select_columns(FactHistory, "v")
+    sql = (
+        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
+        f'(PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
+        f"FROM {FACT_HISTORY_VIEW} v WHERE v.scope_key IN ({owners}) AND v.valid_from <= %s) t "
+        f"WHERE t.position = 1 AND t.action <> %s"
+    )
+    params += [_VALID_FROM.get_db_prep_value(when, conn), FactAction.DELETED]
+    best = {}
+    for version in fetch_models(FactHistory, sql, params):
+        held = best.get(version.key)
+        if held is None or _rank(version) < _rank(held):
+            best[version.key] = version
+    found = []
+    for version in best.values():
+        if min_confidence and version.confidence < min_confidence:
+            continue
+        if fact_type and version.fact_type != fact_type:
+            continue
+        if tokens:
+            text = fact_search_text(version.key, version.value)
+            if not all(token in text for token in tokens):
+                continue
+        found.append(version)
+    found.sort(key=lambda v: (-v.confidence, _rank(v), -v.valid_from.timestamp(), v.fact_id))
+    return found[:limit] if limit is not None else found
+
+
+def versions_of(fact_id=None, *, scope_key=None, key=None, limit=None):
+    """A fact's versions (or every version of an owner's key, across facts deleted and written
+    again), oldest first; with `limit`, the latest `limit` of them."""
+    qs = FactHistory.objects.all()
+    if fact_id is not None:
+        qs = qs.filter(fact_id=fact_id)
+    if scope_key is not None:
+        qs = qs.filter(scope_key=scope_key, key=key)
+    if limit is None:
+        return list(qs.order_by("valid_from", "id"))
+    return list(reversed(qs.order_by("-valid_from", "-id")[:limit]))

@@ -1,0 +1,90 @@
+"""Records about the memory, not memories: consolidation runs, deletions' audit records, tombstones of
+forgotten people."""
+
+from django.db import models
+
+
+class ConsolidationRun(models.Model):
+    """One consolidation pass over unprocessed episodes: what it took, what it stored, what failed.
+
+    An operational record (shown on /healthz as the last consolidation), not memory: export and
+    clear leave it alone.
+    """
+
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField()
+    extractor = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=128, blank=True, default="", help_text="Blank: every agent.")
+    episodes_seen = models.PositiveIntegerField(default=0)
+    episodes_processed = models.PositiveIntegerField(default=0)
+    episodes_failed = models.PositiveIntegerField(default=0)
+    facts_created = models.PositiveIntegerField(default=0)
+    facts_confirmed = models.PositiveIntegerField(default=0)
+    facts_updated = models.PositiveIntegerField(default=0)
+    facts_skipped = models.PositiveIntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    @property
+    def ok(self):
+        return self.episodes_failed == 0
+
+    def __str__(self):
+        return f"Consolidation {self.pk} at {self.started_at:%Y-%m-%d %H:%M}"
+
+
+# ------------------------------------------------------------------ recall index (hybrid recall)
+
+
+class DeletionKind(models.TextChoices):
+    FACTS = "facts"
+    EPISODES = "episodes"
+    PROCEDURES = "procedures"
+    MEMORY_USERS = "memory users"
+    THREADS = "threads"
+    STORE_ITEMS = "store items"
+
+
+class DeletionRecord(models.Model):
+    """An audit record of one deletion: who, when, what kind, how many, which ids — never whose.
+
+    Written in the deletion's own transaction by every path that deletes memory (service, REST, admin,
+    commands). It names rows by id only: a record of forgetting a person must not remember them.
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # "admin:<username>", "api:<username>", "command", "workflow", or what the caller passed.
+    actor = models.CharField(max_length=200)
+    kind = models.CharField(max_length=20, choices=DeletionKind.choices)
+    count = models.PositiveIntegerField()
+    ids = models.JSONField(default=list)
+    # With a person's deletion: how much went with them ({"facts": 4, "threads": 1, ...}).
+    cascaded = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "memory_deletion_record"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.count} {self.kind} by {self.actor}"
+
+
+class Tombstone(models.Model):
+    """What is kept of a forgotten person: ids and keyed hashes, never a name (memory/operations/tombstones.py).
+
+    One row per memory user id (`digest` of the id) and one per channel identity they had (`digest`
+    of channel and external id), so an import of an export from before the forget can recognise them.
+    """
+
+    forgotten_id = models.BigIntegerField(db_index=True)  # the memory user id they had
+    digest = models.CharField(max_length=64, unique=True)
+    forgotten_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "memory_tombstone"
+        ordering = ["-forgotten_at", "-id"]
+
+    def __str__(self):
+        return f"forgotten memory user {self.forgotten_id}"

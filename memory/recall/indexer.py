@@ -1,0 +1,319 @@
+"""Vectors off the write path: one worker per process embeds committed recall documents in batches.
+
+A write commits its row and keyword index (the recall triggers write the item's document without a
+vector: *pending*) and, once committed, hands the item to the worker. The worker embeds up to
+MEMORY["EMBED_BATCH"] pending texts in one model call, outside any transaction, and stores each
+vector in one short transaction, only where the document still has that text and no vector (a newer
+write changed it meanwhile: its own turn embeds the new text). Writers never wait for the model, and
+concurrent writers share its calls.
+
+The bundled model computes in a child process at the lowest CPU priority (memory/embedding/model_process.py),
+which uses the CPU the requests leave; a batch still unanswered when its oldest write is due
+(MEMORY["EMBED_DUE_MS"] after that commit) goes to a second child at the requests' priority. The
+worker itself runs at the requests' priority: one that ran below them (nice +10, as it once did)
+fell behind for good on a busy machine, and vector recall missed writes for minutes.
+
+The `similar` edges of what it embedded (memory/recall/relations.py) wait until no more writes wait for it
+(at most LINK_AFTER_SECONDS): a link loads each document's owner into this process's vector index,
+and between the batches of a burst of writes those loads held up the writers of the process. Edges a
+killed process had not written yet are hints lost, not memories: `memory reindex` rebuilds them.
+
+EngramStore's items (memory/domain/store_items.py) go through the same worker under the kind STORE: their
+vector lives on the item's own row, and a query search scores an item without one by its words.
+
+"Pending" is a state the database answers (`embedding IS NULL`, text not blank), so nothing is lost
+when a process dies between a commit and its embedding: the worker sweeps every pending document
+when it starts (with the first request or write of a process), `memory reindex --missing` does the
+same by hand, and /healthz reports the backlog. Until then the keyword leg of recall finds them.
+
+An embedder that raises never fails a write: the failure is logged, counted (/healthz), and the
+batch retried after a pause that doubles up to a minute. One that hangs holds up only the worker.
+
+MEMORY["EMBED_ON_WRITE"] = "inline" embeds inside the writer's own transaction instead (the behaviour
+before this worker existed): for tests and scripts that recall what they wrote before it commits.
+"""
+
+import logging
+import os
+import threading
+import time
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from ..backends.rows import held_rows
+from ..conf import memory_settings
+from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
+from ..embedding.model_process import vectors_due
+from ..models import PENDING_VECTOR, RecallDocument, StoreItem
+from .relations import link_similar, link_similar_ids
+
+logger = logging.getLogger("engram.memory")
+
+MAX_PAUSE_SECONDS = 60.0
+# The `similar` edges of what the worker embedded wait until no more writes wait for it, at most this
+# long and this many documents (memory/recall/relations.py; Indexer._link_when_quiet).
+LINK_AFTER_SECONDS = 5.0
+LINK_MAX_WAITING = 4096
+STORE = "store"  # the queue's kind of EngramStore items (their own table); other kinds are recall documents
+MODELS = (RecallDocument, StoreItem)  # where pending texts wait for a vector
+
+
+def embed_documents(docs, model=RecallDocument, *, link=True):
+    """Embed (row id, text) pairs of `model` and store the vectors of those whose text is unchanged; how many stored.
+
+    Never call inside a transaction: the model call happens here, the writes in one short transaction.
+    `link`: also link recall documents to their closest ones now (the worker links later, in bulk).
+    """
+    from .ranking import model_guard
+
+    embedder = get_embedder()
+    if embedder is None or not docs:
+        return 0
+    model_guard.check(embedder)
+    texts = [text for _, text in docs]
+    # A recall document stores one vector per piece of its text (long episodes); a store item one.
+    vectors = embedder.pieces(texts) if model is RecallDocument else embedder.documents(texts)
+    # One statement for the batch (executemany): the shorter the worker holds the write lock (and,
+    # in this process, the interpreter), the less the writers it shares them with wait.
+    table = connection.ops.quote_name(model._meta.db_table)
+    rows = [(to_blob(vector), doc_id, text) for (doc_id, text), vector in zip(docs, vectors)]
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Rows another transaction holds (a person being forgotten) keep no vector now: a later pass
+        # embeds them if they are still there. Waiting for them could deadlock (held_rows).
+        held = held_rows(model, [doc_id for _, doc_id, _ in rows])
+        cursor.executemany(
+            f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
+            [row for row in rows if row[1] in held],
+        )
+        stored = max(cursor.rowcount, 0)
+    if link and model is RecallDocument:
+        link_similar([(doc_id, vector) for (doc_id, _), vector in zip(docs, vectors)])
+    return stored
+
+
+def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit):
+    """(id, text) of `model`'s rows without a vector: recall documents of these {kind: item ids}, or
+    these row ids.
+
+    Looked up by the (kind, item_id) index or the primary key, and not ordered in SQL: "ORDER BY id"
+    made SQLite walk the whole table in id order, reading every stored vector on its way.
+    """
+    docs = model.objects.filter(PENDING_VECTOR).order_by()
+    chunks = (
+        [Q(pk__in=ids[i : i + 500]) for i in range(0, len(ids), 500)]
+        if ids is not None
+        else [
+            Q(kind=kind, item_id__in=sorted(items)[i : i + 500])
+            for kind, items in kind_items.items()
+            for i in range(0, len(items), 500)
+        ]
+    )
+    found = []
+    for match in chunks:
+        found += docs.filter(match).values_list("id", "text")
+        if len(found) >= limit:
+            break
+    return sorted(found)[:limit]
+
+
+def pending_ids(model=RecallDocument):
+    """Ids of every row of `model` without a vector (one scan of the table: for a worker's start)."""
+    return list(model.objects.filter(PENDING_VECTOR).order_by().values_list("id", flat=True))
+
+
+def pending_count():
+    """Recall documents and store items waiting for a vector."""
+    return sum(model.objects.filter(PENDING_VECTOR).count() for model in MODELS)
+
+
+class Indexer:
+    """The process's embedding worker: a queue of committed (kind, item id)s and the thread that drains it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._queue = {}  # kind -> set of item ids
+        self._since = None  # when the oldest queued item was committed (time.monotonic())
+        self._thread = None
+        self._pid = None
+        self._sweep = True  # a new worker first embeds whatever an earlier process left pending
+        self._busy = False
+        self._unlinked = set()  # recall documents the worker embedded and has not linked yet (its thread's own)
+        self._unlinked_since = None
+        self.failures = 0
+        self.last_error = ""
+        self.embedded = 0
+
+    # ---- producers
+
+    def schedule(self, kind, item_ids):
+        """Embed these items' documents once the current transaction commits (at once outside one)."""
+        if configured_mode() != "hybrid":
+            return
+        if memory_settings.EMBED_ON_WRITE == "inline":
+            self._inline(kind, item_ids)
+            return
+        ids = list(item_ids)
+        transaction.on_commit(lambda: self._enqueue(kind, ids))
+
+    def _inline(self, kind, item_ids):
+        try:
+            if kind == STORE:
+                embed_documents(pending_documents(StoreItem, ids=list(item_ids), limit=len(item_ids)), StoreItem)
+            else:
+                embed_documents(pending_documents(kind_items={kind: set(item_ids)}, limit=len(item_ids)))
+        except EmbeddingModelChanged as exc:
+            logger.warning("not embedding %s %s: %s", kind, list(item_ids), exc)
+
+    def _enqueue(self, kind, ids):
+        with self._cond:
+            was_empty = not self._queue
+            if was_empty:
+                self._since = time.monotonic()
+            self._queue.setdefault(kind, set()).update(ids)
+            self._start()
+            # Wake the worker only when it has something new to decide: work after none (it waits for
+            # work), or a full batch (it waits for one, or for EMBED_WAIT_MS). Waking it on every
+            # write made each write hand the GIL over and back.
+            if was_empty or self._queued() >= int(memory_settings.EMBED_BATCH):
+                self._cond.notify_all()
+
+    def start(self):
+        """Start the worker (it sweeps what is pending) if recall is hybrid; cheap when it runs already."""
+        if configured_mode() != "hybrid" or memory_settings.EMBED_ON_WRITE == "inline":
+            return
+        with self._cond:
+            self._start()
+
+    def _start(self):
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            return
+        if self._pid is not None and self._pid != os.getpid():  # a forked child: the thread stayed behind
+            self._queue, self._busy, self._sweep, self._unlinked = {}, False, True, set()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="engram-indexer", daemon=True)
+        self._thread.start()
+
+    def _queued(self):
+        return sum(len(ids) for ids in self._queue.values())
+
+    # ---- the direct path
+
+    def wait(self, timeout=None):
+        """Block until everything committed so far is embedded (or failed); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy or self._sweep and self._thread is not None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    # ---- the worker
+
+    def _run(self):
+        pause = 0.0
+        while True:
+            with self._cond:
+                while not (self._queue or self._sweep):
+                    self._cond.wait()
+                # Let concurrent writers join the batch: one model call for many texts costs little
+                # more than for one (most of a small call is fixed overhead).
+                gather_until = time.monotonic() + float(memory_settings.EMBED_WAIT_MS) / 1000.0
+                while self._queued() < int(memory_settings.EMBED_BATCH) and time.monotonic() < gather_until:
+                    self._cond.wait(gather_until - time.monotonic())
+                work, self._queue = self._queue, {}
+                since, self._since = self._since, None
+                sweep, self._busy = self._sweep, True
+            try:
+                if sweep:
+                    self._drain(None)
+                # Past its writes' due time, a batch is embedded at the requests' priority.
+                due = None if since is None else since + float(memory_settings.EMBED_DUE_MS) / 1000.0
+                with vectors_due(due):
+                    self._drain(work)
+                self._link_when_quiet()
+                pause = 0.0
+                with self._cond:
+                    self._sweep = self._sweep and not sweep
+            except EmbeddingModelChanged as exc:  # vectors of another model: only `memory reindex` helps
+                logger.warning("not embedding recall documents: %s", exc)
+                with self._cond:
+                    self._sweep = False
+            except Exception as exc:  # noqa: BLE001  (any embedder or database failure: count, retry later)
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                logger.exception("embedding recall documents failed (%d failures so far); retrying", self.failures)
+                with self._cond:  # put the work back, to retry after a pause
+                    for kind, ids in work.items():
+                        self._queue.setdefault(kind, set()).update(ids)
+                    if work:
+                        self._since = min(t for t in (since, self._since) if t is not None)
+                    self._sweep = self._sweep or sweep
+                pause = min(MAX_PAUSE_SECONDS, max(1.0, pause * 2))
+            finally:
+                if not connection.in_atomic_block:
+                    connection.close()  # a worker holds no connection between batches
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if pause:
+                time.sleep(pause)
+
+    def _drain(self, work):
+        """Embed the pending documents of `work` ({kind: ids}), or, when None, of every document
+        pending now (what an earlier process left: read once, so a steady stream of new writes,
+        which come through the queue, cannot keep the sweep going)."""
+        batch = int(memory_settings.EMBED_BATCH)
+        if work is None:
+            for model in MODELS:
+                self._embed_rows(model, pending_ids(model), batch)
+            return
+        work = dict(work)
+        self._embed_rows(StoreItem, sorted(work.pop(STORE, ())), batch)
+        last = None
+        while work:
+            docs = pending_documents(kind_items=work, limit=batch)
+            if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
+                return
+            self.embedded += embed_documents(docs, link=False)
+            self._note_unlinked(docs)
+            if len(docs) < batch:
+                return
+            last = docs
+
+    def _embed_rows(self, model, ids, batch):
+        for start in range(0, len(ids), batch):
+            docs = pending_documents(model, ids=ids[start : start + batch], limit=batch)
+            self.embedded += embed_documents(docs, model, link=False)
+            if model is RecallDocument:
+                self._note_unlinked(docs)
+
+    def _note_unlinked(self, docs):
+        if docs and not self._unlinked:
+            self._unlinked_since = time.monotonic()
+        self._unlinked.update(doc_id for doc_id, _ in docs)
+
+    def _link_when_quiet(self):
+        """Link what the worker embedded once no more writes wait for it (or the oldest has waited
+        LINK_AFTER_SECONDS, or LINK_MAX_WAITING documents wait), all in one pass.
+
+        A link loads the vectors of each document's owner into this process's index, which the
+        process's requests share the interpreter with: during a burst of writes, links between the
+        worker's batches held up the writers (bench.facts), so a burst is linked after it.
+        """
+        if not self._unlinked:
+            return
+        with self._cond:
+            quiet = not self._queue
+        waited = time.monotonic() - self._unlinked_since
+        if not (quiet or waited >= LINK_AFTER_SECONDS or len(self._unlinked) >= LINK_MAX_WAITING):
+            return
+        ids, self._unlinked = sorted(self._unlinked), set()
+        embedder = get_embedder()
+        if embedder is not None:
+            link_similar_ids(ids, embedder.dimension)
+
+
+indexer = Indexer()

@@ -1,0 +1,366 @@
+"""In-process vector index: one float32 matrix per owner, kept in step with the database by generation.
+
+Each owner (a fact's scope_key, an episode's or procedure's owner; see RecallDocument) has a row in
+memory_recall_scope whose `generation` moves on, by trigger, whenever one of its documents gets a
+new embedding or owner, and each such document is stamped with that generation (`vector_seq`). Before
+a recall the service reads the generations of the viewer's owners (one query, shared with resolving
+the viewer) and hands them to `sync`, which loads only the documents stamped after what this process
+last saw. Writers of one owner are serialised by that counter row, so generation order is commit
+order. Requests of one process read their generations at different times: one that read before
+another synced newer ones hands `sync` an older generation than the index has. That is checked
+against the database (one query), not taken for a restored database, which rebuilds the owner (a
+million documents: 15-20 s, which every concurrent recall waited for). Documents that left an
+owner (deleted or moved; counted in `removed`) stay in its matrix as stale rows until many have
+gone, then the owner is reloaded: recall checks every candidate against the database, so a stale
+row can cost a candidate slot, never return a hidden or deleted item.
+
+The scan: an owner of up to EXACT_ROWS documents is scanned exactly (one float32 matrix-vector
+product, then a partial sort). A larger one is too big for that (1M x 384 float32 is 1.5 GB: one
+exact product reads all of it, far too slow for a recall), so it is searched in two stages: every
+vector also keeps its sign bits (48 bytes for 384 dimensions, 48 MB per million), the Hamming
+distance of the query's sign bits to all of them picks a shortlist of max(SHORTLIST_MIN, n *
+SHORTLIST_FACTOR) rows, and those are ranked by their exact float32 cosine. The shortlist is an
+approximation (a true top-n vector whose sign bits differ a lot from the query's can be missed); the
+cosines returned are exact.
+"""
+
+import itertools
+import operator
+import threading
+
+import numpy as np
+
+from ..backends.rows import fetch_in_chunks
+from ..conf import memory_settings, on_memory_settings_changed
+from ..embedding.embedder import from_blobs
+
+_DOC_TABLE = "memory_recall_doc"
+_FETCH = 10_000
+_OWNERS_PER_LOAD = 200  # owners one load statement may name (two parameters each)
+# Reload an owner once this share of its rows (and at least _RELOAD_MIN rows) are known stale.
+_RELOAD_SHARE = 0.2
+_RELOAD_MIN = 1_000
+EXACT_ROWS = 20_000
+SHORTLIST_MIN = 2_000
+SHORTLIST_FACTOR = 10
+_CHUNK_ROWS = 32_768
+
+
+def sign_words(matrix, words):
+    """Each row's sign bits (> 0) packed into `words` uint64 words."""
+    bits = np.packbits(matrix > 0, axis=1)
+    padded = np.zeros((bits.shape[0], words * 8), dtype=np.uint8)
+    padded[:, : bits.shape[1]] = bits
+    return padded.view(np.uint64)
+
+
+class OwnerMatrix:
+    """The embedded documents of one owner: ids, unit vectors, and where each id sits."""
+
+    def __init__(self, dimension):
+        self.dimension = dimension
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.vectors = np.zeros((0, dimension), dtype=np.float32)
+        self.words = (dimension + 63) // 64
+        # Sign bits, one row of uint64 words per 64 dimensions (word-major: each word's column is contiguous).
+        self.signs = np.zeros((self.words, 0), dtype=np.uint64)
+        self.size = 0
+        self.row_of = {}  # doc id -> its row, or a tuple of rows (one per piece)
+        self.generation = 0
+        self.removed = 0
+        self.stale = 0
+
+    def _grow(self, needed):
+        capacity = len(self.ids)
+        if self.size + needed <= capacity:
+            return
+        # Geometric growth from what is needed, with no floor: a floor of 1,024 rows gave every owner
+        # 1.5 MB to allocate and zero, however few its documents (the embedding worker's first link of
+        # 2,000 writes spread over 2,000 small owners spent most of its time there).
+        new_capacity = max(self.size + needed, int(capacity * 1.5))
+        ids = np.full(new_capacity, -1, dtype=np.int64)
+        vectors = np.zeros((new_capacity, self.dimension), dtype=np.float32)
+        signs = np.zeros((self.words, new_capacity), dtype=np.uint64)
+        ids[: self.size] = self.ids[: self.size]
+        vectors[: self.size] = self.vectors[: self.size]
+        signs[:, : self.size] = self.signs[:, : self.size]
+        self.ids, self.vectors, self.signs = ids, vectors, signs
+
+    def rows(self, doc_id):
+        """The rows of a document: one per piece of its text (memory.embedding.embedder.split_pieces)."""
+        rows = self.row_of.get(doc_id, ())
+        return (rows,) if isinstance(rows, int) else rows
+
+    def _retire(self, rows):
+        for row in rows:
+            self.ids[row] = -1
+            self.vectors[row] = 0.0
+        self.stale += len(rows)
+
+    def apply(self, doc_ids, blobs):
+        """Put these documents' current vectors in (a None blob takes the document out).
+
+        A blob holds one vector per piece of the document's text; a document keeps its rows where it
+        has as many pieces as before (an episode with a new message reuses its rows and adds one).
+        """
+        row_bytes = 4 * self.dimension
+        if self.row_of.keys().isdisjoint(doc_ids) and all(b is not None and len(b) == row_bytes for b in blobs):
+            self._append(doc_ids, blobs)
+            return
+        self._grow(sum(len(b) // row_bytes for b in blobs if b is not None))
+        rows, kept = [], []
+        for doc_id, blob in zip(doc_ids, blobs):
+            old = self.rows(doc_id)
+            if blob is None:
+                self.row_of.pop(doc_id, None)
+                self._retire(old)
+                continue
+            n = len(blob) // row_bytes
+            self._retire(old[n:])
+            mine = list(old[:n])
+            while len(mine) < n:
+                mine.append(self.size)
+                self.ids[self.size] = doc_id
+                self.size += 1
+            self.row_of[doc_id] = mine[0] if n == 1 else tuple(mine)
+            rows += mine
+            kept.append(blob)
+        if kept:
+            self._write(np.asarray(rows, dtype=np.int64), kept)
+
+    def _append(self, doc_ids, blobs):
+        """New documents of one piece each (the common case: an owner's first load, a million of them
+        at once): no per-row Python, which would hold the interpreter from the process's requests."""
+        if not doc_ids:
+            return
+        self._grow(len(doc_ids))
+        start, end = self.size, self.size + len(doc_ids)
+        self.ids[start:end] = doc_ids
+        self.row_of.update(zip(doc_ids, range(start, end)))
+        self.size = end
+        self._write(slice(start, end), blobs)
+
+    def _write(self, rows, blobs):
+        """Store these blobs' vectors (one piece each, in order) and their sign bits at these rows
+        (a slice, or an array of row numbers)."""
+        matrix = from_blobs(blobs, self.dimension)
+        self.vectors[rows] = matrix
+        self.signs[:, rows] = sign_words(matrix, self.words).T
+
+    def top(self, query, n):
+        """(doc ids, cosines) of the n best documents, best first; a document scores its best piece."""
+        if self.size == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        if self.size <= EXACT_ROWS:
+            return self._best(np.arange(self.size), self.vectors[: self.size] @ query, n)
+        rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
+        return self._best(rows, self.vectors[rows] @ query, n)
+
+    def top_many(self, queries, n):
+        """`top` of each row of `queries`: one matrix product for the lot where the owner is scanned exactly."""
+        if self.size == 0 or self.size > EXACT_ROWS:
+            return [self.top(query, n) for query in queries]
+        rows = np.arange(self.size)
+        scores = self.vectors[: self.size] @ queries.T
+        return [self._best(rows, scores[:, j], n) for j in range(len(queries))]
+
+    def _best(self, rows, scores, n):
+        ids = self.ids[rows]
+        # The best k rows hold the best n documents once they name n distinct ones (a document's
+        # other pieces can crowd the first n rows): widen k until they do.
+        k = n
+        while True:
+            k = min(k, len(rows))
+            best = np.argpartition(-scores, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
+            best = best[np.argsort(-scores[best], kind="stable")]
+            best = best[ids[best] >= 0]
+            _, first = np.unique(ids[best], return_index=True)
+            best = best[np.sort(first)]
+            if len(best) >= n or k == len(rows):
+                best = best[:n]
+                return ids[best], scores[best]
+            k *= 4
+
+    def _shortlist(self, query, m):
+        """The (about) m rows whose sign bits are nearest the query's, by Hamming distance.
+
+        Computed in cache-sized chunks (xor, popcount, sum per row); the rows are then those at or
+        under the distance whose cumulative count reaches m (ties make it a few more).
+        """
+        q = sign_words(query[None, :], self.words)[0][:, None]
+        distance = np.empty(self.size, dtype=np.uint16)
+        chunk = _CHUNK_ROWS
+        xor = np.empty((self.words, chunk), dtype=np.uint64)
+        bits = np.empty((self.words, chunk), dtype=np.uint8)
+        for lo in range(0, self.size, chunk):
+            hi = min(self.size, lo + chunk)
+            n = hi - lo
+            np.bitwise_xor(self.signs[:, lo:hi], q, out=xor[:, :n])
+            np.bitwise_count(xor[:, :n], out=bits[:, :n])
+            np.sum(bits[:, :n], axis=0, dtype=np.uint16, out=distance[lo:hi])
+        if m >= self.size:
+            return np.arange(self.size)
+        cumulative = np.cumsum(np.bincount(distance, minlength=self.words * 64 + 1))
+        threshold = int(np.searchsorted(cumulative, m))
+        return np.flatnonzero(distance <= threshold)
+
+    def cosines(self, doc_ids, query):
+        """{doc id: cosine of its best piece} for the given ids this owner holds."""
+        rows = [(d, r) for d in doc_ids for r in self.rows(d)]
+        if not rows:
+            return {}
+        scores = self.vectors[[r for _, r in rows]] @ query
+        result = {}
+        for (d, _), score in zip(rows, scores.tolist()):
+            result[d] = max(score, result.get(d, -2.0))
+        return result
+
+
+class VectorIndex:
+    """Per-owner matrices of one dimension, shared by the threads of a process."""
+
+    def __init__(self, dimension):
+        self.dimension = dimension
+        self.owners = {}
+        self._lock = threading.Lock()
+
+    def sync(self, states):
+        """Bring the given owners up to date. `states`: {owner: (generation, removed)} from the database.
+
+        Returns how many documents were (re)loaded.
+        """
+        with self._lock:
+            behind = {}  # owner -> (its matrix, the generation it has, the generation to reach)
+            for owner, (generation, removed) in states.items():
+                generation, removed = generation or 0, removed or 0
+                matrix = self.owners.get(owner)
+                if matrix is None:
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                if generation < matrix.generation or removed < matrix.removed:
+                    # Counters older than the index's: most often read by a request before another one
+                    # of this process synced newer ones (its own read is stale, the index is not), else
+                    # the database was restored or rebuilt. Asked again, the database tells which.
+                    generation, removed = _counters(owner)
+                    if generation < matrix.generation or removed < matrix.removed:  # went back: start over
+                        matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                gone = removed - matrix.removed
+                if matrix.stale + gone >= max(_RELOAD_MIN, _RELOAD_SHARE * max(matrix.size, 1)):
+                    matrix = self.owners[owner] = OwnerMatrix(self.dimension)
+                if generation != matrix.generation:
+                    behind[owner] = (matrix, matrix.generation, generation)
+                if gone:
+                    matrix.stale += gone
+                matrix.removed = removed
+            loaded = self._load(behind)
+            for matrix, _, generation in behind.values():
+                matrix.generation = generation
+        return loaded
+
+    def _load(self, behind):
+        """Load the documents stamped after each owner's generation in the index.
+
+        Owners with little to load share a statement: the embedding worker's first links after a
+        start load hundreds of small owners, and one statement each cost a fifth of that load. An
+        owner with more than _FETCH to load (its generation counts its vector changes) reads alone,
+        in its index's order, which needs no sort.
+        """
+        loaded = 0
+        group, expected = [], 0
+        groups = []
+        for owner, (_, since, generation) in behind.items():
+            if generation - since > _FETCH:
+                groups.append([owner])
+                continue
+            if group and (expected + generation - since > _FETCH or len(group) >= _OWNERS_PER_LOAD):
+                groups.append(group)
+                group, expected = [], 0
+            group.append(owner)
+            expected += generation - since
+        if group:
+            groups.append(group)
+        for owners in groups:
+            where = " OR ".join(["(owner = %s AND vector_seq > %s)"] * len(owners))
+            for rows in fetch_in_chunks(
+                f"SELECT owner, id, embedding FROM {_DOC_TABLE} WHERE {where} ORDER BY owner, vector_seq, id",
+                [value for owner in owners for value in (owner, behind[owner][1])],
+                _FETCH,
+            ):
+                for owner, owned in itertools.groupby(rows, key=operator.itemgetter(0)):
+                    owned = list(owned)
+                    behind[owner][0].apply([r[1] for r in owned], [r[2] for r in owned])
+                loaded += len(rows)
+        return loaded
+
+    def search(self, owners, query, n):
+        """The n best (doc id, cosine) over the given owners' matrices, best first, ids unique."""
+        found = {}
+        with self._lock:  # sync() may be growing a matrix in another thread
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is None:
+                    continue
+                ids, scores = matrix.top(query, n)
+                for doc_id, score in zip(ids.tolist(), scores.tolist()):
+                    if score > found.get(doc_id, -2.0):
+                        found[doc_id] = score
+        return sorted(found.items(), key=lambda item: -item[1])[:n]
+
+    def search_owner(self, owner, queries, n):
+        """For each row of `queries`: the n best (doc id, cosine) of one owner, best first."""
+        with self._lock:
+            matrix = self.owners.get(owner)
+            if matrix is None:
+                return [[] for _ in queries]
+            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n)]
+
+    def cosines(self, owners, doc_ids, query):
+        result = {}
+        with self._lock:
+            for owner in owners:
+                matrix = self.owners.get(owner)
+                if matrix is not None:
+                    result.update(matrix.cosines(doc_ids, query))
+        return result
+
+
+def _counters(owner):
+    """The owner's (generation, removed) as the database has them now; (0, 0) for an owner without a row."""
+    from ..models import RecallScope
+
+    return RecallScope.objects.filter(owner=owner).values_list("generation", "removed").first() or (0, 0)
+
+
+_index_lock = threading.Lock()
+_index = None
+
+
+_blas_limited = False
+
+
+def _limit_blas_threads():
+    global _blas_limited
+    threads = memory_settings.VECTOR_BLAS_THREADS
+    if threads and not _blas_limited:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(threads), user_api="blas")
+        _blas_limited = True
+
+
+def get_vector_index(dimension):
+    """The process's vector index for vectors of this dimension (a new one if the dimension changed)."""
+    global _index
+    with _index_lock:
+        if _index is None or _index.dimension != dimension:
+            _limit_blas_threads()
+            _index = VectorIndex(dimension)
+        return _index
+
+
+def reset_vector_index():
+    global _index
+    with _index_lock:
+        _index = None
+
+
+on_memory_settings_changed(reset_vector_index)
