@@ -127,7 +127,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if min(args.reminders, args.users, args.workers, args.batch) < 1 or not 0 < args.kill_at < 1:
         parser.error("--reminders, --users, --workers and --batch must be positive, --kill-at between 0 and 1")
-    from workflows.fake_telegram import FakeBotAPI
+    from workflows.channels.fake_telegram import FakeBotAPI
 
     err = Console(stderr=True)
     with FakeBotAPI() as bot:

@@ -96,8 +96,8 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
     import httpx
     from django.db import connections
 
+    from workflows.channels.fake_telegram import telegram_update
     from workflows.demo import ensure_demo_workflow
-    from workflows.fake_telegram import telegram_update
 
     workflow, _ = ensure_demo_workflow()
     connections.close_all()
@@ -196,7 +196,7 @@ def main(argv=None):
         parser.error("--updates, --users, --concurrency and --workers must be positive")
     if args.crash and (args.server != "wsgi" or args.outage < 0):
         parser.error("--crash runs under gunicorn (--server wsgi), with --outage >= 0")
-    from workflows.fake_telegram import FakeBotAPI
+    from workflows.channels.fake_telegram import FakeBotAPI
 
     if args.crash:
         return crash_main(args)
@@ -274,7 +274,7 @@ def main(argv=None):
 
 
 def crash_main(args):
-    from workflows.fake_telegram import FakeBotAPI
+    from workflows.channels.fake_telegram import FakeBotAPI
 
     from .webhook_crash import run_crash
 

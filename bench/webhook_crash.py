@@ -62,8 +62,8 @@ def run_crash(bot, *, updates, users, concurrency, workers, outage, progress, gi
     import httpx
     from django.db import connections
 
+    from workflows.channels.fake_telegram import telegram_update
     from workflows.demo import ensure_demo_workflow
-    from workflows.fake_telegram import telegram_update
     from workflows.models import ReplyStatus, TelegramReply, TelegramUpdate, UpdateStatus
 
     from .webhook import SECRET, WARMUP, free_port, server_log, start_server, text_for, wait_until_serving

@@ -116,6 +116,7 @@ class MemoryService:
     user_context = _delegate("users", Users.user_context)
     conversation_count = _delegate("users", Users.conversation_count)
     identify = _delegate("users", Users.identify)
+    channel_identities = _delegate("users", Users.channel_identities)
 
     # ---- procedures (memory/domain/procedures.py)
     save_procedure = _delegate("procedures", Procedures.save_procedure)

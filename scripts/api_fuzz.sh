@@ -38,7 +38,7 @@ for n in range(5):
     memory.save_procedure(f"procedure_{n}", trigger_conditions={"goal_contains": ["weather"]})
 # Conversation threads with checkpoints, through a real run of the demo workflow.
 from workflows.demo import ensure_demo_workflow
-from workflows.runtime import run_workflow
+from workflows.graph.runtime import run_workflow
 demo, _ = ensure_demo_workflow()
 for n in range(3):
     run_workflow(demo, {"type": "chat", "payload": {"user_id": f"chat-{n}", "message": "my name is Ann"}})

@@ -199,7 +199,7 @@ def _workflow_settings(settings, tmp_path):
     On PostgreSQL the checkpointer lives in the test database; threads a test leaves there are
     deleted through the saver's public API, so user ids reused by later tests start clean.
     """
-    from workflows.checkpointer import close_checkpointer, existing_checkpointer
+    from workflows.conversations.checkpointer import close_checkpointer, existing_checkpointer
 
     settings.WORKFLOWS = {
         "CHECKPOINT_PATH": tmp_path / "checkpoints.db",
@@ -222,7 +222,7 @@ def fake_bot():
     from django.conf import settings as django_settings
     from django.test import override_settings
 
-    from workflows.fake_telegram import FakeBotAPI
+    from workflows.channels.fake_telegram import FakeBotAPI
 
     with FakeBotAPI() as bot:
         with override_settings(WORKFLOWS={**django_settings.WORKFLOWS, "TELEGRAM_API_BASE": bot.url}):

@@ -1,4 +1,4 @@
-"""The seeds' other agent tools: forget, list_memories, learn_procedure, record_episode (workflows.tools)."""
+"""The seeds' other agent tools: forget, list_memories, learn_procedure, record_episode (workflows.graph.tools)."""
 
 import pytest
 from langchain.agents import create_agent
@@ -9,9 +9,9 @@ from memory.exceptions import InvalidMemoryArgument
 from memory.hints import CLOSE_TAG, OPEN_TAG
 from memory.models import Episode, Fact, Procedure
 from workflows import langgraph as engram
-from workflows.agent import build_agent_graph
-from workflows.definition import validate_definition
 from workflows.exceptions import InvalidDefinition
+from workflows.graph.agent import build_agent_graph
+from workflows.language.definition import validate_definition
 
 ALL = ("recall", "remember", "forget", "list_memories", "learn_procedure", "record_episode")
 pytestmark = pytest.mark.django_db(transaction=True)  # LangGraph's ToolNode runs tools in worker threads

@@ -17,8 +17,8 @@ from rest_framework.authtoken.models import Token
 
 from memory.buffers import flush_all
 from memory.models import MemoryRelation, StoreItem
+from workflows.conversations.reminders import schedule_reminder
 from workflows.models import Reminder
-from workflows.reminders import schedule_reminder
 from workflows.store import EngramStore
 
 pytestmark = [pytest.mark.schemathesis, pytest.mark.django_db(transaction=True)]
@@ -51,7 +51,7 @@ def test_every_operation_conforms_to_the_schema(live_server, django_user_model, 
     assert MemoryRelation.objects.filter(relation="contradicts").exists()
     assert StoreItem.objects.exists() and Reminder.objects.exists()
     from workflows.demo import ensure_demo_workflow
-    from workflows.runtime import run_workflow
+    from workflows.graph.runtime import run_workflow
 
     demo, _ = ensure_demo_workflow()
     for n in range(2):  # conversation threads with checkpoints, for the checkpoints endpoints

@@ -82,7 +82,7 @@ def test_log_in_open_every_tab_and_delete_three_facts(
     episode = service.start_episode(agent_id="planner", user_id=ann.pk, trigger_type="telegram")
     service.complete_episode(episode.pk, success=True, summary="booked a table")
     service.save_procedure("weather", trigger_conditions={"goal_contains": ["weather"]})
-    from workflows.runtime import run_workflow
+    from workflows.graph.runtime import run_workflow
 
     thread_id = run_workflow(
         demo_workflow, {"type": "chat", "payload": {"user_id": "bea", "message": "hello"}}

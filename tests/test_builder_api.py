@@ -10,11 +10,11 @@ import pytest
 
 from memory.models import Fact
 from memory.service import MemoryService
-from workflows.definition import compile_definition, definition_errors, validate_definition
 from workflows.demo import DEMO_DEFINITION
 from workflows.exceptions import InvalidDefinition
+from workflows.graph.runtime import run_workflow
+from workflows.language.definition import compile_definition, definition_errors, validate_definition
 from workflows.models import Workflow, WorkflowRun
-from workflows.runtime import run_workflow
 
 
 def laid_out():
@@ -447,7 +447,7 @@ def test_builder_page_sends_others_to_the_login(client, db):
 
 def test_a_missing_build_is_a_503_saying_how_to_build(staff_client, settings, tmp_path):
     settings.STATICFILES_DIRS = []
-    from workflows import builder
+    from workflows.builder import api as builder
 
     if builder.builder_index_path() is not None:
         pytest.skip("the frontend is built in this checkout")

@@ -22,9 +22,9 @@ from tests.builder_browser import (
     run_message,
     select_node,
 )
-from workflows.definition import validate_definition
+from workflows.language.definition import validate_definition
+from workflows.language.registry import NodeType
 from workflows.models import Workflow
-from workflows.registry import NodeType
 
 ARTIFACTS = ROOT / "test-artifacts"
 PASSWORD = "a long operator password"
@@ -204,7 +204,7 @@ def _shout(config, context):
 
 
 def test_a_node_type_registered_only_in_python_appears_in_the_palette(live_server, operator, monkeypatch):
-    from workflows import registry
+    from workflows.language import registry
 
     shout = NodeType(
         name="shout_for_test",

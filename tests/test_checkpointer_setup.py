@@ -5,7 +5,7 @@ import threading
 import pytest
 from django.db import connection
 
-from workflows.checkpointer import _postgres_saver
+from workflows.conversations.checkpointer import _postgres_saver
 
 SAVER_TABLES = "checkpoints, checkpoint_blobs, checkpoint_writes, checkpoint_migrations"
 PROCESSES = 4

@@ -20,9 +20,9 @@ from django.db import connection
 
 from memory.models import DeletionRecord, Fact, MemoryUser
 from memory.operations.filebytes import count_in_files
-from workflows.checkpointer import checkpoint_path
-from workflows.reminders import schedule_reminder
-from workflows.runtime import run_workflow
+from workflows.conversations.checkpointer import checkpoint_path
+from workflows.conversations.reminders import schedule_reminder
+from workflows.graph.runtime import run_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -146,7 +146,7 @@ def test_an_erasure_whose_wal_a_reader_holds_says_so(person, service, caplog, se
 
 def test_an_erasure_whose_checkpoint_wal_a_reader_holds_says_so(person, service, caplog, settings):
     """The same for the SQLite checkpoint store: a reader of its older frames is logged, not ignored."""
-    from workflows.checkpointer import checkpointer_kind, get_checkpointer
+    from workflows.conversations.checkpointer import checkpointer_kind, get_checkpointer
 
     if checkpointer_kind() != "sqlite":
         pytest.skip("SQLite checkpoints only")

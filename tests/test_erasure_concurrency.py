@@ -20,7 +20,7 @@ from memory.models import RecallEvent
 from memory.operations.erasure import find_traces
 from memory.recall.events import recall_log
 from memory.signals import users_deleting
-from workflows.checkpointer import get_checkpointer
+from workflows.conversations.checkpointer import get_checkpointer
 from workflows.langgraph import conversation
 from workflows.models import Thread
 

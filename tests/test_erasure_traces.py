@@ -19,8 +19,8 @@ from django.db import connection
 
 from memory.operations.erasure import find_traces
 from memory.operations.filebytes import count_in_files
-from workflows.checkpointer import checkpoint_path, checkpointer_kind
-from workflows.runtime import run_workflow
+from workflows.conversations.checkpointer import checkpoint_path, checkpointer_kind
+from workflows.graph.runtime import run_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

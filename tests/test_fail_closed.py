@@ -12,9 +12,9 @@ from langchain_core.messages import AIMessage
 from test_workflows_agent import TOOLS_RUN_IN_WORKER_THREADS, ToolCallingFake, fake_model, make_workflow  # noqa: F401
 
 from memory.models import ChannelIdentity, Episode, Fact
-from workflows.nodes import build_remember
-from workflows.registry import BuildContext
-from workflows.runtime import run_workflow
+from workflows.graph.nodes import build_remember
+from workflows.graph.runtime import run_workflow
+from workflows.language.registry import BuildContext
 
 
 def unidentifiable(service, name):

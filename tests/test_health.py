@@ -125,7 +125,7 @@ def test_healthz_shows_registered_components(client, service):
         body = client.get("/healthz").json()
         assert (body["status"], body["checkpointer"]) == ("degraded", "unreachable")
     finally:
-        from workflows.lifecycle import checkpointer_status
+        from workflows.conversations.upkeep import checkpointer_status
 
         health.register_component("checkpointer", checkpointer_status)
 

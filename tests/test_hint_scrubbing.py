@@ -16,7 +16,7 @@ from test_mcp import hits_of, tools_for
 from memory.hints import CLOSE_TAG, OPEN_TAG, REMOVED, scrub
 from memory.mcp_server import Caller
 from workflows import langgraph as engram
-from workflows.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
+from workflows.graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
 
 VARIANTS = [
     "</recalled-memory>",

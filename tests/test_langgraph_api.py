@@ -15,8 +15,8 @@ from langgraph.graph.message import add_messages
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import Episode, Fact
 from workflows import langgraph as engram
+from workflows.conversations.threads import list_checkpoints
 from workflows.models import Thread
-from workflows.threads import list_checkpoints
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "own-graph.md"
 

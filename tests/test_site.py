@@ -158,7 +158,7 @@ def test_sqlite_checkpoints_go_under_base_dir_unless_a_path_is_set_and_the_check
     settings with neither fail `manage.py check` naming the setting, not the first conversation."""
     from django.core.checks import run_checks
 
-    from workflows.checkpointer import checkpoint_path
+    from workflows.conversations.checkpointer import checkpoint_path
 
     settings.WORKFLOWS = {**settings.WORKFLOWS, "CHECKPOINTER": "sqlite", "CHECKPOINT_PATH": None}
     settings.BASE_DIR = tmp_path

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from memory.exceptions import ImportRejected
 from memory.models import MemoryUser
+from workflows.conversations.reminders import schedule_reminder
 from workflows.models import Reminder, ReminderStatus
-from workflows.reminders import schedule_reminder
 
 pytestmark = pytest.mark.django_db
 

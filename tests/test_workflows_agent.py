@@ -12,12 +12,12 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from memory.models import Episode, Fact
-from workflows import threads
-from workflows.agent import NUDGE, trim_history
-from workflows.checkpointer import get_checkpointer
+from workflows.conversations import threads
+from workflows.conversations.checkpointer import get_checkpointer
+from workflows.graph.agent import NUDGE, trim_history
+from workflows.graph.offline import FALLBACK_MESSAGE_ID
+from workflows.graph.runtime import run_workflow
 from workflows.models import Thread, Workflow
-from workflows.offline import FALLBACK_MESSAGE_ID
-from workflows.runtime import run_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 # LangGraph's ToolNode runs tools in worker threads, each with its own database connection: the
@@ -326,15 +326,15 @@ def test_conversation_memory_survives_a_restart(tmp_path):
     ],
 )
 def test_a_bad_chat_model_setting_names_the_key(spec, fragment):
-    from workflows.chat_models import build_chat_model
     from workflows.exceptions import ChatModelConfigError
+    from workflows.graph.chat_models import build_chat_model
 
     with pytest.raises(ChatModelConfigError, match=fragment):
         build_chat_model(spec)
 
 
 def test_a_chat_model_from_an_import_string_with_kwargs():
-    from workflows.chat_models import build_chat_model
+    from workflows.graph.chat_models import build_chat_model
 
     model = build_chat_model(
         {"class": f"{__name__}.ToolCallingFake", "kwargs": {"responses": [AIMessage(content="hi")]}}
@@ -343,8 +343,8 @@ def test_a_chat_model_from_an_import_string_with_kwargs():
 
 
 def test_an_openai_compatible_server_by_base_url():
-    from workflows.chat_models import build_chat_model
     from workflows.exceptions import ChatModelConfigError
+    from workflows.graph.chat_models import build_chat_model
 
     spec = {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "model": "local-model"}
     try:

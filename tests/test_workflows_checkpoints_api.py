@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from memory.conf import memory_settings
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
 from tests.workflow_helpers import saved, talk
-from workflows.checkpointer import get_checkpointer
+from workflows.conversations.checkpointer import get_checkpointer
 from workflows.models import Thread
 
 pytestmark = pytest.mark.django_db

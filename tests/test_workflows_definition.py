@@ -6,8 +6,8 @@ import pytest
 
 from workflows.demo import DEMO_DEFINITION
 from workflows.exceptions import InvalidDefinition
+from workflows.graph.runtime import run_workflow
 from workflows.models import Workflow
-from workflows.runtime import run_workflow
 
 
 def definition(**changes):

@@ -8,9 +8,9 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from memory.service import MemoryService
 from tests.workflow_helpers import saved, talk
-from workflows import lifecycle
+from workflows.conversations import upkeep as lifecycle
+from workflows.graph.runtime import run_workflow
 from workflows.models import Thread
-from workflows.runtime import run_workflow
 
 
 def test_trimming_keeps_the_newest_checkpoints_and_the_thread_resumes(demo_workflow):
@@ -173,7 +173,7 @@ def test_a_failing_consolidation_model_leaves_the_run_answered_and_the_episode_u
 def _fail_updates_of_checkpoints():
     """A real failure inside the trim's transaction: the saver's store refuses the parent update
     (a trigger), after the older checkpoints' deletes have run. Returns the undo."""
-    from workflows.checkpointer import checkpointer_kind, get_checkpointer
+    from workflows.conversations.checkpointer import checkpointer_kind, get_checkpointer
 
     saver = get_checkpointer()
     if checkpointer_kind() == "sqlite":

@@ -7,8 +7,9 @@ from memory.exceptions import LimitReached
 from memory.models import Episode, Fact
 from tests.workflow_helpers import saved, talk
 from workflows import langgraph as engram
-from workflows import lifecycle, threads
 from workflows.conf import workflow_settings
+from workflows.conversations import threads
+from workflows.conversations import upkeep as lifecycle
 from workflows.models import Thread
 
 

@@ -5,9 +5,9 @@ from django.db import DatabaseError, connection
 from langchain_core.messages import HumanMessage
 
 from memory.models import Episode, Fact, MemoryUser, RecallDocument
-from workflows.fake_telegram import telegram_update
-from workflows.nodes import build_identify_user, build_recall, build_remember
-from workflows.registry import BuildContext
+from workflows.channels.fake_telegram import telegram_update
+from workflows.graph.nodes import build_identify_user, build_recall, build_remember
+from workflows.language.registry import BuildContext
 
 CTX = BuildContext(workflow_id=1, workflow_slug="helper", node_id="n")
 

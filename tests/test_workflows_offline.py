@@ -3,7 +3,7 @@
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from workflows.offline import LABEL, OfflineResponder, facts_in, reply_to
+from workflows.graph.offline import LABEL, OfflineResponder, facts_in, reply_to
 
 
 @pytest.mark.parametrize(

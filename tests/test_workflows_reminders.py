@@ -16,10 +16,10 @@ from test_agent_tools import run_agent
 from memory.exceptions import InvalidMemoryArgument
 from memory.models import MemoryUser
 from workflows import langgraph as engram
-from workflows.definition import validate_definition
-from workflows.delivery import claim, deliver_due, destinations
+from workflows.channels.delivery import claim, deliver_due, destinations
+from workflows.conversations.reminders import PAST_TOLERANCE, cancel_reminders, parse_when, schedule_reminder
+from workflows.language.definition import validate_definition
 from workflows.models import Reminder, ReminderStatus, Thread
-from workflows.reminders import PAST_TOLERANCE, cancel_reminders, parse_when, schedule_reminder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -287,7 +287,7 @@ def test_a_claim_skips_rows_another_claim_has_locked_on_postgresql(ada, capture_
 def test_the_worker_loop_stops_when_asked(ada, fake_bot):
     import threading
 
-    from workflows.delivery import run_worker
+    from workflows.channels.delivery import run_worker
 
     due(ada)
     stop = threading.Event()

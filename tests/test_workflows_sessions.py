@@ -18,8 +18,8 @@ from langgraph.graph.message import add_messages
 from memory.models import Fact, MemoryUser
 from tests.workflow_helpers import talk
 from workflows import langgraph as engram
+from workflows.channels.fake_telegram import telegram_update
 from workflows.demo import DEMO_DEFINITION
-from workflows.fake_telegram import telegram_update
 from workflows.models import Thread, Workflow
 
 

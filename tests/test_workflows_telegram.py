@@ -10,8 +10,8 @@ from django.core.management import call_command
 
 from memory.models import Episode, Fact, MemoryUser
 from memory.service import MemoryService
-from workflows import threads
-from workflows.fake_telegram import telegram_update
+from workflows.channels.fake_telegram import telegram_update
+from workflows.conversations import threads
 from workflows.models import Thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -172,8 +172,8 @@ def test_seen_updates_are_forgotten_after_the_retention(fake_bot, demo_workflow)
 
     from django.utils import timezone
 
+    from workflows.channels.telegram import handle_update
     from workflows.models import TelegramUpdate
-    from workflows.telegram import handle_update
 
     handle_update(demo_workflow, telegram_update(1, 42, "hello"))
     TelegramUpdate.objects.update(received_at=timezone.now() - timedelta(hours=49))

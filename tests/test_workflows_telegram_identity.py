@@ -11,8 +11,8 @@ from conftest import WEBHOOK_SECRET
 from django.core.checks import run_checks
 
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
-from workflows.fake_telegram import telegram_update
-from workflows.triggers import TELEGRAM_CHAT_CHANNEL, parse_trigger
+from workflows.channels.fake_telegram import telegram_update
+from workflows.graph.triggers import TELEGRAM_CHAT_CHANNEL, parse_trigger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from memory.models import Episode, MemoryUser
 from memory.service import MemoryService
-from workflows import claims
-from workflows.fake_telegram import telegram_update
+from workflows.channels import claims
+from workflows.channels.fake_telegram import telegram_update
 from workflows.models import ReplyStatus, TelegramReply, TelegramUpdate, UpdateStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -5,7 +5,7 @@ import pytest
 from memory.models import MemoryUser
 from tests.workflow_helpers import saved as checkpoints
 from tests.workflow_helpers import talk
-from workflows import threads
+from workflows.conversations import threads
 from workflows.models import Thread
 
 

@@ -16,14 +16,14 @@ import pytest
 from conftest import database_url
 from django.db import connection
 
-from workflows.turns import one_turn_at_a_time
+from workflows.conversations.turns import one_turn_at_a_time
 
 REPO = Path(__file__).resolve().parent.parent
 
 HOLDER = """
 import sys, django
 django.setup()
-from workflows.turns import one_turn_at_a_time
+from workflows.conversations.turns import one_turn_at_a_time
 with one_turn_at_a_time(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.readline()

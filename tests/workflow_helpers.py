@@ -1,7 +1,7 @@
 """Helpers of the workflow tests: run the demo as a chat user, read a thread's checkpoints from the saver."""
 
-from workflows.checkpointer import get_checkpointer
-from workflows.runtime import run_workflow
+from workflows.conversations.checkpointer import get_checkpointer
+from workflows.graph.runtime import run_workflow
 
 
 def talk(workflow, user, text="hello", **payload):

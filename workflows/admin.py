@@ -13,16 +13,16 @@ from django.utils.timezone import localtime
 from memory.admin.tabs import MemoriesTab, memories_site
 from memory.service import BatchDelete
 
-from .checkpoints import (
+from .conversations.checkpoints import (
     CHECKPOINT_ID_PATTERN,
     delete_checkpoints,
     head_checkpoint,
     thread_checkpoints,
     tracked_threads,
 )
+from .conversations.reminders import cancel_reminders, delete_reminders
+from .conversations.threads import list_threads
 from .models import Reminder, ReminderStatus, Thread, Workflow
-from .reminders import cancel_reminders, delete_reminders
-from .threads import list_threads
 
 
 @admin.register(Workflow, site=memories_site)

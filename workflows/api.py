@@ -26,7 +26,7 @@ from memory.api.policy import StaffAPI
 from memory.api.serializers import BatchDeleteResultSerializer, BatchDeleteSerializer
 from memory.conf import memory_settings
 
-from .checkpoints import (
+from .conversations.checkpoints import (
     CHECKPOINT_ID_PATTERN,
     MAX_THREAD_ID_LENGTH,
     delete_checkpoints,
@@ -34,8 +34,8 @@ from .checkpoints import (
     thread_checkpoints,
     tracked_threads,
 )
+from .conversations.reminders import cancel_reminders, delete_reminders
 from .models import Reminder, ReminderStatus, Thread
-from .reminders import cancel_reminders, delete_reminders
 
 # Any characters but NUL (which no database column holds).
 THREAD_ID_PATTERN = r"^[^\x00]+$"

@@ -12,14 +12,20 @@ class WorkflowsConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (system checks: a webhook secret needs a bot token)
             conf,  # noqa: F401  (reloads settings on override)
-            lifecycle,
-            nodes,  # noqa: F401  (registers the built-in node types)
+        )
+        from .channels import (
             outbox,  # noqa: F401  (receiver: users_deleting deletes replies not yet sent)
+        )
+        from .conversations import (
             reminders,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export)
-            runs,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export, prune)
             threads,  # noqa: F401  (receivers: users_deleting, users_merged, Thread deletes)
+            upkeep,
+        )
+        from .graph import (
+            nodes,  # noqa: F401  (registers the built-in node types)
+            runs,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export, prune)
         )
         from .management import subcommands
 
-        lifecycle.connect()  # `memory prune` trims threads; /healthz checks the checkpointer
+        upkeep.connect()  # `memory prune` trims threads; /healthz checks the checkpointer
         subcommands.register()  # `memory reminders`

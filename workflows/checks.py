@@ -3,9 +3,9 @@
 from django.core.checks import Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 
-from .checkpointer import checkpoint_path, checkpointer_kind
 from .conf import workflow_settings
-from .triggers import SHARED_SENDER_MODES
+from .conversations.checkpointer import checkpoint_path, checkpointer_kind
+from .graph.triggers import SHARED_SENDER_MODES
 
 
 @register(Tags.compatibility)

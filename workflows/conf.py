@@ -1,5 +1,7 @@
 """Settings of the workflows app: the WORKFLOWS dict in Django settings, read with defaults."""
 
+import warnings
+
 from django.conf import settings
 from django.core.signals import setting_changed
 
@@ -36,8 +38,10 @@ DEFAULTS = {
     "CHAT_MODEL": None,
     # How many recursion steps one agent turn may take (model calls + tool calls).
     "AGENT_RECURSION_LIMIT": 12,
-    # How many visible facts recall ranks against the query before keeping the best.
-    "RECALL_CANDIDATES": 200,
+    # How many of the person's and the session's own facts a recall reads to top up its answer when
+    # the query matched fewer facts than the recall's limit (the most confident of them fill the rest).
+    # Not MEMORY["RECALL_CANDIDATES"], which is how deep each leg of the search itself looks.
+    "TOP_UP_FACTS": 200,
     # Telegram Bot API: base URL (tests point it at a local server), bot token, webhook secret token.
     "TELEGRAM_API_BASE": "https://api.telegram.org",
     "TELEGRAM_BOT_TOKEN": "",
@@ -94,6 +98,10 @@ DEFAULTS = {
 }
 
 
+# Keys renamed, new name -> old name: the old one is still read, with a DeprecationWarning, for one release.
+RENAMED = {"TOP_UP_FACTS": "RECALL_CANDIDATES"}
+
+
 class WorkflowSettings:
     """Attribute access to WORKFLOWS settings with defaults, like DRF's api_settings."""
 
@@ -106,7 +114,16 @@ class WorkflowSettings:
             raise AttributeError(f"Unknown WORKFLOWS setting: {name!r}")
         if name not in self._cache:
             user = getattr(settings, "WORKFLOWS", {}) or {}
-            self._cache[name] = user.get(name, self._defaults[name])
+            old = RENAMED.get(name)
+            if name not in user and old in user:
+                warnings.warn(
+                    f"WORKFLOWS[{old!r}] is deprecated: it is WORKFLOWS[{name!r}] now (the old name is read until the next release)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                self._cache[name] = user[old]
+            else:
+                self._cache[name] = user.get(name, self._defaults[name])
         return self._cache[name]
 
     def reload(self):

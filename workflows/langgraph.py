@@ -2,7 +2,7 @@
 
     from workflows.langgraph import conversation, get_checkpointer, identify_user, memory_tools, recall, remember
 
-The node factories (usable with `invoke` and with `ainvoke`, which never blocks the event loop) are the built-in nodes a workflow definition uses (workflows/nodes.py), for a
+The node factories (usable with `invoke` and with `ainvoke`, which never blocks the event loop) are the built-in nodes a workflow definition uses (workflows/graph/nodes.py), for a
 `StateGraph` you build in code. Each reads and writes the state keys Engram's workflows use
 (`trigger`, `messages`, `user`, `memories`, `memory_prompt`, `facts_to_remember`, `remembered`,
 `memory_errors`, ...); `keys={"engram key": "your key"}` renames any of them, and a key mapped to
@@ -39,15 +39,15 @@ from memory.exceptions import InvalidMemoryArgument, PersonForgotten
 from memory.rules.validation import check_user_id, clean_text
 from memory.service import MemoryService
 
-from . import threads, turns
-from .chat_models import get_chat_model
-from .checkpointer import get_checkpointer
+from .conversations import threads, turns
+from .conversations.checkpointer import get_checkpointer
+from .graph.chat_models import get_chat_model
+from .graph.nodes import build_identify_user, build_recall, build_remember
+from .graph.offline import OfflineResponder
+from .graph.tools import TOOLS
+from .language.registry import BuildContext
+from .language.state import AgentContext
 from .middleware import EngramMemoryMiddleware
-from .nodes import build_identify_user, build_recall, build_remember
-from .offline import OfflineResponder
-from .registry import BuildContext
-from .state import AgentContext
-from .tools import TOOLS
 
 __all__ = [
     "EngramMemoryMiddleware",
@@ -135,7 +135,7 @@ def memory_tools(
     *, agent_id, user_id=None, session_id="", recall_config=None, remember_config=None, names=None, configs=None
 ):
     """The agent tools, acting for `agent_id` and the memory user `user_id`: [recall, remember], or
-    those `names` of workflows.tools.TOOLS (recall, remember, forget, list_memories, learn_procedure,
+    those `names` of workflows.graph.tools.TOOLS (recall, remember, forget, list_memories, learn_procedure,
     record_episode, remind), each with its config from `configs` (recall_config and remember_config as before)."""
     bound = AgentContext(
         agent_id=clean_text("agent_id", agent_id, max_length=128),

@@ -41,9 +41,9 @@ from memory.exceptions import MemoryServiceError
 from memory.rules.validation import check_user_id, clean_text, storable
 from memory.service import MemoryService
 
-from .agent import _actions, since_last_human, with_memory
-from .memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
-from .offline import OfflineResponder
+from .graph.agent import episode_actions, since_last_human, with_memory
+from .graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .graph.offline import OfflineResponder
 
 logger = logging.getLogger("engram.workflows")
 
@@ -163,7 +163,7 @@ class EngramMemoryMiddleware(AgentMiddleware):
                     [{"role": "user", "content": _last_human_text(messages)}]
                     + ([{"role": "assistant", "content": reply}] if reply else [])
                 ),
-                actions=storable(_actions(produced)),
+                actions=storable(episode_actions(produced)),
                 final_output=storable({"reply": reply}) if reply else None,
                 success=bool(reply) and not errors,
                 error=storable("; ".join(str(e.get("error", "")) for e in errors)),

@@ -10,7 +10,7 @@ class Workflow(models.Model):
     """A graph of registered node types, compiled into a LangGraph StateGraph to run.
 
     `definition` is {"nodes": [{"id", "type", "config"}], "edges": [{"source", "target", "when"?}]};
-    see workflows.definition for the rules. It is validated against the node registry on every save.
+    see workflows.language.definition for the rules. It is validated against the node registry on every save.
     """
 
     slug = models.SlugField(max_length=100, unique=True)
@@ -31,12 +31,12 @@ class Workflow(models.Model):
         return self.name or self.slug
 
     def clean(self):
-        from .definition import validate_definition
+        from .language.definition import validate_definition
 
         validate_definition(self.definition)
 
     def save(self, *args, **kwargs):
-        from .definition import validate_definition
+        from .language.definition import validate_definition
 
         validate_definition(self.definition)
         update_fields = kwargs.get("update_fields")
@@ -113,7 +113,7 @@ class TelegramUpdate(models.Model):
     A retry of a finished update is acknowledged, not re-run. A running one is held by `claimed_by`
     (a server process) until `claimed_until`, which that process keeps renewing while it is alive; a
     claim whose lease ran out belongs to a process that died mid-run, and the next delivery of the
-    update (Telegram's retry) takes it over and runs it (workflows.claims).
+    update (Telegram's retry) takes it over and runs it (workflows.channels.claims).
     """
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="telegram_updates")
@@ -143,7 +143,7 @@ class TelegramReply(models.Model):
 
     Sent after that commit (never inside a transaction) by the request that ran the update, else by a
     later delivery of the update or the delivery worker (`manage.py memory reminders`), which claim it
-    with a lease as reminders are claimed (workflows.outbox). One per update. Its text is cleared once
+    with a lease as reminders are claimed (workflows.channels.outbox). One per update. Its text is cleared once
     the Bot API has accepted it; a pending one goes with its person when they are forgotten.
     """
 
@@ -182,7 +182,7 @@ class ReminderStatus(models.TextChoices):
 class Reminder(models.Model):
     """A message an agent promised to send its user later (the `remind` tool), and how its delivery went.
 
-    Delivery (workflows.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
+    Delivery (workflows.channels.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
     them through the channel the user last used, and records the outcome: `delivered`, or a retry at
     `next_attempt_at` after a failure, or `failed` with `last_error` once the attempts are used up.
     `channel` and `destination` are filled when it is sent (the channel the person used last, then).
@@ -230,7 +230,7 @@ class WorkflowRun(models.Model):
     node read and returned (`events`, as the run's event stream sent them), the reply, errors and timings.
 
     `user` is the memory user identify_user found (null until then, or when it could not); forgetting
-    that person deletes their runs (workflows.runs), and runs nobody was identified for by the
+    that person deletes their runs (workflows.graph.runs), and runs nobody was identified for by the
     identity they came from.
     """
 

@@ -3,9 +3,9 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import views
 from .api import CheckpointViewSet, ReminderViewSet
-from .builder import RunViewSet, builder_page
+from .builder import views
+from .builder.api import RunViewSet, builder_page
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False

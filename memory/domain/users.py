@@ -298,6 +298,13 @@ class Users:
             last_seen=user.last_seen,
         )
 
+    def channel_identities(self, user_ids, channels=None):
+        """(user id, channel, external id) of these users' identities, the newest first; only `channels` if given."""
+        rows = ChannelIdentity.objects.filter(user_id__in=list(user_ids)).order_by("-created_at", "-pk")
+        if channels is not None:
+            rows = rows.filter(channel__in=list(channels))
+        return list(rows.values_list("user_id", "channel", "external_id"))
+
     def conversation_count(self, user_id):
         return self.resolve_user(user_id).total_conversations
 

@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from workflows.builder import home
+from workflows.builder.api import home
 
 urlpatterns = [
     path("", home, name="home"),

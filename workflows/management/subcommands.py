@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 
 from memory.management.commands.memory import Subcommand
 
-from ..delivery import run_worker
+from ..channels.delivery import run_worker
 
 
 class RemindersSubcommand(Subcommand):

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from workflows.exceptions import InvalidTrigger
-from workflows.runtime import WorkflowNotFound, get_workflow, run_workflow
+from workflows.graph.runtime import WorkflowNotFound, get_workflow, run_workflow
 
 
 class Command(BaseCommand):

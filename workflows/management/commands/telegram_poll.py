@@ -9,10 +9,10 @@ import logging
 from django.core.management.base import BaseCommand, CommandError
 from rich.console import Console
 
+from workflows.channels.telegram import get_bot_api, handle_update
 from workflows.conf import workflow_settings
 from workflows.exceptions import InvalidTrigger, TelegramError
-from workflows.runtime import WorkflowNotFound, get_workflow
-from workflows.telegram import get_bot_api, handle_update
+from workflows.graph.runtime import WorkflowNotFound, get_workflow
 
 logger = logging.getLogger("engram.workflows")
 

@@ -6,9 +6,9 @@ from rest_framework import serializers
 
 from memory.api.serializers import StrictBooleanField
 
-from .definition import validate_definition
-from .exceptions import InvalidDefinition
-from .models import Workflow
+from ..exceptions import InvalidDefinition
+from ..language.definition import validate_definition
+from ..models import Workflow
 
 
 class NodeTypeSerializer(serializers.Serializer):

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
 
-from . import lifecycle, runs
-from .conf import on_workflow_settings_changed
-from .definition import compile_definition, validate_definition
-from .exceptions import WorkflowError
-from .models import RunStatus, Workflow
+from ..conf import on_workflow_settings_changed
+from ..conversations import upkeep
+from ..exceptions import WorkflowError
+from ..language.definition import compile_definition, validate_definition
+from ..models import RunStatus, Workflow
+from . import runs
 from .triggers import TriggerInfo, parse_trigger
 
 _lock = threading.Lock()
@@ -108,7 +109,7 @@ class RunStream:
     to run the workflow; each event comes as the graph produces it. It is the only way a workflow runs:
     `run_workflow` drains it, the builder's streaming endpoint sends it as server-sent events.
 
-    Events (workflows.runs.EventType): run_started, then node_started (the state the node reads) and
+    Events (workflows.graph.runs.EventType): run_started, then node_started (the state the node reads) and
     node_finished (its update, its duration, what it found in or wrote to memory) or node_error per
     node, then run_finished (status, reply, errors, duration). The run's record (WorkflowRun) is
     created when the stream is, and written with every event once the run ends.
@@ -191,9 +192,9 @@ class RunStream:
         errors = list(state.get("memory_errors") or [])
         if failure is None:
             # Upkeep after the answer: procedure outcomes, thread trimming, consolidation; never raises.
-            upkeep = lifecycle.after_run(state)
-            if upkeep:
-                state["memory_errors"] = errors = [*errors, *upkeep]
+            upkeep_errors = upkeep.after_run(state)
+            if upkeep_errors:
+                state["memory_errors"] = errors = [*errors, *upkeep_errors]
         else:
             self.error = failure
             errors.append({"node": None, "operation": "run", "error": _describe(failure)})

@@ -1,7 +1,7 @@
 """Reminders: reading when, scheduling, cancelling, and keeping them with their person (merge, export, forget).
 
-A reminder belongs to a memory user; the `remind` tool (workflows.tools) schedules one for the user
-an agent talks to, and `manage.py memory reminders` (workflows.delivery) sends it when it is due.
+A reminder belongs to a memory user; the `remind` tool (workflows.graph.tools) schedules one for the user
+an agent talks to, and `manage.py memory reminders` (workflows.channels.delivery) sends it when it is due.
 Reminders join memory's lifecycle through its signals, as threads do: `users_deleting` deletes a
 forgotten person's reminders (memory never imports workflows), `users_merged` moves them to the
 surviving user, `users_footprint` and `person_exporting` count and export them, and `prune_requested`
@@ -18,13 +18,12 @@ from django.db.models import Count, Q
 from django.dispatch import receiver
 from django.utils import dateparse, timezone
 
-from memory.exceptions import InvalidMemoryArgument
-from memory.models import MemoryUser
-from memory.service import BatchDelete, TransferKind, register_transfer_kind
+from memory.exceptions import InvalidMemoryArgument, PersonForgotten
+from memory.service import BatchDelete, MemoryService, TransferKind, register_transfer_kind
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
-from .conf import workflow_settings
-from .models import Reminder, ReminderStatus
+from ..conf import workflow_settings
+from ..models import Reminder, ReminderStatus
 
 MAX_MESSAGE_LENGTH = 2000
 EXAMPLES = "for example 'in 2 hours', 'tomorrow at 9am' or 2026-05-01T09:00:00+00:00"
@@ -144,8 +143,10 @@ def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
     limit = workflow_settings.REMINDER_MAX_PENDING_PER_USER
     with transaction.atomic():
         # The person's row, locked (PostgreSQL): concurrent reminders of one person count one at a time.
-        if not MemoryUser.objects.select_for_update().filter(pk=user_id).exists():
-            raise InvalidMemoryArgument("user", f"no memory user {user_id}")
+        try:
+            MemoryService().hold_person(user_id)
+        except PersonForgotten:
+            raise InvalidMemoryArgument("user", f"no memory user {user_id}") from None
         pending = Reminder.objects.filter(user_id=user_id, status=ReminderStatus.PENDING).count()
         if limit is not None and pending >= limit:
             raise InvalidMemoryArgument("reminders", f"this person already has {pending} pending reminders (the limit)")

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .exceptions import InvalidDefinition
+from ..exceptions import InvalidDefinition
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from memory.signals import (
     users_merged,
 )
 
+from ..conf import workflow_settings
+from ..models import Thread
 from .checkpointer import get_checkpointer
-from .conf import workflow_settings
-from .models import Thread
 
 logger = logging.getLogger("engram.workflows")
 

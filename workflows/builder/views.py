@@ -22,21 +22,21 @@ from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 from memory.rules import validation
 
-from .builder import STREAM_SCHEMA, JSONOnly, MemoryViewQuerySerializer, memory_view, start_stream
-from .conf import workflow_settings
-from .definition import definition_errors
-from .exceptions import InvalidTrigger
-from .models import Workflow
-from .registry import node_types
-from .runtime import WorkflowNotFound, get_workflow, run_workflow
+from ..channels.telegram import handle_update
+from ..conf import workflow_settings
+from ..exceptions import InvalidTrigger
+from ..graph.runtime import WorkflowNotFound, get_workflow, run_workflow
+from ..graph.triggers import is_telegram_id, parse_trigger, telegram_update_ignored, telegram_update_kind
+from ..language.definition import definition_errors
+from ..language.registry import node_types
+from ..models import Workflow
+from .api import STREAM_SCHEMA, JSONOnly, MemoryViewQuerySerializer, memory_view, start_stream
 from .serializers import (
     NodeTypeSerializer,
     ValidateDefinitionSerializer,
     ValidationResultSerializer,
     WorkflowSerializer,
 )
-from .telegram import handle_update
-from .triggers import is_telegram_id, parse_trigger, telegram_update_ignored, telegram_update_kind
 
 logger = logging.getLogger("engram.workflows")
 
@@ -274,5 +274,5 @@ def _telegram_update(request, slug):
         logger.exception("telegram webhook %s: update %s failed; released for Telegram's retry", slug, update_id)
         return _error(503, "database", f"the update could not be processed now ({type(exc).__name__}); retry")
     # 503 while the update runs elsewhere or its reply waits in the outbox: Telegram's retry then
-    # finds it finished, or sends the reply (workflows.outbox).
+    # finds it finished, or sends the reply (workflows.channels.outbox).
     return JsonResponse(outcome.as_dict(), status=outcome.http_status)

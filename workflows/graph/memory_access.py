@@ -13,7 +13,7 @@ from memory.models import SCOPE_RANK, Scope
 from memory.service import MemoryService
 from memory.text import content_words
 
-from .conf import workflow_settings
+from ..conf import workflow_settings
 
 MEMORY_TYPES = ("facts", "episodes", "procedures")
 
@@ -95,11 +95,10 @@ def query_words(text):
 def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) -> Recalled:
     """Facts, episodes and procedures relevant to `query` that `scope` may see. One query per memory type.
 
-    Facts: the visible facts (best RECALL_CANDIDATES by the service's order) ranked by how many of the
-    query's words their key and value share, then by specificity and confidence; the rest of `limit`
-    is filled with this user's and session's own facts, most confident first. Episodes: this agent's
-    latest runs with this user (none without a user). Procedures: active ones whose trigger
-    conditions hold for the query, with the channel as context.
+    Facts: the best `limit` that MemoryService.recall finds for the query; the rest of `limit` is
+    filled with this user's and session's own facts, most confident first (WORKFLOWS["TOP_UP_FACTS"]
+    of them read). Episodes: this agent's latest runs with this user (none without a user).
+    Procedures: active ones whose trigger conditions hold for the query, with the channel as context.
     """
     service = service or MemoryService()
     recalled = Recalled(query=query or "")
@@ -160,7 +159,7 @@ def _facts(service, query, scope, options):
             user_id=scope.user_id,
             session_id=scope.session_id,
             min_confidence=options.min_confidence,
-            limit=workflow_settings.RECALL_CANDIDATES,
+            limit=workflow_settings.TOP_UP_FACTS,
         )
         own = sorted(
             (f for f in own if f.scope in (Scope.USER, Scope.SESSION) and f.pk not in matched),

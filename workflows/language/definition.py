@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from jsonschema import Draft202012Validator
 from langgraph.graph import END, START, StateGraph
 
-from .exceptions import InvalidDefinition
+from ..exceptions import InvalidDefinition
 from .registry import BuildContext, get_node_type
 from .state import WorkflowState
 

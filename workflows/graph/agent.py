@@ -45,12 +45,12 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from memory.exceptions import LimitReached, PersonForgotten
 
-from . import threads, turns
+from ..conf import workflow_settings
+from ..conversations import threads, turns
+from ..conversations.checkpointer import get_checkpointer
+from ..language.state import AgentContext, last_human_text
 from .chat_models import get_chat_model
-from .checkpointer import get_checkpointer
-from .conf import workflow_settings
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
-from .state import AgentContext, last_human_text
 from .tools import MEMORY_WRITE_TOOLS, TOOLS
 
 logger = logging.getLogger("engram.workflows")
@@ -251,7 +251,7 @@ def build_agent_node(config, context):
         update.update(
             reply=reply,
             messages=[AIMessage(content=reply)],
-            actions=_actions(produced),
+            actions=episode_actions(produced),
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)
@@ -295,7 +295,7 @@ def _this_turn(messages, turn_id):
     return messages[-1:]
 
 
-def _actions(messages):
+def episode_actions(messages):
     """This turn's tool calls with their results, for the run's episode."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     actions = []

@@ -14,7 +14,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 
 from memory.text import attribute_fact_type
 
-from .state import FactToRemember
+from ..language.state import FactToRemember
 
 LABEL = "[offline responder]"
 FALLBACK_MESSAGE_ID = "engram-system-prompt"

@@ -1,7 +1,7 @@
 """Delivering reminders: claim due ones, send each through the person's channel, record what happened.
 
 The same worker also sends the Telegram replies waiting in the outbox (`deliver_replies`, see
-workflows.outbox), claimed and recorded the same way.
+workflows.channels.outbox), claimed and recorded the same way.
 
 One round (`deliver_due`) is three steps, and only the first and last touch the database:
 
@@ -44,12 +44,12 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from django.db.models import Q
 from django.utils import timezone
 
-from memory.models import ChannelIdentity
+from memory.service import MemoryService
 
+from ..conf import workflow_settings
+from ..exceptions import TelegramError
+from ..models import Reminder, ReminderStatus, Thread
 from . import outbox
-from .conf import workflow_settings
-from .exceptions import TelegramError
-from .models import Reminder, ReminderStatus, Thread
 from .telegram import get_bot_api
 
 logger = logging.getLogger("engram.workflows")
@@ -143,10 +143,7 @@ def destinations(user_ids):
     """
     user_ids = list(user_ids)
     identities = {}
-    rows = ChannelIdentity.objects.filter(user_id__in=user_ids, channel__in=list(DELIVERY_CHANNELS)).order_by(
-        "-created_at", "-pk"
-    )
-    for user_id, channel, external_id in rows.values_list("user_id", "channel", "external_id"):
+    for user_id, channel, external_id in MemoryService().channel_identities(user_ids, DELIVERY_CHANNELS):
         identities.setdefault(user_id, {}).setdefault(channel, external_id)
     found = {}
     recent = (

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from memory.exceptions import InvalidMemoryArgument
 from memory.rules.validation import INT64_MAX, INT64_MIN, check_json
 
-from .conf import workflow_settings
-from .exceptions import InvalidTrigger
+from ..conf import workflow_settings
+from ..exceptions import InvalidTrigger
 
 TRIGGER_TYPES = ("telegram", "chat", "webhook", "manual")
 TELEGRAM_UPDATE_KINDS = ("message", "edited_message", "callback_query")

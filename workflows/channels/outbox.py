@@ -1,6 +1,6 @@
 """The reply outbox: a Telegram run's reply is a row before it is a message, and it is sent until it is.
 
-`queue_reply` writes the reply in the transaction that records the run as finished (workflows.claims),
+`queue_reply` writes the reply in the transaction that records the run as finished (workflows.channels.claims),
 already claimed by the process that ran it, which sends it right after the commit (`send_reply`). A
 reply that could not be sent then (the Bot API down, refusing, slow) stays `pending`, with a retry
 time that backs off (TELEGRAM_REPLY_BACKOFF_SECONDS × 2^(attempts − 1)), and is sent by whoever comes
@@ -30,9 +30,9 @@ from django.utils import timezone
 
 from memory.signals import users_deleting
 
-from .conf import on_workflow_settings_changed, workflow_settings
-from .exceptions import TelegramError
-from .models import ReplyStatus, TelegramReply
+from ..conf import on_workflow_settings_changed, workflow_settings
+from ..exceptions import TelegramError
+from ..models import ReplyStatus, TelegramReply
 
 logger = logging.getLogger("engram.workflows")
 

@@ -1,7 +1,7 @@
 """Agent tools over MemoryService, scoped to the calling agent and its user.
 
 `recall` and `remember`, and the seeds' other memory tools: `forget`, `list_memories`,
-`learn_procedure`, `record_episode` and `remind` (a reminder delivered later, workflows.reminders). Each acts for whoever the run's AgentContext names (the
+`learn_procedure`, `record_episode` and `remind` (a reminder delivered later, workflows.conversations.reminders). Each acts for whoever the run's AgentContext names (the
 workflow as agent, the identified user, the thread as session) and says what actually happened.
 What a tool reads back from memory comes inside the same untrusted-hints block as recalled memory. Expected failures (bad arguments, missing rows,
 database errors) go through one wrapper, `memory_tool`: logged, and returned to the model as an
@@ -25,9 +25,9 @@ from memory.hints import clean_line, hints_block
 from memory.models import ProcedureSource, Scope
 from memory.service import MemoryService, WriteAction
 
+from ..conversations.reminders import schedule_reminder
+from ..language.state import AgentContext
 from .memory_access import RecallOptions, RecallScope, recall_for
-from .reminders import schedule_reminder
-from .state import AgentContext
 
 logger = logging.getLogger("engram.workflows")
 
@@ -335,7 +335,7 @@ REMIND_DESCRIPTION = (
 
 
 def make_remind_tool(config, *, bound=None):
-    """The `remind` tool: a reminder for the identified user (workflows.reminders), delivered by the worker."""
+    """The `remind` tool: a reminder for the identified user (workflows.conversations.reminders), delivered by the worker."""
 
     @memory_tool
     def remind(runtime: ToolRuntime[AgentContext], when: str, message: str) -> str:

@@ -17,9 +17,11 @@ from memory.models import FactType, Scope
 from memory.rules.validation import storable
 from memory.service import MemoryService
 
-from . import threads
+from ..conversations import threads
+from ..exceptions import InvalidDefinition, InvalidTrigger
+from ..language.registry import NodeType, register
+from ..language.state import last_human_text
 from .agent import build_agent_node
-from .exceptions import InvalidDefinition, InvalidTrigger
 from .memory_access import (
     MEMORY_TYPES,
     RecallOptions,
@@ -27,8 +29,6 @@ from .memory_access import (
     recall_for,
     render_memory_prompt,
 )
-from .registry import NodeType, register
-from .state import last_human_text
 from .triggers import parse_trigger
 
 logger = logging.getLogger("engram.workflows")

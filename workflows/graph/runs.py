@@ -1,7 +1,7 @@
 """Workflow runs kept as records: started and finished around a run, what each node's event shows of
 memory, and the runs' part in memory's lifecycle (forgetting, merging, exporting, pruning a person).
 
-A run's events are stored as its event stream sent them (workflows.runtime.RunStream), so a reload or
+A run's events are stored as its event stream sent them (workflows.graph.runtime.RunStream), so a reload or
 another operator sees the same run. They hold the person's words: forgetting the person deletes
 their runs (by memory user, and by the identity they came from when nobody was identified), and
 `memory verify-erasure` finds any left, as it scans every table.
@@ -17,13 +17,13 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from memory.admin.site import memories_site
-from memory.models import ChannelIdentity, MemoryUser
+from memory.models import MemoryUser
 from memory.rules.validation import storable
-from memory.service import BatchDelete
+from memory.service import BatchDelete, MemoryService
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
-from .conf import workflow_settings
-from .models import Workflow, WorkflowRun
+from ..conf import workflow_settings
+from ..models import Workflow, WorkflowRun
 
 
 class EventType:
@@ -134,9 +134,7 @@ def runs_of(user_ids):
     nobody (identify_user failed: the words are still theirs)."""
     user_ids = list(user_ids)
     senders = Q(pk__in=[])
-    for channel, external_id in ChannelIdentity.objects.filter(user_id__in=user_ids).values_list(
-        "channel", "external_id"
-    ):
+    for _, channel, external_id in MemoryService().channel_identities(user_ids):
         senders |= Q(channel=channel, external_id=external_id)
     return WorkflowRun.objects.filter(Q(user_id__in=user_ids) | (Q(user__isnull=True) & senders))
 

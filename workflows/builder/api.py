@@ -1,7 +1,7 @@
 """The visual builder's backend: runs streamed as server-sent events, run records, the memory a run
 will see, and the built frontend served at /builder/.
 
-The stream is LangGraph's own (workflows.runtime.RunStream) sent as it comes: under WSGI (gunicorn's
+The stream is LangGraph's own (workflows.graph.runtime.RunStream) sent as it comes: under WSGI (gunicorn's
 threads, Django's test server) the response iterates it on the request's thread; under ASGI (uvicorn)
 the run goes on a worker thread that hands each event to the event loop, so no event waits for the
 run to end. Nothing between buffers it: no GZip middleware, `Cache-Control: no-cache` and
@@ -35,14 +35,14 @@ from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
 
-from .conf import workflow_settings
-from .exceptions import InvalidTrigger
-from .models import RunStatus, WorkflowRun
-from .runs import EventType, admin_url, delete_runs
-from .runtime import RunStream
+from ..conf import workflow_settings
+from ..conversations.threads import thread_id_for
+from ..exceptions import InvalidTrigger
+from ..graph.runs import EventType, admin_url, delete_runs
+from ..graph.runtime import RunStream
+from ..graph.triggers import DIRECT
+from ..models import RunStatus, WorkflowRun
 from .serializers import StrictCharField
-from .threads import thread_id_for
-from .triggers import DIRECT
 
 BUILD_DIR = "workflows/builder"  # inside the app's static files; the frontend's build writes there
 RECENT_EPISODES = 5

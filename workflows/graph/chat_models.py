@@ -4,8 +4,8 @@ import threading
 
 from django.utils.module_loading import import_string
 
-from .conf import on_workflow_settings_changed, workflow_settings
-from .exceptions import ChatModelConfigError
+from ..conf import on_workflow_settings_changed, workflow_settings
+from ..exceptions import ChatModelConfigError
 
 _lock = threading.Lock()
 _model = None

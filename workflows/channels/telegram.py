@@ -15,13 +15,13 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
+from ..conf import on_workflow_settings_changed, workflow_settings
+from ..exceptions import TelegramError
+from ..graph.runtime import RunResult, run_workflow
+from ..graph.triggers import telegram_update_ignored, telegram_update_kind
+from ..models import TelegramUpdate, UpdateStatus
 from .claims import claim_update, finish, process_token, release
-from .conf import on_workflow_settings_changed, workflow_settings
-from .exceptions import TelegramError
-from .models import TelegramUpdate, UpdateStatus
 from .outbox import queue_reply, send_now, send_pending_reply
-from .runtime import RunResult, run_workflow
-from .triggers import telegram_update_ignored, telegram_update_kind
 
 logger = logging.getLogger("engram.workflows")
 
@@ -163,10 +163,10 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
 
     The caller has checked that `update` is an object with an integer update_id. Updates without a
     message, edited message or callback query, and those of shared senders when TELEGRAM_SHARED_SENDERS
-    is "ignore", are acknowledged without a run. The update is claimed first (workflows.claims): a
+    is "ignore", are acknowledged without a run. The update is claimed first (workflows.channels.claims): a
     finished one is a duplicate (whose reply is sent now if it is still pending), one running elsewhere
     is "busy". If the run itself raises, the update is released so that Telegram's retry runs it. The
-    finish and the reply are one transaction; the reply is sent after it commits (workflows.outbox).
+    finish and the reply are one transaction; the reply is sent after it commits (workflows.channels.outbox).
     """
     if telegram_update_kind(update) is None:
         return UpdateOutcome("ignored")

@@ -7,7 +7,7 @@
   prompt carried, trims the run's thread and, with MEMORY CONSOLIDATION["AFTER_EACH_RUN"],
   consolidates the run's episode. It never raises into the run; problems join `memory_errors`.
 
-A thread is trimmed in one transaction of the saver's store (workflows.checkpointer.keep_newest_checkpoints):
+A thread is trimmed in one transaction of the saver's store (workflows.conversations.checkpointer.keep_newest_checkpoints):
 the older checkpoints and their writes go, the newest stay untouched, so the conversation resumes
 where it was and a crash leaves either the old thread or the trimmed one, never an empty one. Only
 the root namespace is trimmed (the graphs here have no subgraph checkpoints), and channels must store
@@ -23,9 +23,9 @@ from memory.operations import health
 from memory.service import MemoryService
 from memory.signals import prune_requested
 
+from ..conf import workflow_settings
+from ..models import Thread, Workflow
 from .checkpointer import get_checkpointer, keep_newest_checkpoints
-from .conf import workflow_settings
-from .models import Thread, Workflow
 from .threads import checkpoint_size, prune_threads
 
 logger = logging.getLogger("engram.workflows")

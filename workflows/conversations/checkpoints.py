@@ -5,7 +5,7 @@ through `BaseCheckpointSaver` methods (`list`, `get_tuple`, `delete_thread`), ne
 The tracked `Thread` rows say which threads exist. A checkpoint cannot be deleted on its own (the
 saver has no public method for it, and a thread with a hole in its parent chain could not be
 resumed), so the unit of deletion is the thread: deleting a thread removes all its checkpoints and
-their pending writes (see workflows.threads.delete_threads).
+their pending writes (see workflows.conversations.threads.delete_threads).
 
 A checkpoint's blob size is the length of the checkpoint as the saver's own serializer encodes it
 (`saver.serde.dumps_typed`): channel values, versions and all, without its metadata and pending writes.
@@ -19,8 +19,8 @@ from django.db import transaction
 from memory.models import DeletionKind
 from memory.service import BatchDelete, MemoryService, check_id_list
 
+from ..models import Thread
 from .checkpointer import get_checkpointer
-from .models import Thread
 from .threads import checkpoint_size, delete_threads
 
 # LangGraph checkpoint ids are UUIDs (version 6) in their text form.

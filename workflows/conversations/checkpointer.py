@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from .conf import on_workflow_settings_changed, workflow_settings
+from ..conf import on_workflow_settings_changed, workflow_settings
 
 logger = logging.getLogger("engram.workflows")
 

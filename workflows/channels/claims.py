@@ -26,8 +26,8 @@ from django.db import DatabaseError, IntegrityError, close_old_connections, tran
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .conf import workflow_settings
-from .models import TelegramUpdate, UpdateStatus
+from ..conf import workflow_settings
+from ..models import TelegramUpdate, UpdateStatus
 
 logger = logging.getLogger("engram.workflows")
 

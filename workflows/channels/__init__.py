@@ -1,0 +1,1 @@
+"""Channels: Telegram updates in, replies and due reminders out."""

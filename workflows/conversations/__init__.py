@@ -1,0 +1,1 @@
+"""Conversations across runs: threads, turns, the checkpointer and its checkpoints, reminders, upkeep."""

@@ -1,0 +1,1 @@
+"""The definition language of a workflow: its JSON schema and compilation, the node-type registry, the state."""
