@@ -9,6 +9,11 @@ with an `index` and its embeddings, which this workload does not give them), 1,0
 Every call goes through the store's public API one operation at a time, as a graph's nodes call it.
 With Engram's embedder (hybrid), puts commit without a vector and its embedding worker embeds them
 in the background: the reads are timed once it has caught up, and how long that took is reported.
+
+EngramStore and SqliteStore (the pair the ratios compare) are both open during the reads, which take
+turns: each read operation's calls are cut into ROUNDS slices and the two stores run slice by slice,
+alternately first, each store's time summed. On a machine whose load changes from minute to minute
+the two rates then come from the same minutes, not from two phases minutes apart.
 """
 
 import argparse
@@ -29,6 +34,7 @@ NAMESPACES = 100
 SEARCHES = 1_000
 QUERIES = 1_000
 LISTINGS = 1_000
+ROUNDS = 10
 WORDS = "tea coffee garden music travel books football cooking chess hiking painting cinema".split()
 
 
@@ -46,7 +52,15 @@ def workload(items, seed):
 
 
 def measure(store, work, *, queries_supported, caught_up=None):
-    puts, gets, searches, queries = work
+    """One store's figures: its puts, then its reads."""
+    out = timed_puts(store, work, caught_up)
+    for op, seconds in timed_reads({"store": store}, work, {"store": queries_supported}, rounds=1)["store"].items():
+        out[op] = seconds
+    return out
+
+
+def timed_puts(store, work, caught_up=None):
+    puts = work[0]
     out = {}
     start = time.perf_counter()
     for ns, key, value in puts:
@@ -56,23 +70,52 @@ def measure(store, work, *, queries_supported, caught_up=None):
         start = time.perf_counter()
         caught_up()
         out["vectors_caught_up_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    missing = sum(store.get(ns, key) is None for ns, key in gets)
-    out["get_per_s"] = len(gets) / (time.perf_counter() - start)
-    assert missing == 0, f"{missing} gets found nothing"
-    start = time.perf_counter()
-    hits = sum(len(store.search(prefix, filter=f, limit=10)) for prefix, f in searches)
-    out["search_per_s"] = len(searches) / (time.perf_counter() - start)
-    out["mean_search_hits"] = hits / len(searches)
-    if queries_supported:
-        start = time.perf_counter()
-        for prefix, query in queries:
-            store.search(prefix, query=query, limit=10)
-        out["query_search_per_s"] = len(queries) / (time.perf_counter() - start)
-    start = time.perf_counter()
-    for n in range(LISTINGS):
-        store.list_namespaces(prefix=("bench",), max_depth=2, limit=20, offset=n % 80)
-    out["list_namespaces_per_s"] = LISTINGS / (time.perf_counter() - start)
+    return out
+
+
+def _slices(calls, rounds):
+    size = -(-len(calls) // rounds)
+    return [calls[i : i + size] for i in range(0, len(calls), size)]
+
+
+def timed_reads(stores, work, queries_supported, *, rounds=ROUNDS):
+    """{store name: {figure: value}} of the reads, the stores taking turns slice by slice (see the docstring)."""
+    _, gets, searches, queries = work
+    listings = [n % 80 for n in range(LISTINGS)]
+
+    def get(store, calls):
+        missing = sum(store.get(ns, key) is None for ns, key in calls)
+        assert missing == 0, f"{missing} gets found nothing"
+        return 0
+
+    def search(store, calls):
+        return sum(len(store.search(prefix, filter=f, limit=10)) for prefix, f in calls)
+
+    def query(store, calls):
+        for prefix, text in calls:
+            store.search(prefix, query=text, limit=10)
+        return 0
+
+    def list_namespaces(store, calls):
+        for offset in calls:
+            store.list_namespaces(prefix=("bench",), max_depth=2, limit=20, offset=offset)
+        return 0
+
+    operations = [("get", get, gets), ("search", search, searches), ("query_search", query, queries)]
+    operations.append(("list_namespaces", list_namespaces, listings))
+    out = {name: {} for name in stores}
+    for op, call, calls in operations:
+        takers = [name for name in stores if op != "query_search" or queries_supported[name]]
+        seconds, found = dict.fromkeys(takers, 0.0), dict.fromkeys(takers, 0)
+        for turn, part in enumerate(_slices(calls, rounds)):
+            for name in takers if turn % 2 == 0 else takers[::-1]:
+                start = time.perf_counter()
+                found[name] += call(stores[name], part)
+                seconds[name] += time.perf_counter() - start
+        for name in takers:
+            out[name][f"{op}_per_s"] = len(calls) / seconds[name]
+            if op == "search":
+                out[name]["mean_search_hits"] = found[name] / len(calls)
     return out
 
 
@@ -82,12 +125,6 @@ def run(items, seed, database_url):
 
     work = workload(items, seed)
     results = {"InMemoryStore": measure(InMemoryStore(), work, queries_supported=False)}
-    with tempfile.TemporaryDirectory(prefix="engram-store-bench-") as tmp:
-        conn = sqlite3.connect(str(Path(tmp) / "store.sqlite3"), check_same_thread=False, isolation_level=None)
-        sqlite_store = SqliteStore(conn)
-        sqlite_store.setup()
-        results["SqliteStore"] = measure(sqlite_store, work, queries_supported=False)
-        conn.close()
     if database_url:
         from langgraph.store.postgres import PostgresStore
 
@@ -97,16 +134,29 @@ def run(items, seed, database_url):
                 for item in pg_store.search(namespace, limit=10_000):
                     pg_store.delete(namespace, item.key)
             results["PostgresStore"] = measure(pg_store, work, queries_supported=False)
-    with scratch_django(database_url):
+    with tempfile.TemporaryDirectory(prefix="engram-store-bench-") as tmp, scratch_django(database_url):
         from django.db import connection
 
         from memory.embedding.embedder import configured_mode
         from memory.service import MemoryService
         from workflows.store import EngramStore
 
-        results["EngramStore"] = measure(
-            EngramStore(), work, queries_supported=True, caught_up=MemoryService().wait_for_vectors
-        )
+        conn = sqlite3.connect(str(Path(tmp) / "store.sqlite3"), check_same_thread=False, isolation_level=None)
+        try:
+            sqlite_store = SqliteStore(conn)
+            sqlite_store.setup()
+            engram_store = EngramStore()
+            results["SqliteStore"] = timed_puts(sqlite_store, work)
+            results["EngramStore"] = timed_puts(engram_store, work, caught_up=MemoryService().wait_for_vectors)
+            reads = timed_reads(
+                {"SqliteStore": sqlite_store, "EngramStore": engram_store},
+                work,
+                {"SqliteStore": False, "EngramStore": True},
+            )
+        finally:
+            conn.close()
+        for name, figures in reads.items():
+            results[name].update(figures)
         results["EngramStore"]["query_mode"] = "hybrid" if configured_mode() == "hybrid" else "keyword"
         results["EngramStore"]["database"] = connection.vendor
     return results

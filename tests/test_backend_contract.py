@@ -19,7 +19,7 @@ from memory.backends.interface import StorageBackend
 from memory.backends.postgresql import PostgreSQLBackend
 from memory.backends.sqlite import SQLiteBackend
 from memory.domain.store_items import StorePut
-from memory.models import Episode, Fact, RecallDocument, Scope
+from memory.models import Episode, Fact, RecallDocument, Scope, StoreItem
 from memory.rules.validation import Viewer
 
 INTERFACE = [name for name, _ in inspect.getmembers(StorageBackend, inspect.isfunction) if not name.startswith("_")]
@@ -220,6 +220,19 @@ def test_store_statements_read_live_items_by_key_and_under_a_namespace(backend, 
     assert [row[2] for row in scored] == ["b"] and len(scored[0]) == len(by_key[0]) + 2  # with text and vector
     assert sorted(backend.store_namespace_names("docs", now)) == ["docs.en", "docs.fr"]  # not "docsx"
     assert sorted(backend.store_namespace_names("", later)) == ["docs.en", "docs.fr", "docsx"]
+
+
+def test_store_upsert_inserts_then_updates_in_place_keeping_created_at(backend, service):
+    service.store_put_many([StorePut(("docs", "en"), "a", {"n": 1})])
+    first = StoreItem.objects.get(namespace="docs.en", key="a")
+    row = {f.attname: getattr(first, f.attname) for f in StoreItem._meta.concrete_fields if not f.primary_key}
+    new = {**row, "key": "b", "value": {"n": 2}}
+    with transaction.atomic():
+        ids = backend.store_upsert([{**row, "value": {"n": 3}, "created_at": timezone.now()}, new])
+    assert ids[("docs.en", "a")] == first.pk  # updated in place, not a second row
+    again = StoreItem.objects.get(pk=first.pk)
+    assert again.value == {"n": 3} and again.created_at == first.created_at
+    assert StoreItem.objects.get(pk=ids[("docs.en", "b")]).value == {"n": 2}
 
 
 def test_store_field_equality_keeps_every_equal_item_and_only_those_when_it_says_exact(backend, service):

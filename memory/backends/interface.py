@@ -101,6 +101,10 @@ class StorageBackend(Protocol):
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
         """Rows under a joined namespace prefix whose top-level fields equal `equal_to`, newest first."""
 
+    def store_upsert(self, rows):
+        """Insert rows ({StoreItem attname: value}) or update the item at their (namespace, key), keeping its
+        created_at; returns {(namespace, key): id}. Inside the caller's transaction."""
+
     def store_namespace_names(self, prefix, now):
         """The distinct joined namespaces under a joined prefix ("" for all) holding an item alive at `now`."""
 

@@ -202,41 +202,27 @@ class StoreItems:
                     doomed |= Q(namespace=namespace, key=key)
                 StoreItem.objects.filter(doomed).delete()
             rows = [
-                StoreItem(
-                    namespace=joined(p.namespace),
-                    key=p.key,
-                    value=p.value,
-                    text=p.text,
-                    embedding=p.embedding,
-                    created_at=now,
-                    updated_at=now,
-                    ttl_minutes=p.ttl_minutes,
-                    expires_at=now + timedelta(minutes=p.ttl_minutes) if p.ttl_minutes is not None else None,
+                {
+                    "namespace": joined(p.namespace),
+                    "key": p.key,
+                    "value": p.value,
+                    "text": p.text,
+                    "embedding": p.embedding,
+                    "created_at": now,
+                    "updated_at": now,
+                    "ttl_minutes": p.ttl_minutes,
+                    "expires_at": now + timedelta(minutes=p.ttl_minutes) if p.ttl_minutes is not None else None,
                     **owners[p.namespace],
-                )
+                }
                 for p in latest.values()
                 if p.value is not None
             ]
-            StoreItem.objects.bulk_create(
-                rows,
-                batch_size=500,
-                update_conflicts=True,
-                unique_fields=["namespace", "key"],
-                update_fields=[
-                    "value",
-                    "text",
-                    "embedding",
-                    "updated_at",
-                    "ttl_minutes",
-                    "expires_at",
-                    "scope",
-                    "user",
-                    "agent_id",
-                ],
-            )
+            ids = self.backend.store_upsert(rows)
             limits.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
-            indexer.schedule(STORE, [row.pk for row in rows if row.embedding is None and row.text])
+            indexer.schedule(
+                STORE, [ids[r["namespace"], r["key"]] for r in rows if r["embedding"] is None and r["text"]]
+            )
 
     def store_search(
         self, prefix, *, filter=None, limit=10, offset=0, query="", query_vector=None, hybrid=True, refresh_ttl=True
