@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../frontend"
 out=../workflows/static/workflows/builder
-stamp="$out/.source-hash"
+# The hash of the sources the build came from: beside the sources, not in the build (which the wheel ships).
+stamp=.build-source-hash
 hash=$(cat package.json package-lock.json index.html vite.config.ts tsconfig.json $(find src -type f | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)
 if [ "${1:-}" != "--force" ] && [ -f "$out/index.html" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
   echo "== builder: the build is up to date"
