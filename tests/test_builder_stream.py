@@ -9,16 +9,16 @@ database beside the test one), like test_hostile_input.py.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 from django.db import connection
+
+from tests.scratch_site import free_port, scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_SECONDS = 1.0  # tests/slow_chat.py
@@ -31,12 +31,6 @@ staff = get_user_model().objects.create_user("stream-operator", is_staff=True)
 ensure_demo_workflow()
 print(Token.objects.create(user=staff).key)
 """
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -52,33 +46,8 @@ def site(tmp_path_factory, django_db_blocker):
         "ENGRAM_DATA_DIR": str(data),
         "ENGRAM_EMBEDDINGS": "none",
     }
-    scratch = None
-    if vendor == "postgresql":
-        import psycopg
-
-        scratch = f"engram_stream_{uuid.uuid4().hex[:8]}"
-        auth = settings_dict["USER"] + (f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else "")
-        base = f"postgres://{auth}@{settings_dict['HOST'] or '127.0.0.1'}:{settings_dict['PORT'] or 5432}"
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{scratch}"')
-        env["DATABASE_URL"] = f"{base}/{scratch}"
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{data}/stream.sqlite3"
-    manage = [sys.executable, str(REPO / "manage.py")]
-    try:
-        subprocess.run(
-            [*manage, "migrate", "--no-input", "-v", "0"], env=env, cwd=REPO, check=True, capture_output=True
-        )
-        done = subprocess.run(
-            [*manage, "shell", "-v", "0", "-c", SETUP], env=env, cwd=REPO, check=True, capture_output=True, text=True
-        )
-        yield env, done.stdout.strip().splitlines()[-1]
-    finally:
-        if scratch:
-            import psycopg
-
-            with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+    with scratch_site("stream", vendor=vendor, settings_dict=settings_dict, data=data, env=env, setup=SETUP) as token:
+        yield env, token
 
 
 SERVERS = {
@@ -95,7 +64,7 @@ SERVERS = {
 def server(request, site, tmp_path):
     """(base url, staff token) of the site under gunicorn or uvicorn, stopped afterwards."""
     env, token = site
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "server.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(

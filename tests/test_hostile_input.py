@@ -9,16 +9,17 @@ traceback may be in it.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 from django.db import connection
+
+from tests.scratch_site import free_port, scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hostile-secret"
@@ -44,12 +45,6 @@ print(Token.objects.create(user=staff).key)
 """
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, django_db_blocker):
     """(base url, staff token, log file) of a gunicorn server on a scratch database, stopped afterwards."""
@@ -66,28 +61,15 @@ def server(tmp_path_factory, django_db_blocker):
         "TELEGRAM_BOT_TOKEN": "1:hostile",
         "TELEGRAM_API_BASE": "http://127.0.0.1:9",  # replies go nowhere: sending fails, and says so
     }
-    scratch = None
-    if vendor == "postgresql":
-        import psycopg
+    with scratch_site("hostile", vendor=vendor, settings_dict=settings_dict, data=data, env=env, setup=SETUP) as token:
+        with _serving(env, data) as (url, log):
+            yield url, token, log
 
-        scratch = f"engram_hostile_{uuid.uuid4().hex[:8]}"
-        auth = settings_dict["USER"] + (f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else "")
-        base = f"postgres://{auth}@{settings_dict['HOST'] or '127.0.0.1'}:{settings_dict['PORT'] or 5432}"
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{scratch}"')
-        env["DATABASE_URL"] = f"{base}/{scratch}"
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{data}/hostile.sqlite3"
-    manage = [sys.executable, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], env=env, cwd=REPO, check=True, capture_output=True)
-    token = (
-        subprocess.run(
-            [*manage, "shell", "-v", "0", "-c", SETUP], env=env, cwd=REPO, check=True, capture_output=True, text=True
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    port = _free_port()
+
+@contextmanager
+def _serving(env, data):
+    """(base url, log file) of gunicorn serving the scratch site, stopped afterwards."""
+    port = free_port()
     log = data / "server.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(
@@ -121,15 +103,10 @@ def server(tmp_path_factory, django_db_blocker):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start: {log.read_text()[-3000:]}") from None
                 time.sleep(0.2)
-        yield url, token, log
+        yield url, log
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        if scratch:
-            import psycopg
-
-            with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")
