@@ -84,4 +84,15 @@ elif [ "$recall" = "both" ]; then
     suite .venv "hybrid recall" "${HYBRID_TESTS[@]}"
   fi
 fi
+# LangGraph's own store suite (from PyPI's sdist) against EngramStore, with InMemoryStore as the reference.
+if [ $# -eq 0 ]; then
+  store_venv=.venv
+  [ "$recall" = "keyword" ] && store_venv=.venv-keyword
+  echo "== LangGraph's store suite on SQLite"
+  env -u DATABASE_URL scripts/langgraph_store_suite/run.sh "$PWD/$store_venv/bin/python"
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "== LangGraph's store suite on PostgreSQL"
+    scripts/langgraph_store_suite/run.sh "$PWD/$store_venv/bin/python"
+  fi
+fi
 [ -n "${DATABASE_URL:-}" ] || echo "== PostgreSQL runs skipped: set DATABASE_URL=postgres://user@host:5432/name to run the suite there too"

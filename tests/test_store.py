@@ -83,6 +83,16 @@ def test_search_filters_with_langgraphs_operators_and_pages(store):
     assert {i.key for i in store.search(("docs",), filter={"n": 2.0})} == {"k2"}
 
 
+def test_a_filter_value_is_data_never_sql_nul_and_quotes_included(store):
+    store.put(("docs",), "public", {"access": "public", "title": "O'Brien's"})
+    store.put(("docs",), "secret", {"access": "secret"})
+    for hostile in ("public' OR '1'='1", "public'; --", "public\x00' OR '1'='1", "''''", {"a": "x\x00"}):
+        assert store.search(("docs",), filter={"access": hostile}) == []
+    # A NUL no item can hold (PostgreSQL's jsonb refuses it) matches nothing; the rest still filters.
+    assert store.search(("docs",), filter={"access": "public\x00"}) == []
+    assert [i.key for i in store.search(("docs",), filter={"title": "O'Brien's"})] == ["public"]
+
+
 def test_query_search_ranks_by_meaning_with_an_index(db):
     store = EngramStore(index={"dims": 26, "embed": LetterEmbeddings(), "fields": ["text"]})
     store.put(("docs",), "zoo", {"text": "zebra zone"})

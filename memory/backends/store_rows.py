@@ -181,7 +181,20 @@ def postgresql_equality_is_exact(backend, wanted):
 
 
 def postgresql_field_equals(backend, name, wanted):
+    if _holds_nul(wanted):
+        # jsonb cannot hold a NUL character (PostgreSQL refuses the literal): no stored item has this value.
+        return "%s", False
     return "s.value @> %s::jsonb", json.dumps({name: wanted})
+
+
+def _holds_nul(value):
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 class SQLiteStoreReads:
