@@ -13,7 +13,8 @@ version="$("$python" -c 'import importlib.metadata as m; print(m.version("langgr
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
-  "langgraph-checkpoint-sqlite==$version" -d "$work" 2>/dev/null
+  "langgraph-checkpoint-sqlite==$version" -d "$work" 2>"$work/pip.log" ||
+  { cat "$work/pip.log" >&2; echo "could not download the sdist of langgraph-checkpoint-sqlite $version" >&2; exit 1; }
 tar xzf "$work"/langgraph_checkpoint_sqlite-*.tar.gz -C "$work"
 suite="$work/suite"
 mkdir "$suite"
