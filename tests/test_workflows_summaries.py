@@ -6,10 +6,12 @@ a failing summarizer keeps the turns and says so; forgetting the person leaves n
 """
 
 import io
+import json
 import re
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -28,6 +30,8 @@ QUESTION = "Where is the spare key hidden?"
 
 # Every call of the chat model below, in order: ("summary" | "agent", its messages).
 CALLS = []
+# For each summarizing call: whether it ran inside a database transaction.
+IN_TRANSACTION = []
 SUMMARIZER = {"down": False}
 
 
@@ -51,6 +55,7 @@ class PromptReader(BaseChatModel):
         summarizing = isinstance(messages[0], SystemMessage) and "running summary" in messages[0].text
         CALLS.append(("summary" if summarizing else "agent", list(messages)))
         if summarizing:
+            IN_TRANSACTION.append(connection.in_atomic_block)
             if SUMMARIZER["down"]:
                 raise RuntimeError("summarizer unavailable")
             text = messages[-1].text
@@ -71,6 +76,7 @@ class PromptReader(BaseChatModel):
 @pytest.fixture
 def prompt_reader(settings):
     CALLS.clear()
+    IN_TRANSACTION.clear()
     SUMMARIZER["down"] = False
     settings.WORKFLOWS = {**settings.WORKFLOWS, "CHAT_MODEL": {"class": f"{__name__}.PromptReader"}}
     yield
@@ -158,7 +164,9 @@ def test_a_chat_model_gets_the_summary_as_memory_and_answers_about_turn_three(db
     assert "They said: Turn 1:" in second and "Person: Turn 1:" not in second and "Person: Turn 2:" in second
 
 
-def test_a_failing_summarizer_keeps_the_turns_and_reports(db, prompt_reader):
+# Committed for real, so that a summarizing call inside a transaction would show.
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_summarizer_keeps_the_turns_and_reports(prompt_reader):
     workflow = make_workflow(history_limit=4)
     SUMMARIZER["down"] = True
     results = [say(workflow, turn_text(i)) for i in range(1, 6)]
@@ -181,6 +189,7 @@ def test_a_failing_summarizer_keeps_the_turns_and_reports(db, prompt_reader):
     kept = stored(thread_id)
     assert [f"They said: {turn_text(i)}" for i in range(1, 5)] == kept["conversation_summary"].splitlines()
     assert [m.text for m in kept["messages"] if isinstance(m, HumanMessage)] == [turn_text(5), turn_text(6)]
+    assert IN_TRANSACTION and not any(IN_TRANSACTION)  # no model call inside a transaction
 
 
 def test_summarize_history_off_drops_the_turns_as_before(db):
@@ -211,6 +220,10 @@ def test_forgetting_the_person_leaves_no_summary(demo_workflow, service):
     user_id, thread_id = result.user["id"], result.thread_id
     assert secret in stored(thread_id)["conversation_summary"]
     assert Episode.objects.filter(user_id=user_id, summary__contains=secret).exists()
+    out = io.StringIO()
+    call_command("memory", "export-person", "chat:lee", stdout=out)
+    [thread] = [row for row in map(json.loads, out.getvalue().splitlines()) if row["kind"] == "thread"]
+    assert secret in thread["summary"]  # a subject access request gets the summary too
 
     def verify():
         out = io.StringIO()
