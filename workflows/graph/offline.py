@@ -1,9 +1,9 @@
 """The offline responder: a clearly labelled stand-in chat model for when none is configured.
 
 It answers from recalled memory only (no network): "what is my X?" looks the fact up, "what do you
-know about me?" lists what is known, other questions are answered from the line of the
-conversation's running summary (its turns past the history limit) that shares most words with them,
-and statements are acknowledged. `facts_in(text)` turns
+know about me?" lists what is known, statements are acknowledged, and other questions get the recalled
+facts they matched or else the line of the conversation's running summary (its turns past the history
+limit) that shares most words with them. `facts_in(text)` turns
 "remember that ..." and "my X is Y" into facts for the remember node. Every reply starts with LABEL.
 """
 
@@ -113,13 +113,14 @@ def reply_to(text, memories, user=None, summary="") -> str:
             for f in stated
         )
         return f"{LABEL} Noted: {noted}."
-    earlier = from_summary(text, summary) if text.endswith("?") else None
-    if earlier:
-        return f"{LABEL} From earlier in our conversation: {earlier}"
     matched = [f for f in facts if f.get("matched")]
     if matched:
         known = "; ".join(f"{f['key'].replace('_', ' ')}: {_value(f['value'])}" for f in matched[:5])
         return f"{LABEL} Here is what I remember that may help: {known}."
+    # Stored facts first (they are what was kept on purpose), then the conversation's own earlier words.
+    earlier = from_summary(text, summary) if text.endswith("?") else None
+    if earlier:
+        return f"{LABEL} From earlier in our conversation: {earlier}"
     name = next((f["value"] for f in own if f["key"] == "name"), None) or (user or {}).get("display_name")
     greeting = f"Hello {_value(name)}. " if name else "Hello. "
     return (
