@@ -103,7 +103,9 @@ class AgentMemoryState(AgentState):
     turns_without_memory_write: NotRequired[int]
     # The running summary of the turns trimmed out of the history (checkpointed: kept with the thread).
     conversation_summary: NotRequired[str]
-    # This turn's only (reset when it starts): whether the summary changed, and why summarizing failed.
+    # This turn's only (set when it starts): the summary it started with, whether that changed, and
+    # why summarizing failed.
+    summary_before_turn: NotRequired[str]
     summary_updated: NotRequired[bool]
     summary_failures: NotRequired[list[str]]
 
@@ -151,7 +153,11 @@ class EngramAgentMiddleware(AgentMiddleware):
         self.summarizer = summarizer  # the chat model that writes summaries; None: extractive
 
     def before_agent(self, state, runtime):
-        return {"summary_updated": False, "summary_failures": []}
+        return {
+            "summary_updated": False,
+            "summary_failures": [],
+            "summary_before_turn": state.get("conversation_summary", ""),
+        }
 
     def after_agent(self, state, runtime):
         if not self.nudge_after:
@@ -310,6 +316,7 @@ def _summary_outcome(result, context, update):
     """This turn's summary for the run's episode (when it changed), and its failures in `memory_errors`."""
     if result.get("summary_updated"):
         update["conversation_summary"] = result.get("conversation_summary", "")
+        update["replaced_summary"] = result.get("summary_before_turn", "")
     for failure in result.get("summary_failures") or []:
         error = f"{failure}; the turns past history_limit are kept until a summary holds them"
         update["memory_errors"].append(_error(context, "conversation summary", error))

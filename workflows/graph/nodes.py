@@ -330,7 +330,8 @@ def _record_episode(service, state, context, user, errors):
     )
     # No summary of this run: one derived from its messages would repeat them in the recall text
     # (Episode.gist shows the run in one line). The conversation's running summary, when the agent
-    # updated it this turn, is of earlier turns that left the history: stored here so it outlives the thread.
+    # updated it this turn, is of earlier turns that left the history: stored here so it outlives the
+    # thread, and taken off the episode that held the one it replaced (one copy in recall).
     return service.record_episode(
         started_at=started_at,
         agent_id=context.agent_id,
@@ -345,6 +346,7 @@ def _record_episode(service, state, context, user, errors):
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
         summary=storable(state.get("conversation_summary") or ""),
+        replaces_summary=storable(state.get("replaced_summary") or ""),
     )
 
 
@@ -367,6 +369,7 @@ register(
             "actions",
             "trigger",
             "conversation_summary",
+            "replaced_summary",
         ),
         outputs=("remembered", "episode_id", "memory_writes", "memory_errors"),
         build=build_remember,
@@ -482,7 +485,15 @@ register(
         ),
         config_schema=AGENT_SCHEMA,
         inputs=("messages", "user", "conversation_id", "thread_id", "memory_prompt", "memories"),
-        outputs=("reply", "messages", "actions", "facts_to_remember", "conversation_summary", "memory_errors"),
+        outputs=(
+            "reply",
+            "messages",
+            "actions",
+            "facts_to_remember",
+            "conversation_summary",
+            "replaced_summary",
+            "memory_errors",
+        ),
         build=build_agent_node,
         check=_check_agent,
     )
