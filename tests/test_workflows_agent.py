@@ -185,7 +185,7 @@ def test_fallback_system_prompt_is_one_stable_message_across_turns(db, fake_mode
 
 def test_history_is_trimmed_and_never_starts_with_an_ai_message(db, fake_model):
     fake_model([AIMessage(content=f"reply {i}") for i in range(6)])
-    workflow = make_workflow(history_limit=3)
+    workflow = make_workflow(history_limit=3, summarize_history=False)
     for i in range(6):
         result = chat(workflow, f"turn {i}")
     for messages in MODEL_CALLS:

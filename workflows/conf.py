@@ -28,6 +28,10 @@ DEFAULTS = {
     "PROMPT_PROCEDURES": 5,
     # Messages of a conversation an agent keeps (and sends to its model) by default.
     "HISTORY_LIMIT": 20,
+    # Characters a conversation's running summary (its turns past the history limit) aims at: the
+    # summarizing model is asked to stay within it; the offline, extractive summary keeps its newest
+    # lines within it.
+    "SUMMARY_MAX_CHARS": 4000,
     # The in-session memory nudge: after this many turns of a conversation in which the
     # agent wrote nothing to memory, its next turn's system prompt reminds it to store what is worth
     # keeping. Only for agents with a memory-writing tool; None or 0 turns it off.

@@ -124,8 +124,14 @@ class Episodes:
         success,
         error="",
         summary="",
+        replaces_summary="",
     ):
-        """Record a finished run as one episode, in one statement (under the surviving user of a merge)."""
+        """Record a finished run as one episode, in one statement (under the surviving user of a merge).
+
+        `replaces_summary`: a conversation's running summary that `summary` supersedes. Earlier episodes of
+        the same user and session holding exactly that text lose it, so one episode of a conversation (its
+        latest) carries the running summary, instead of every turn's episode repeating it in recall.
+        """
         if not isinstance(started_at, datetime):
             raise InvalidMemoryArgument("started_at", "must be a datetime")
         check_utc_range("started_at", started_at)
@@ -149,6 +155,7 @@ class Episodes:
             summary=clean_text("summary", summary, required=False),
             started_at=started_at,
         )
+        replaced = clean_text("replaces_summary", replaces_summary, required=False)
         ended_at = timezone.now()
         episode.ended_at = ended_at
         episode.duration_ms = duration_ms(started_at, ended_at)
@@ -159,8 +166,21 @@ class Episodes:
             self.backend.insert_episode(episode)
             if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {user_id}")
-            self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk])
+            self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk, *self._drop_summary(episode, replaced)])
         return episode
+
+    def _drop_summary(self, episode, replaced):
+        """Clear `replaced` from the earlier episodes of `episode`'s user and session; their ids."""
+        if not replaced or not episode.session_id or episode.user_id is None:
+            return []
+        earlier = Episode.objects.filter(
+            user_id=episode.user_id, session_id=episode.session_id, summary=replaced
+        ).exclude(pk=episode.pk)
+        ids = list(earlier.values_list("pk", flat=True))
+        if ids:
+            # The recall document follows the row (database triggers); the vectors are redone after the commit.
+            Episode.objects.filter(pk__in=ids).update(summary="")
+        return ids
 
     def mark_episode_failed(self, episode_id, error):
         """Set an episode's outcome to failed with `error` (a write after the run went wrong)."""

@@ -297,11 +297,12 @@ def _users_footprint(sender, user_ids, **kwargs):
 
 @receiver(person_exporting, dispatch_uid="workflows_threads_export")
 def _person_exporting(sender, user_ids, **kwargs):
-    """A person's threads, each with its messages as the newest checkpoint holds them."""
+    """A person's threads, each with its messages and running summary as the newest checkpoint holds them."""
     rows = []
     for thread in Thread.objects.filter(user_id__in=list(user_ids)).order_by("pk"):
         latest = get_checkpointer().get_tuple(_config(thread.thread_id))
-        messages = (latest.checkpoint.get("channel_values") or {}).get("messages", []) if latest else []
+        values = (latest.checkpoint.get("channel_values") or {}) if latest else {}
+        messages = values.get("messages", [])
         rows.append(
             {
                 "kind": "thread",
@@ -311,6 +312,8 @@ def _person_exporting(sender, user_ids, **kwargs):
                 "created_at": thread.created_at,
                 "last_activity": thread.last_activity,
                 "messages": [{"type": getattr(m, "type", ""), "content": getattr(m, "content", "")} for m in messages],
+                # The running summary of the turns that left the history (the agent's summarize_history).
+                "summary": values.get("conversation_summary", ""),
             }
         )
     return rows

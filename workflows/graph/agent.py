@@ -14,6 +14,13 @@ the system prompt also travels as a HumanMessage with a stable id at the head of
 providers that ignore the system role; the stable id makes each turn replace it rather than add another. History is trimmed to `history_limit` messages before every model call (the
 stored history too) and never starts with an AI or tool message.
 
+Summaries instead of forgetting (`summarize_history`, on by default): the turns that fall out of
+the window are first folded into the thread's running summary (graph/summaries.py; the configured
+chat model, or an extractive summary with the offline responder), kept in the checkpointed state,
+shown to each model call inside the recalled-memory block, and given to the remember node for the
+turn's episode when it changed. If summarizing fails, those turns are not trimmed (they stay in the
+history until a summary holds them) and the failure is reported in `memory_errors`.
+
 The memory nudge: the conversation's state counts the turns since the agent last wrote
 to memory successfully (remember, forget, learn_procedure, record_episode); from `nudge_after_turns`
 on, each model call's system message ends with a short reminder to store what is worth keeping,
@@ -51,6 +58,7 @@ from ..conversations.checkpointer import get_checkpointer
 from ..language.state import AgentContext, last_human_text
 from .chat_models import get_chat_model
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
+from .summaries import summarize_with, summary_block
 from .tools import MEMORY_WRITE_TOOLS, TOOLS
 
 logger = logging.getLogger("engram.workflows")
@@ -93,6 +101,13 @@ NUDGE = (
 class AgentMemoryState(AgentState):
     # Turns of this conversation since the agent last wrote to memory (checkpointed with it).
     turns_without_memory_write: NotRequired[int]
+    # The running summary of the turns trimmed out of the history (checkpointed: kept with the thread).
+    conversation_summary: NotRequired[str]
+    # This turn's only (set when it starts): the summary it started with, whether that changed, and
+    # why summarizing failed.
+    summary_before_turn: NotRequired[str]
+    summary_updated: NotRequired[bool]
+    summary_failures: NotRequired[list[str]]
 
 
 def since_last_human(messages):
@@ -104,6 +119,12 @@ def since_last_human(messages):
 def wrote_memory(messages):
     """Whether `messages` hold a successful result of a memory-writing tool."""
     return any(isinstance(m, ToolMessage) and m.name in MEMORY_WRITE_TOOLS and m.status == "success" for m in messages)
+
+
+def dropped_by(messages, kept):
+    """The messages of `messages` that trimming to `kept` leaves out."""
+    kept_ids = {id(m) for m in kept}
+    return [m for m in messages if id(m) not in kept_ids]
 
 
 def with_memory(messages, memory_prompt):
@@ -123,11 +144,20 @@ class EngramAgentMiddleware(AgentMiddleware):
 
     state_schema = AgentMemoryState
 
-    def __init__(self, history_limit, offline, nudge_after=None):
+    def __init__(self, history_limit, offline, nudge_after=None, summarizer=None, summarize=True):
         super().__init__()
         self.history_limit = history_limit
         self.offline = offline
         self.nudge_after = nudge_after  # None: no nudge
+        self.summarize = summarize
+        self.summarizer = summarizer  # the chat model that writes summaries; None: extractive
+
+    def before_agent(self, state, runtime):
+        return {
+            "summary_updated": False,
+            "summary_failures": [],
+            "summary_before_turn": state.get("conversation_summary", ""),
+        }
 
     def after_agent(self, state, runtime):
         if not self.nudge_after:
@@ -137,8 +167,20 @@ class EngramAgentMiddleware(AgentMiddleware):
         return {"turns_without_memory_write": state.get("turns_without_memory_write", 0) + 1}
 
     def before_model(self, state, runtime):
-        kept = trim_history(state["messages"], self.history_limit)
-        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept]}
+        messages = state["messages"]
+        kept = trim_history(messages, self.history_limit)
+        trimmed = {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept]}
+        dropped = dropped_by(messages, kept)
+        if not dropped or not self.summarize:
+            return trimmed
+        if state.get("summary_failures"):
+            return None  # it failed earlier this turn: keep the turns, without calling it again
+        try:
+            summary = summarize_with(self.summarizer, state.get("conversation_summary", ""), dropped)
+        except Exception as exc:  # noqa: BLE001  (any failure of any chat model: keep the turns, report it)
+            logger.error("agent: summarizing %d trimmed messages failed, keeping them: %s", len(dropped), exc)
+            return {"summary_failures": [f"{type(exc).__name__}: {exc}"]}
+        return {**trimmed, "conversation_summary": summary, "summary_updated": True}
 
     def wrap_model_call(self, request, handler):
         context = request.runtime.context
@@ -149,12 +191,14 @@ class EngramAgentMiddleware(AgentMiddleware):
             and not wrote_memory(since_last_human(request.messages))
         ):
             system_prompt = f"{system_prompt}\n\n{NUDGE}"
+        summary = request.state.get("conversation_summary", "")
+        memory_prompt = "\n\n".join(block for block in (summary_block(summary), context.memory_prompt) if block)
         changes = {
             "system_message": SystemMessage(content=system_prompt),
-            "messages": with_memory(request.messages, context.memory_prompt),
+            "messages": with_memory(request.messages, memory_prompt),
         }
         if self.offline:
-            changes["model"] = OfflineResponder(memories=context.memories, user=context.user)
+            changes["model"] = OfflineResponder(memories=context.memories, user=context.user, summary=summary)
         return handler(request.override(**changes))
 
 
@@ -168,10 +212,17 @@ def build_agent_graph(config, model, checkpointer=None):
     nudge_after = config.get("nudge_after_turns") or workflow_settings.NUDGE_AFTER_TURNS
     if not MEMORY_WRITE_TOOLS & set(tool_config):
         nudge_after = None
+    middleware = EngramAgentMiddleware(
+        limit,
+        offline=model is None,
+        nudge_after=nudge_after,
+        summarizer=model,
+        summarize=config.get("summarize_history", True),
+    )
     return create_agent(
         model if model is not None else OfflineResponder(),
         tools,
-        middleware=[EngramAgentMiddleware(limit, offline=model is None, nudge_after=nudge_after)],
+        middleware=[middleware],
         context_schema=AgentContext,
         checkpointer=checkpointer,
         name="agent",
@@ -255,9 +306,20 @@ def build_agent_node(config, context):
         )
         if built["offline"]:
             update["facts_to_remember"] = facts_in(text)
+        _summary_outcome(result, context, update)
         return update
 
     return agent
+
+
+def _summary_outcome(result, context, update):
+    """This turn's summary for the run's episode (when it changed), and its failures in `memory_errors`."""
+    if result.get("summary_updated"):
+        update["conversation_summary"] = result.get("conversation_summary", "")
+        update["replaced_summary"] = result.get("summary_before_turn", "")
+    for failure in result.get("summary_failures") or []:
+        error = f"{failure}; the turns past history_limit are kept until a summary holds them"
+        update["memory_errors"].append(_error(context, "conversation summary", error))
 
 
 def _agent_context(context, user, session_id, system_prompt, state):

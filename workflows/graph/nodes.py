@@ -328,8 +328,10 @@ def _record_episode(service, state, context, user, errors):
     conversation = storable(
         [{"role": "user", "content": text}] + ([{"role": "assistant", "content": reply}] if reply else [])
     )
-    # No summary: one derived from the messages would repeat them in the recall text (Episode.gist
-    # shows the run in one line wherever a summary is wanted).
+    # No summary of this run: one derived from its messages would repeat them in the recall text
+    # (Episode.gist shows the run in one line). The conversation's running summary, when the agent
+    # updated it this turn, is of earlier turns that left the history: stored here so it outlives the
+    # thread, and taken off the episode that held the one it replaced (one copy in recall).
     return service.record_episode(
         started_at=started_at,
         agent_id=context.agent_id,
@@ -343,6 +345,8 @@ def _record_episode(service, state, context, user, errors):
         final_output=storable({"reply": reply}) if reply else None,
         success=bool(reply) and not errors,
         error=storable("; ".join(e["error"] for e in errors)),
+        summary=storable(state.get("conversation_summary") or ""),
+        replaces_summary=storable(state.get("replaced_summary") or ""),
     )
 
 
@@ -356,7 +360,17 @@ register(
             "each row written (kind, action, id, key)."
         ),
         config_schema=REMEMBER_SCHEMA,
-        inputs=("facts_to_remember", "user", "thread_id", "messages", "reply", "actions", "trigger"),
+        inputs=(
+            "facts_to_remember",
+            "user",
+            "thread_id",
+            "messages",
+            "reply",
+            "actions",
+            "trigger",
+            "conversation_summary",
+            "replaced_summary",
+        ),
         outputs=("remembered", "episode_id", "memory_writes", "memory_errors"),
         build=build_remember,
     )
@@ -371,6 +385,14 @@ AGENT_SCHEMA = {
         "system_prompt": {"type": "string", "maxLength": 20000},
         "conversation_memory": {"type": "boolean", "default": True},
         "history_limit": {"type": "integer", "minimum": 2, "maximum": 1000, "default": 20},
+        "summarize_history": {
+            "type": "boolean",
+            "default": True,
+            "description": (
+                "Fold the turns that fall out of history_limit into the thread's running summary (shown to the "
+                "model as memory, stored on the turn's episode) instead of dropping them."
+            ),
+        },
         "nudge_after_turns": {
             "type": ["integer", "null"],
             "minimum": 1,
@@ -463,7 +485,15 @@ register(
         ),
         config_schema=AGENT_SCHEMA,
         inputs=("messages", "user", "conversation_id", "thread_id", "memory_prompt", "memories"),
-        outputs=("reply", "messages", "actions", "facts_to_remember", "memory_errors"),
+        outputs=(
+            "reply",
+            "messages",
+            "actions",
+            "facts_to_remember",
+            "conversation_summary",
+            "replaced_summary",
+            "memory_errors",
+        ),
         build=build_agent_node,
         check=_check_agent,
     )

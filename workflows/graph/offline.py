@@ -1,7 +1,9 @@
 """The offline responder: a clearly labelled stand-in chat model for when none is configured.
 
 It answers from recalled memory only (no network): "what is my X?" looks the fact up, "what do you
-know about me?" lists what is known, and statements are acknowledged. `facts_in(text)` turns
+know about me?" lists what is known, statements are acknowledged, and other questions get the recalled
+facts they matched or else the line of the conversation's running summary (its turns past the history
+limit) that shares most words with them. `facts_in(text)` turns
 "remember that ..." and "my X is Y" into facts for the remember node. Every reply starts with LABEL.
 """
 
@@ -24,6 +26,11 @@ _MY_X_IS_Y = re.compile(r"^\s*my\s+(?P<key>[\w' -]{1,60}?)\s+(?:is|are|=)\s+(?P<
 _CALL_ME = re.compile(r"^\s*(?:call me|i am|i'm)\s+(?P<value>[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)?)\s*[.!]*\s*$")
 _WHAT_IS_MY = re.compile(
     r"^\s*(?:what(?:'s| is| are)|do you (?:know|remember))\s+my\s+(?P<key>[\w' -]{1,60}?)\s*\??\s*$", re.IGNORECASE
+)
+# Words that say nothing about what a question is after (matched against the summary's lines).
+_FILLER_WORDS = frozenset(
+    "a an and any are did do does for from had has have how i in is it me my of on or said say tell "
+    "that the this to told was were what when where which who why with you your".split()
 )
 _ABOUT_ME = re.compile(r"\b(?:what do you (?:know|remember)(?: about me)?|who am i)\b", re.IGNORECASE)
 
@@ -64,8 +71,24 @@ def facts_in(text) -> list[FactToRemember]:
     return facts
 
 
-def reply_to(text, memories, user=None) -> str:
-    """The offline answer to `text` given the recalled `memories` (the recall node's dict)."""
+def _words(text):
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2 and w not in _FILLER_WORDS}
+
+
+def from_summary(question, summary):
+    """The line of `summary` sharing most words with `question` (None when none shares any)."""
+    asked = _words(question)
+    best, best_shared = None, 0
+    for line in (summary or "").splitlines():
+        shared = len(asked & _words(line))
+        if shared > best_shared:
+            best, best_shared = line.strip(), shared
+    return best
+
+
+def reply_to(text, memories, user=None, summary="") -> str:
+    """The offline answer to `text` given the recalled `memories` (the recall node's dict) and the
+    conversation's running `summary`."""
     facts = (memories or {}).get("facts") or []
     own = [f for f in facts if f.get("scope") in ("user", "session")]
     text = (text or "").strip()
@@ -94,6 +117,10 @@ def reply_to(text, memories, user=None) -> str:
     if matched:
         known = "; ".join(f"{f['key'].replace('_', ' ')}: {_value(f['value'])}" for f in matched[:5])
         return f"{LABEL} Here is what I remember that may help: {known}."
+    # Stored facts first (they are what was kept on purpose), then the conversation's own earlier words.
+    earlier = from_summary(text, summary) if text.endswith("?") else None
+    if earlier:
+        return f"{LABEL} From earlier in our conversation: {earlier}"
     name = next((f["value"] for f in own if f["key"] == "name"), None) or (user or {}).get("display_name")
     greeting = f"Hello {_value(name)}. " if name else "Hello. "
     return (
@@ -111,6 +138,7 @@ class OfflineResponder(BaseChatModel):
 
     memories: dict = {}
     user: dict | None = None
+    summary: str = ""
 
     @property
     def _llm_type(self) -> str:
@@ -121,5 +149,5 @@ class OfflineResponder(BaseChatModel):
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
         question = next((m.text for m in reversed(messages) if m.type == "human" and m.id != FALLBACK_MESSAGE_ID), "")
-        reply = reply_to(question, self.memories, self.user)
+        reply = reply_to(question, self.memories, self.user, self.summary)
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply))])

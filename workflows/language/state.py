@@ -67,6 +67,10 @@ class WorkflowState(TypedDict, total=False):
     thread_id: str
     actions: Annotated[list[dict], operator.add]
     facts_to_remember: Annotated[list[FactToRemember], operator.add]
+    # The conversation's running summary (its turns past history_limit), when this turn changed it, and
+    # the one it replaced: the remember node stores it on the turn's episode, taken off the earlier one.
+    conversation_summary: str
+    replaced_summary: str
     # remember
     remembered: list[RememberedFact]
     episode_id: int | None
