@@ -184,3 +184,14 @@ def test_healthz_reports_the_vector_cache(client, service, fake_embedder):
     cache = client.get("/healthz").json()["vectors"]["cache"]
     assert cache["owners"] >= 1 and cache["loads"] >= 1 and cache["misses"] >= 1 and cache["hits"] >= 1
     assert 0 < cache["bytes"] < cache["cap_bytes"] and cache["evictions"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("cap", ["256", -1, True])
+def test_a_cap_that_is_not_megabytes_is_refused_by_name(settings, cap):
+    from django.core.exceptions import ImproperlyConfigured
+
+    seed("o1", 10)
+    set_cap(settings, cap)
+    with pytest.raises(ImproperlyConfigured, match="VECTOR_CACHE_MB"):
+        VectorIndex(DIM).stats()

@@ -31,6 +31,7 @@ import sys
 import threading
 
 import numpy as np
+from django.core.exceptions import ImproperlyConfigured
 
 from ..backends.rows import fetch_in_chunks
 from ..conf import memory_settings, on_memory_settings_changed
@@ -287,11 +288,8 @@ class VectorIndex:
         self._evict(keep)
 
     def _evict(self, keep):
-        cap = memory_settings.VECTOR_CACHE_MB
-        if cap is None:
-            return
-        limit = float(cap) * 1024 * 1024
-        if self.bytes <= limit:
+        limit = cap_bytes()
+        if limit is None or self.bytes <= limit:
             return
         for owner in list(self.owners):
             matrix = self.owners[owner]
@@ -305,11 +303,11 @@ class VectorIndex:
 
     def stats(self):
         """The cache's figures for /healthz: bytes held, cap, owners held, hits, misses, loads, evictions."""
-        cap = memory_settings.VECTOR_CACHE_MB
+        cap = cap_bytes()
         with self._lock:
             return {
                 "bytes": int(self.bytes),
-                "cap_bytes": None if cap is None else int(float(cap) * 1024 * 1024),
+                "cap_bytes": cap,
                 "owners": len(self.owners),
                 "hits": self.hits,
                 "misses": self.misses,
@@ -464,6 +462,16 @@ class VectorIndex:
             with matrix.lock:
                 result.update(matrix.cosines(doc_ids, query))
         return result
+
+
+def cap_bytes():
+    """MEMORY["VECTOR_CACHE_MB"] in bytes; None: no cap."""
+    cap = memory_settings.VECTOR_CACHE_MB
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, int | float) or cap < 0:
+        raise ImproperlyConfigured(f'MEMORY["VECTOR_CACHE_MB"] must be a number of megabytes >= 0 or None, not {cap!r}')
+    return int(cap * 1024 * 1024)
 
 
 def _counters(owner):
