@@ -127,19 +127,20 @@ def test_a_cold_owner_loading_does_not_block_a_recall_of_another_owner(settings)
     loading = threading.Thread(target=index.sync, args=(big_state,))
     loading.start()
     deadline = time.monotonic() + 30
-    while not ("big" in index.owners and index.owners["big"].lock.locked()):
+    while "big" not in index.owners:  # its sync has begun: the load comes next
         assert time.monotonic() < deadline and loading.is_alive(), "the big owner's load never started"
-    big = index.owners["big"]
     answered_during_load = 0
-    while big.lock.locked():
+    while loading.is_alive():
         index.sync(small_state)
         found = index.search(["small"], small[7], 1)
-        if big.lock.locked():  # answered while the big owner's load still ran
+        if loading.is_alive():  # answered while the big owner's load still ran
             answered_during_load += 1
         assert found[0][1] > 0.999
-    loading.join(30)
     print(f"recalls of the small owner answered during the big owner's load: {answered_during_load}")
-    assert answered_during_load >= 1
+    # Under one process-wide lock the first of these waited for the whole load (and at most that one
+    # could count, in the moment between the load and its thread's end).
+    assert answered_during_load >= 5
+    big = index.owners["big"]
     assert big.size == 4000 and big.generation == big_state["big"][0]
 
 
