@@ -162,6 +162,10 @@ DEFAULTS = {
     # BLAS threads spin, and on a small busy machine they take the cores a recall's own statements
     # and the requests need; the scans are small enough for one thread. None: leave it.
     "VECTOR_BLAS_THREADS": 1,
+    # Megabytes of vectors one process keeps in its vector index (memory/recall/vectors.py), over all
+    # owners; past it, the owners least recently used are dropped and loaded again when next needed.
+    # About 1.8 KB per 384-dimension vector (docs/guides/vector-memory.md). None: no cap.
+    "VECTOR_CACHE_MB": 256,
 }
 
 BACKENDS_BY_VENDOR = {

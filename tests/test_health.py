@@ -95,7 +95,7 @@ def test_healthz_needs_no_login_and_shows_no_memory(client, service, keyword_onl
         "checkpointer": "ok",  # the workflows app registers its saver's check
         "recall": "keyword-only",
         "unhandled_errors": body["unhandled_errors"],
-        "vectors": {"pending": 0, "failures": body["vectors"]["failures"]},
+        "vectors": {"pending": 0, "failures": body["vectors"]["failures"], "cache": body["vectors"]["cache"]},
         "last_consolidation": None,
         "health": {"band": body["health"]["band"], "score": body["health"]["score"]},
     }

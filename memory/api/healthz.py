@@ -64,6 +64,7 @@ def healthz(request):
     body["vectors"] = {
         "pending": service.pending_vectors(),  # committed documents the embedding worker has not reached yet
         "failures": indexer.failures,  # failed embedding batches in this process (each is retried)
+        "cache": health.vector_cache(),  # this process's vector index: bytes against its cap, hits, loads, evictions
     }
     body["last_consolidation"] = (
         None

@@ -18,7 +18,8 @@ nothing can be measured (an empty memory).
 
 Components: /healthz reports the database (checked here), and whatever other apps register with
 `register_component(name, check)` (the checkpointer: "unknown" until workflows register it); the
-recall mode is recall's own: "hybrid" with an embedder configured and installed, else "keyword-only".
+recall mode is recall's own: "hybrid" with an embedder configured and installed, else "keyword-only";
+the vector cache (`vector_cache`) is this process's own, like the embedding worker's failures.
 """
 
 import threading
@@ -35,6 +36,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import configured_mode
 from ..models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
 from ..recall.relations import contradictions
+from ..recall.vectors import cache_stats
 
 WEIGHTS = {"freshness": 25, "coverage": 25, "coherence": 20, "efficiency": 15, "reachability": 15}
 GREEN, YELLOW, RED, UNKNOWN = "green", "yellow", "red", "unknown"
@@ -163,6 +165,13 @@ def components():
 def recall_mode():
     """How recall searches: "hybrid" (keywords and vectors) or "keyword-only". Loads no model."""
     return configured_mode()
+
+
+def vector_cache():
+    """This process's vector index against its cap (MEMORY["VECTOR_CACHE_MB"]): bytes held, cap_bytes,
+    owners held, hits and misses (a sync asking for an owner held or not), loads (statements' worth of
+    an owner read), evictions (owners dropped, least recently used, to stay under the cap)."""
+    return cache_stats()
 
 
 def database_status():
