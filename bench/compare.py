@@ -1,0 +1,98 @@
+"""One benchmark at two commits, interleaved: the figures of this checkout against an older commit's.
+
+    python -m bench.compare --against COMMIT [--runs 3] BENCH [BENCH'S ARGUMENTS ...]
+    python -m bench.compare --against fe5f142 facts --n 20000 --mode hybrid
+
+Checks the older commit out into a temporary git worktree and runs `python -m bench.BENCH ... --json`
+there and here by turns (old, new, new, old, ...: neither always runs first), each in its own process
+with this interpreter. A benchmark run from a checkout imports that checkout's code: the working
+directory comes first on the module path. Prints, for every number both JSON objects hold (nested
+keys joined with dots), the median of each side and new / old, then the machine reference; with
+--json, one JSON object. Whether a higher figure is better depends on the figure (rates: yes,
+latencies: no); the table says neither.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .scratch import REPO, machine_reference
+
+
+def numbers(obj, prefix=""):
+    """{dotted key: number} of every int or float in a JSON object (booleans are not numbers here)."""
+    found = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found.update(numbers(value, f"{prefix}{key}."))
+    elif isinstance(obj, int | float) and not isinstance(obj, bool):
+        found[prefix[:-1]] = obj
+    return found
+
+
+def run_once(tree, bench, arguments):
+    command = [sys.executable, "-m", f"bench.{bench}", *arguments, "--json"]
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"bench.{bench} failed in {tree} (exit {done.returncode})")
+    return numbers(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--against", required=True, help="the older commit (anything git rev-parse takes)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each side (default 3)")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument("bench", help="the benchmark module's name under bench/, e.g. facts")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", args.against], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    results = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="engram-compare-") as scratch:
+        old_tree = Path(scratch) / "old"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), commit], cwd=REPO, check=True)
+        try:
+            for n in range(args.runs):
+                order = ("old", "new") if n % 2 == 0 else ("new", "old")
+                for side in order:
+                    print(f"run {n + 1}/{args.runs}: {side}", file=sys.stderr, flush=True)
+                    tree = old_tree if side == "old" else REPO
+                    results[side].append(run_once(tree, args.bench, args.arguments))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=REPO, check=False)
+    keys = [k for k in results["new"][0] if all(k in r for r in results["old"] + results["new"])]
+    rows = {}
+    for key in keys:
+        old = statistics.median(r[key] for r in results["old"])
+        new = statistics.median(r[key] for r in results["new"])
+        rows[key] = {"old": old, "new": new, "new_over_old": round(new / old, 3) if old else None}
+    reference = machine_reference()
+    if args.json:
+        print(json.dumps({"bench": args.bench, "against": commit, "runs": args.runs, "figures": rows, "machine": reference}))
+        return 0
+    table = Table(title=f"bench.{args.bench} {' '.join(args.arguments)}: this checkout against {commit}")
+    for column in ("figure", f"{commit} (median)", "now (median)", "now / then"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for key, row in rows.items():
+        ratio = "" if row["new_over_old"] is None else f"{row['new_over_old']:.3f}"
+        table.add_row(key, f"{row['old']:g}", f"{row['new']:g}", ratio)
+    console = Console()
+    console.print(table)
+    console.print(reference)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
