@@ -127,54 +127,84 @@ def _rank(version):
     return SCOPE_RANK[version.scope]
 
 
-def version_as_of(key, viewer, when):
-    """The most specific version in force at `when` for `key` among the viewer's owners, or None. One query.
-
-    Per owner, the latest version of the key at `when`; a `deleted` one means that owner held no
-    such fact then, so a less specific owner's answers (as a current read would).
-    """
-    conn = connections[DEFAULT_DB_ALIAS]
-    stamp = _VALID_FROM.get_db_prep_value(when, conn)
-    columns = select_columns(FactHistory, "v")
-    parts, params = [], []
-    for n, (owner_sql, owner_params, _) in enumerate(owner_terms(viewer)):
-        parts.append(
-            f"SELECT * FROM (SELECT {columns} FROM {FACT_HISTORY_VIEW} v "
-            f'WHERE v.scope_key = {owner_sql} AND v."key" = %s AND v.valid_from <= %s '
-            f"ORDER BY v.{_ORDER.replace(', ', ', v.')} LIMIT 1) latest{n}"
-        )
-        params += [*owner_params, key, stamp]
-    found = [v for v in fetch_models(FactHistory, " UNION ALL ".join(parts), params) if v.action != FactAction.DELETED]
-    return min(found, key=_rank) if found else None
+def holds(item, when):
+    """Whether a fact (or a version) holds in the world at `when`: its valid time contains it."""
+    start, end = valid_time(item)
+    return (start is None or start <= when) and (end is None or end > when)
 
 
-def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=None, limit=None):
-    """The versions in force at `when` that the viewer saw, matching as search_facts matches, most
-    confident first (then the more specific, then the newer). One query.
+def valid_time(item):
+    """(valid_from, valid_to) of a Fact, or of a FactHistory / FactVersion (world_from, world_to)."""
+    if hasattr(item, "world_from"):
+        return item.world_from, item.world_to
+    return item.valid_from, item.valid_to
 
-    The latest version of each (owner, key) at `when` is picked in the database; shadowing (a more
-    specific owner's fact with the same key hides the others), the words, confidence and type are
-    applied in Python to what is left: a point-in-time read is an audit, not a hot path.
+
+def _states_at(viewer, valid_at, as_of=None, keys=None):
+    """Per (owner, key) the viewer sees, the state that held at `valid_at` (world time) as recorded
+    by `as_of` (recorded time; None: as recorded now). One query.
+
+    The state is the latest recorded version (at `as_of`) whose valid time contains `valid_at`: a
+    later value that closed an earlier one holds from its start on, the earlier one before it; a
+    correction recorded later wins over what it corrected. A `deleted` version recorded after a
+    state ends it: a fact deleted since holds nothing, at any time.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     terms = owner_terms(viewer)
     owners = ", ".join(sql for sql, _, _ in terms)
     params = [p for _, term_params, _ in terms for p in term_params]
-    columns = select_columns(FactHistory, "v")
-    sql = (
-        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
-        f'(PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
-        f"FROM {FACT_HISTORY_VIEW} v WHERE v.scope_key IN ({owners}) AND v.valid_from <= %s) t "
-        f"WHERE t.position = 1 AND t.action <> %s"
+    world = _VALID_FROM.get_db_prep_value(valid_at, conn)
+    recorded = None if as_of is None else _VALID_FROM.get_db_prep_value(as_of, conn)
+    where = [f"v.scope_key IN ({owners})", "v.action <> %s"]
+    params.append(FactAction.DELETED)
+    if keys is not None:
+        where.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
+        params += list(keys)
+    if recorded is not None:
+        where.append("v.valid_from <= %s")
+        params.append(recorded)
+    where += ["(v.world_from IS NULL OR v.world_from <= %s)", "(v.world_to IS NULL OR v.world_to > %s)"]
+    params += [world, world]
+    ended = (
+        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = v.scope_key AND d."key" = v."key" AND d.action = %s '
+        "AND (d.valid_from > v.valid_from OR d.valid_from = v.valid_from AND v.id > 0 AND d.id > v.id)"
     )
-    params += [_VALID_FROM.get_db_prep_value(when, conn), FactAction.DELETED]
+    params.append(FactAction.DELETED)
+    if recorded is not None:
+        ended += " AND d.valid_from <= %s"
+        params.append(recorded)
+    where.append(f"NOT EXISTS ({ended})")
+    sql = (
+        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {select_columns(FactHistory, 'v')}, ROW_NUMBER() "
+        f'OVER (PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
+        f"FROM {FACT_HISTORY_VIEW} v WHERE {' AND '.join(where)}) t WHERE t.position = 1"
+    )
+    return fetch_models(FactHistory, sql, params)
+
+
+def _most_specific(states):
     best = {}
-    for version in fetch_models(FactHistory, sql, params):
+    for version in states:
         held = best.get(version.key)
         if held is None or _rank(version) < _rank(held):
             best[version.key] = version
+    return best
+
+
+def version_at(key, viewer, *, valid_at, as_of=None):
+    """The most specific state of `key` among the viewer's owners that held at `valid_at` as
+    recorded by `as_of` (see _states_at), or None. One query. An owner whose fact did not hold
+    then lets a less specific owner's answer, as a current read does when it has no fact."""
+    return _most_specific(_states_at(viewer, valid_at, as_of, keys=[key])).get(key)
+
+
+def versions_at(viewer, *, valid_at, as_of=None, tokens=(), min_confidence=None, fact_type=None, limit=None):
+    """The states that held at `valid_at` as recorded by `as_of` (see _states_at) that the viewer
+    saw, matching as search_facts matches, most confident first (then the more specific, then the
+    newer). One query; shadowing (a more specific owner's state with the same key hides the
+    others), the words, confidence and type are applied in Python: an audit, not a hot path."""
     found = []
-    for version in best.values():
+    for version in _most_specific(_states_at(viewer, valid_at, as_of)).values():
         if min_confidence and version.confidence < min_confidence:
             continue
         if fact_type and version.fact_type != fact_type:
@@ -186,6 +216,14 @@ def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=No
         found.append(version)
     found.sort(key=lambda v: (-v.confidence, _rank(v), -v.valid_from.timestamp(), v.fact_id))
     return found[:limit] if limit is not None else found
+
+
+def states_of(viewer, keys, *, valid_at, as_of=None):
+    """{(owner key, key): state} for these keys among the viewer's owners (see _states_at); recall
+    swaps each fact it found for its state then."""
+    if not keys:
+        return {}
+    return {(v.scope_key, v.key): v for v in _states_at(viewer, valid_at, as_of, keys=sorted(set(keys)))}
 
 
 def versions_of(fact_id=None, *, scope_key=None, key=None, limit=None):

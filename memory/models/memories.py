@@ -167,6 +167,11 @@ class Fact(models.Model):
     change_action = models.CharField(max_length=16, choices=FactAction.choices, default=FactAction.CREATED)
     change_source_episode_id = models.BigIntegerField(null=True, blank=True)
     change_provenance = models.TextField(null=True, blank=True, default=None)
+    # Valid time: when the value holds in the world (NULL: since always / until further notice),
+    # apart from when it was recorded (updated_at, fact history). A later value of the same key
+    # closes it; the closed value stays in fact history with its interval (memory/domain/history.py).
+    valid_from = models.DateTimeField(null=True, blank=True)
+    valid_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["key", "id"]
@@ -231,7 +236,11 @@ class FactVersion(models.Model):
     # The episode the value came from (a number: the episode may be deleted later) and the writer's note.
     source_episode_id = models.BigIntegerField(null=True, blank=True)
     provenance = models.TextField(blank=True, default="")
+    # When this version was recorded (system time; SQL:2011's name). Its valid time (world time,
+    # the fact's valid_from/valid_to) is world_from/world_to: closed when a later value replaced it.
     valid_from = models.DateTimeField()
+    world_from = models.DateTimeField(null=True, blank=True)
+    world_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "memory_fact_version"
@@ -278,6 +287,8 @@ class FactHistory(models.Model):
     provenance = models.TextField(blank=True)
     valid_from = models.DateTimeField()
     current = models.BooleanField()
+    world_from = models.DateTimeField(null=True, blank=True)
+    world_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         managed = False
