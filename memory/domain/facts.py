@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
-from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
+from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds
 from ..models.owners import fact_owner_key
 from ..recall import relations
 from ..recall.access import access_counter
@@ -97,13 +97,13 @@ class Facts:
         if when is not None:
             if not history.enabled():  # no history: the stored values are all there is
                 found = self.backend.get_fact(key, viewer)
-                return found if found is not None and history.holds(found, when.valid_at) else None
+                return found if found is not None and holds(found, when.valid_at) else None
             return history.version_at(key, viewer, valid_at=when.valid_at, as_of=when.as_of)
         fact = self.backend.get_fact(key, viewer)
         if fact is None:
             return None
         now = timezone.now()
-        if not history.holds(fact, now):
+        if not holds(fact, now):
             # Closed, or dated to start later: what holds now is another state, if any (rare: a
             # later value of the key usually closes the old one and holds now on this row).
             return self.get_fact(key, agent_id=agent_id, user_id=user_id, session_id=session_id, valid_at=now)
@@ -234,6 +234,9 @@ class Facts:
             existing.times_confirmed += 1
             existing.confidence += (1.0 - existing.confidence) * w
             changes.update(self._given_valid_time(existing, incoming))
+            # An end given to the same value ends it in history too (else the superseded state,
+            # open-ended, would still answer for later times).
+            closing = incoming.valid_to
         elif overwrite:
             action = WriteAction.UPDATED
             closing = self._closing(existing, incoming, now)
@@ -266,7 +269,7 @@ class Facts:
         """When an update's new value starts and so the old one's valid time ends (None: the new
         value corrects the old one over the same time instead). Sets the new value's valid_from;
         refuses a value that ended before now in place of one that holds now."""
-        if incoming.valid_to is not None and incoming.valid_to <= now and history.holds(existing, now):
+        if incoming.valid_to is not None and incoming.valid_to <= now and holds(existing, now):
             raise InvalidMemoryArgument(
                 "valid_to",
                 f"ends before now ({incoming.valid_to.isoformat()}) while the stored value of {existing.key!r} "
@@ -389,7 +392,7 @@ class Facts:
                 order="confidence",
                 limit=limit,
             )
-            if all(history.holds(f, now) for f in facts):
+            if all(holds(f, now) for f in facts):
                 access_counter.record([f.pk for f in facts])
                 return facts
             when = Times(now, None)  # a closed or later-dated fact among them: read the states that hold now
@@ -397,7 +400,7 @@ class Facts:
             facts = self.backend.visible_facts(
                 viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence"
             )
-            return [f for f in facts if history.holds(f, when.valid_at)][:limit]
+            return [f for f in facts if holds(f, when.valid_at)][:limit]
         return history.versions_at(
             viewer,
             valid_at=when.valid_at,
@@ -421,7 +424,7 @@ class Facts:
         facts = self.backend.visible_facts(
             viewer, min_confidence=min_confidence, fact_type=fact_type, order="key", limit=limit
         )
-        return [f for f in facts if history.holds(f, now)]
+        return [f for f in facts if holds(f, now)]
 
     def user_facts(self, user_id, *, limit=None):
         """The user-scoped facts of a user (following merges), most confident first."""
@@ -470,16 +473,17 @@ class Facts:
             as_of = check_as_of("as_of", as_of)
         return Times(as_of if valid_at is None else valid_at, as_of)
 
-    def states_at(self, viewer, keys, *, as_of=None, valid_at=None):
-        """{(owner key, key): the state (FactHistory) of each of these keys of the viewer's owners
-        at those times} (see get_fact); None when no time is given. For recall."""
-        when = self._when(as_of, valid_at)
-        if when is None:
-            return None
+    def read_times(self, *, as_of=None, valid_at=None):
+        """The checked times of a point-in-time read (Times), or None for a read of what holds now."""
+        return self._when(as_of, valid_at)
+
+    def states_at(self, viewer, keys, times):
+        """{(owner key, key): the state (FactHistory; a Fact without history) of each of these keys
+        of the viewer's owners at `times` (read_times)}: what recall shows for the facts it found."""
         if not history.enabled():
             facts = [self.backend.get_fact(key, viewer) for key in set(keys)]
-            return {(f.scope_key, f.key): f for f in facts if f is not None and history.holds(f, when.valid_at)}
-        return history.states_of(viewer, keys, valid_at=when.valid_at, as_of=when.as_of)
+            return {(f.scope_key, f.key): f for f in facts if f is not None and holds(f, times.valid_at)}
+        return history.states_of(viewer, keys, valid_at=times.valid_at, as_of=times.as_of)
 
     def optimize_search_index(self):
         """Compact the keyword indexes facts live in (substring search and recall); worth it after a bulk load.

@@ -127,57 +127,50 @@ def _rank(version):
     return SCOPE_RANK[version.scope]
 
 
-def holds(item, when):
-    """Whether a fact (or a version) holds in the world at `when`: its valid time contains it."""
-    start, end = valid_time(item)
-    return (start is None or start <= when) and (end is None or end > when)
-
-
-def valid_time(item):
-    """(valid_from, valid_to) of a Fact, or of a FactHistory / FactVersion (world_from, world_to)."""
-    if hasattr(item, "world_from"):
-        return item.world_from, item.world_to
-    return item.valid_from, item.valid_to
-
-
 def _states_at(viewer, valid_at, as_of=None, keys=None):
     """Per (owner, key) the viewer sees, the state that held at `valid_at` (world time) as recorded
     by `as_of` (recorded time; None: as recorded now). One query.
 
     The state is the latest recorded version (at `as_of`) whose valid time contains `valid_at`: a
     later value that closed an earlier one holds from its start on, the earlier one before it; a
-    correction recorded later wins over what it corrected. A `deleted` version recorded after a
-    state ends it: a fact deleted since holds nothing, at any time.
+    correction recorded later wins over what it corrected. A version's end is the one it has now
+    (world_to, closed by the value that replaced it), or, read as of a time before it was
+    replaced, the one it had then (recorded_world_to). A `deleted` version recorded after a state
+    ends it: a fact deleted since holds nothing, at any time.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     terms = owner_terms(viewer)
-    owners = ", ".join(sql for sql, _, _ in terms)
     params = [p for _, term_params, _ in terms for p in term_params]
     world = _VALID_FROM.get_db_prep_value(valid_at, conn)
     recorded = None if as_of is None else _VALID_FROM.get_db_prep_value(as_of, conn)
-    where = [f"v.scope_key IN ({owners})", "v.action <> %s"]
-    params.append(FactAction.DELETED)
+    inner = [f"v.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"]
     if keys is not None:
-        where.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
+        inner.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
         params += list(keys)
     if recorded is not None:
-        where.append("v.valid_from <= %s")
+        inner.append("v.valid_from <= %s")
         params.append(recorded)
-    where += ["(v.world_from IS NULL OR v.world_from <= %s)", "(v.world_to IS NULL OR v.world_to > %s)"]
-    params += [world, world]
-    ended = (
-        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = v.scope_key AND d."key" = v."key" AND d.action = %s '
-        "AND (d.valid_from > v.valid_from OR d.valid_from = v.valid_from AND v.id > 0 AND d.id > v.id)"
+    # Read as of a time, a version not yet replaced then (no later version by then) had the end it was recorded with.
+    replaced = "LEAD(v.valid_from) OVER (PARTITION BY v.fact_id ORDER BY v.valid_from, v.id)"
+    end = (
+        "s.world_to"
+        if recorded is None
+        else "CASE WHEN s.replaced_at IS NULL THEN s.recorded_world_to ELSE s.world_to END"
     )
-    params.append(FactAction.DELETED)
-    if recorded is not None:
-        ended += " AND d.valid_from <= %s"
-        params.append(recorded)
-    where.append(f"NOT EXISTS ({ended})")
+    ended = (
+        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = s.scope_key AND d."key" = s."key" AND d.action = %s '
+        "AND (d.valid_from > s.valid_from OR d.valid_from = s.valid_from AND s.id > 0 AND d.id > s.id)"
+        + ("" if recorded is None else " AND d.valid_from <= %s")
+    )
+    params += [FactAction.DELETED, world, world, FactAction.DELETED, *([] if recorded is None else [recorded])]
+    columns = select_columns(FactHistory, "s")
     sql = (
-        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {select_columns(FactHistory, 'v')}, ROW_NUMBER() "
-        f'OVER (PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
-        f"FROM {FACT_HISTORY_VIEW} v WHERE {' AND '.join(where)}) t WHERE t.position = 1"
+        f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
+        f'(PARTITION BY s.scope_key, s."key" ORDER BY s.{_ORDER.replace(", ", ", s.")}) AS position FROM '
+        f"(SELECT {select_columns(FactHistory, 'v')}, {replaced} AS replaced_at FROM {FACT_HISTORY_VIEW} v "
+        f"WHERE {' AND '.join(inner)}) s "
+        f"WHERE s.action <> %s AND (s.world_from IS NULL OR s.world_from <= %s) AND ({end} IS NULL OR {end} > %s) "
+        f"AND NOT EXISTS ({ended})) t WHERE t.position = 1"
     )
     return fetch_models(FactHistory, sql, params)
 

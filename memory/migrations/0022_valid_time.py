@@ -1,6 +1,7 @@
 """Valid time: when a fact holds in the world (Fact.valid_from / valid_to), apart from when it was
 recorded; fact history keeps each version's valid time (FactVersion.world_from / world_to, whose
-`valid_from` already names the version's recorded start) and the view memory_fact_history shows it.
+`valid_from` already names the version's recorded start; recorded_world_to, the end it had before a
+later value closed it) and the view memory_fact_history shows it.
 
 The columns are added with ALTER TABLE ... ADD COLUMN (as in 0017), not Django's AddField, which on
 SQLite would rebuild memory_fact and drop the triggers of its indexes. The view is made again with
@@ -15,13 +16,19 @@ from django.db import migrations, models
 before = import_module("memory.migrations.0017_fact_current_version")
 
 FACT, VERSION, VIEW = "memory_fact", "memory_fact_version", "memory_fact_history"
-COLUMNS = ((FACT, "valid_from"), (FACT, "valid_to"), (VERSION, "world_from"), (VERSION, "world_to"))
+COLUMNS = (
+    (FACT, "valid_from"),
+    (FACT, "valid_to"),
+    (VERSION, "world_from"),
+    (VERSION, "world_to"),
+    (VERSION, "recorded_world_to"),
+)
 
 CREATE_VIEW = (
-    f'CREATE VIEW {VIEW} (id, {before._COLUMNS}, "current", world_from, world_to) AS '
+    f'CREATE VIEW {VIEW} (id, {before._COLUMNS}, "current", world_from, world_to, recorded_world_to) AS '
     f"SELECT v.id, {', '.join('v.' + c.strip() for c in before._COLUMNS.split(','))}, FALSE, "
-    f"v.world_from, v.world_to FROM {VERSION} v "
-    f"UNION ALL SELECT -f.id, {before.CURRENT_VERSION}, TRUE, f.valid_from, f.valid_to FROM {FACT} f"
+    f"v.world_from, v.world_to, v.recorded_world_to FROM {VERSION} v "
+    f"UNION ALL SELECT -f.id, {before.CURRENT_VERSION}, TRUE, f.valid_from, f.valid_to, f.valid_to FROM {FACT} f"
 )
 
 
@@ -52,8 +59,10 @@ class Migration(migrations.Migration):
                 migrations.AddField(model_name="fact", name="valid_to", field=nullable_time()),
                 migrations.AddField(model_name="factversion", name="world_from", field=nullable_time()),
                 migrations.AddField(model_name="factversion", name="world_to", field=nullable_time()),
+                migrations.AddField(model_name="factversion", name="recorded_world_to", field=nullable_time()),
                 migrations.AddField(model_name="facthistory", name="world_from", field=nullable_time()),
                 migrations.AddField(model_name="facthistory", name="world_to", field=nullable_time()),
+                migrations.AddField(model_name="facthistory", name="recorded_world_to", field=nullable_time()),
             ],
         ),
         migrations.RunSQL(CREATE_VIEW, before.DROP_VIEW),

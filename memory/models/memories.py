@@ -200,6 +200,11 @@ class Fact(models.Model):
     def __str__(self):
         return f"{self.key} ({self.scope_key})"
 
+    @property
+    def valid_time(self):
+        """(valid_from, valid_to): when the value holds in the world (None: open at that end)."""
+        return self.valid_from, self.valid_to
+
     def save(self, *args, **kwargs):
         # Whoever saves a fact (the admin included), search must see its current key and value.
         self.search_text = fact_search_text(self.key, self.value)
@@ -237,10 +242,13 @@ class FactVersion(models.Model):
     source_episode_id = models.BigIntegerField(null=True, blank=True)
     provenance = models.TextField(blank=True, default="")
     # When this version was recorded (system time; SQL:2011's name). Its valid time (world time,
-    # the fact's valid_from/valid_to) is world_from/world_to: closed when a later value replaced it.
+    # the fact's valid_from/valid_to) is world_from/world_to, world_to closed at the start of the
+    # later value that replaced it; recorded_world_to is the end it had while it was current (what
+    # a read as_of a time before the replacement answers with).
     valid_from = models.DateTimeField()
     world_from = models.DateTimeField(null=True, blank=True)
     world_to = models.DateTimeField(null=True, blank=True)
+    recorded_world_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "memory_fact_version"
@@ -289,6 +297,17 @@ class FactHistory(models.Model):
     current = models.BooleanField()
     world_from = models.DateTimeField(null=True, blank=True)
     world_to = models.DateTimeField(null=True, blank=True)
+    recorded_world_to = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def valid_time(self):
+        """(start, end) of the version's valid time (world time), as known now: a Fact's valid_time."""
+        return self.world_from, self.world_to
+
+    @property
+    def updated_at(self):
+        """When this version was recorded (as a Fact's updated_at)."""
+        return self.valid_from
 
     class Meta:
         managed = False
@@ -379,6 +398,12 @@ class StoreItem(models.Model):
 
     def __str__(self):
         return f"{self.namespace} / {self.key}"
+
+
+def holds(item, when):
+    """Whether a Fact (or a FactHistory version) holds in the world at `when`: its valid time contains it."""
+    start, end = item.valid_time
+    return (start is None or start <= when) and (end is None or end > when)
 
 
 def episode_gist(summary, conversation):
