@@ -153,3 +153,79 @@ def test_recall_shows_facts_as_they_held_then(service, ada, keyword_only):
     hit = service.recall("city", user_id=ada.pk, valid_at="2021-06-01")[0]
     fields = hit.as_dict()["item"]
     assert (hit.text, fields["value"], fields["valid_to"]) == ("city: Paris", "Paris", "2025-06-01T00:00:00+00:00")
+
+
+# ---------------------------------------------------------------- REST
+
+
+def test_rest_writes_a_fact_with_valid_time_and_reads_it_now_and_then(api, ada, keyword_only):
+    created = api.post(
+        "/api/v1/facts/",
+        {"key": "city", "value": "Paris", "scope": "user", "user": ada.pk, "valid_from": "2019-03-01"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    assert created.json()["action"] == "created"
+    assert created.json()["fact"]["valid_from"] == "2019-03-01T00:00:00Z"
+    moved = api.post(
+        "/api/v1/facts/",
+        {"key": "city", "value": "Berlin", "scope": "user", "user": ada.pk, "valid_from": "2025-06-01T00:00:00Z"},
+        format="json",
+    )
+    assert moved.status_code == 200 and moved.json()["action"] == "updated"
+
+    def lookup(**params):
+        answer = api.get("/api/v1/facts/lookup/", {"key": "city", "user": ada.pk, **params})
+        assert answer.status_code == 200, answer.json()
+        return answer.json()["fact"]
+
+    assert lookup()["value"] == "Berlin"
+    then = lookup(valid_at="2024-07-01")
+    assert (then["value"], then["valid_from"], then["valid_to"]) == (
+        "Paris",
+        "2019-03-01T00:00:00Z",
+        "2025-06-01T00:00:00Z",
+    )
+    assert lookup(valid_at="2010-01-01") is None
+    found = api.get("/api/v1/facts/search/", {"q": "city", "user": ada.pk, "valid_at": "2024-07-01"}).json()
+    assert [f["value"] for f in found["results"]] == ["Paris"]
+    recalled = api.get("/api/v1/recall/", {"q": "city", "user": ada.pk, "types": "facts", "valid_at": "2024-07-01"})
+    assert [h["item"]["value"] for h in recalled.json()["results"]] == ["Paris"]
+    [row] = api.get("/api/v1/facts/", {"user": ada.pk}).json()["results"]
+    assert (row["value"], row["valid_from"], row["valid_to"]) == ("Berlin", "2025-06-01T00:00:00Z", None)
+    versions = api.get("/api/v1/fact-versions/", {"fact": row["id"]}).json()["results"]
+    closed = next(v for v in versions if v["value"] == "Paris")
+    assert closed["world_to"] == "2025-06-01T00:00:00Z" and closed["recorded_world_to"] is None
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"valid_from": "2025-06-01", "valid_to": "2024-01-01"}, "valid_to"),
+        ({"valid_from": "next Tuesday"}, "valid_from"),
+        ({"valid_to": "2024-02-30"}, "valid_to"),
+        ({"user": 999999}, "user"),
+    ],
+)
+def test_rest_refuses_a_bad_date_naming_the_field_and_writes_nothing(api, ada, body, field):
+    api.post("/api/v1/facts/", {"key": "city", "value": "Paris", "scope": "user", "user": ada.pk}, format="json")
+    before = list(FactHistory.objects.values_list("id", "value", "world_from", "world_to"))
+    answer = api.post(
+        "/api/v1/facts/", {"key": "city", "value": "Berlin", "scope": "user", "user": ada.pk, **body}, format="json"
+    )
+    assert answer.status_code == 400 and field in answer.json(), answer.json()
+    assert list(FactHistory.objects.values_list("id", "value", "world_from", "world_to")) == before
+
+
+@pytest.mark.parametrize(
+    "path, params",
+    [
+        ("/api/v1/facts/lookup/", {"key": "city", "valid_at": "yesterday"}),
+        ("/api/v1/facts/search/", {"q": "city", "as_of": "2024-99-01"}),
+        ("/api/v1/recall/", {"q": "city", "valid_at": "whenever"}),
+    ],
+)
+def test_rest_reads_name_a_bad_time(api, ada, keyword_only, path, params):
+    answer = api.get(path, params)
+    assert answer.status_code == 400, answer.json()
+    assert set(answer.json()) & {"valid_at", "as_of"}
