@@ -229,3 +229,13 @@ def test_rest_reads_name_a_bad_time(api, ada, keyword_only, path, params):
     answer = api.get(path, params)
     assert answer.status_code == 400, answer.json()
     assert set(answer.json()) & {"valid_at", "as_of"}
+
+
+def test_a_persons_context_shows_what_holds_now(service, ada):
+    service.set_fact("employer", "Acme", scope="user", user_id=ada.pk, valid_from="2020-01-01", valid_to="2023-01-01")
+    service.set_fact("city", "Paris", scope="user", user_id=ada.pk, valid_from="2019-03-01")
+    service.set_fact("city", "Berlin", scope="user", user_id=ada.pk, valid_from="2025-06-01")
+    assert {f["key"]: f["value"] for f in service.user_context(ada.pk).facts} == {"city": "Berlin"}
+    service.link_identity(ada.pk, "email", "ada@example.org")
+    identified = service.identify("email", "ada@example.org")
+    assert {f["key"]: f["value"] for f in identified.context.facts} == {"city": "Berlin"}
