@@ -88,6 +88,9 @@ class AnyValue(serializers.Field):
         return value
 
 
+NULLABLE_TIME = {"type": "string", "format": "date-time", "nullable": True}
+
+
 class FactState(serializers.Serializer):
     """A fact as a read answers it: its stored row, or (at another time) the version that held then."""
 
@@ -105,12 +108,12 @@ class FactState(serializers.Serializer):
     def get_fact_id(self, item) -> int:
         return getattr(item, "fact_id", None) or item.pk
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(NULLABLE_TIME)
     def get_valid_from(self, item):
         start = item.valid_time[0]
         return None if start is None else serializers.DateTimeField().to_representation(start)
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(NULLABLE_TIME)
     def get_valid_to(self, item):
         end = item.valid_time[1]
         return None if end is None else serializers.DateTimeField().to_representation(end)
