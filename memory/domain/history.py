@@ -10,6 +10,13 @@ one ends it. `MemoryService.get_fact(..., as_of=)`, `search_facts(..., as_of=)` 
 `fact_history()` read it. MEMORY["FACT_HISTORY"] = False stops keeping superseded states (and the
 point-in-time reads refuse, since they would answer from a partial record).
 
+Valid time (when a value holds in the world: Fact.valid_from / valid_to) rides along: a version
+keeps its fact's as world_from / world_to. An update closes the value it replaces: the copy's
+world_to becomes the new value's start (recorded_world_to keeps the end it had, for reads as of
+before the change), so one row per owner and key still holds the current value and history the
+closed ones. `version_at` / `versions_at` / `states_of` read both at a world time (`valid_at`) as
+recorded at a time (`as_of`): per owner and key, the latest recorded state whose valid time contains it.
+
 Versions are copied from their fact's row in the database (never read into Python): set_fact's
 by the same statement as its write on PostgreSQL (a CTE), by the statement before it on SQLite
 (the backends' update_fact with supersede=True).
