@@ -118,26 +118,40 @@ def build_server(caller, *, http_url=None):
         return None if who.user_id is None else service.resolve_user(who.user_id).pk
 
     @server.tool()
-    async def recall(query: str, limit: int = 10) -> str:
+    async def recall(query: str, limit: int = 10, valid_at: str = "", as_of: str = "") -> str:
         """Look up long-term memory: facts, earlier conversations and procedures relevant to `query`.
 
         Each hit has its kind and id (what `forget` takes), its text and a score. `limit`: 1 to 50.
+        `valid_at` (ISO 8601 date or datetime): facts as they held in the world then ("where did she
+        live in 2024?"); `as_of`: what memory said at that time. Without them: what holds now.
         """
         who = caller()
 
         def run():
             checked = check_int("limit", limit, minimum=1, maximum=MAX_RECALL_LIMIT)
-            hits = service.recall(query, agent_id=who.agent_id, user_id=person(who), limit=checked)
+            hits = service.recall(
+                query,
+                agent_id=who.agent_id,
+                user_id=person(who),
+                limit=checked,
+                valid_at=valid_at.strip() or None,
+                as_of=as_of.strip() or None,
+            )
             return [{"kind": h.kind, "id": h.id, "text": scrub(h.text), "score": round(h.score, 3)} for h in hits]
 
         return await _answer(run, render_hits)
 
     @server.tool()
-    async def remember(key: str, value: str, fact_type: str = FactType.WORLD_KNOWLEDGE) -> str:
+    async def remember(
+        key: str, value: str, fact_type: str = FactType.WORLD_KNOWLEDGE, valid_from: str = "", valid_to: str = ""
+    ) -> str:
         """Store the fact `key` = `value` (for the user this server acts for, if any; else for the agent).
 
         `fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship.
         The same key again confirms (same value) or replaces (another value) the stored fact.
+        `valid_from` / `valid_to` (ISO 8601, optional): when the value holds in the world; a new
+        value ends the old one's time at its valid_from (now when not given), and the old value
+        stays readable for its time (recall's valid_at).
         """
         who = caller()
 
@@ -145,7 +159,14 @@ def build_server(caller, *, http_url=None):
             user_id = person(who)
             scope = Scope.USER if user_id is not None else Scope.AGENT
             return service.set_fact(
-                key, value, scope=scope, agent_id=who.agent_id, user_id=user_id, fact_type=fact_type
+                key,
+                value,
+                scope=scope,
+                agent_id=who.agent_id,
+                user_id=user_id,
+                fact_type=fact_type,
+                valid_from=valid_from.strip() or None,
+                valid_to=valid_to.strip() or None,
             )
 
         return await _answer(run, lambda write: f"{write.action}: fact {write.fact.pk} ({write.fact.key})")

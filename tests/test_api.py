@@ -259,6 +259,8 @@ def test_no_endpoint_returns_another_kinds_data(api, memories):
         "last_accessed",
         "created_at",
         "updated_at",
+        "valid_from",
+        "valid_to",
     }
     episode_id = memories["ep_ann"].pk
     assert not Fact.objects.filter(pk=episode_id + 1000).exists()

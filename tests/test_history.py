@@ -196,8 +196,8 @@ def test_as_of_follows_merged_users(service, user_factory):
 @pytest.mark.parametrize(
     "as_of, problem",
     [
-        ("2024-01-01T00:00:00Z", "must be a datetime"),
-        (datetime.date(2024, 1, 1), "must be a datetime"),
+        ("the first of May", "must be an ISO 8601 date or datetime"),
+        ("2024-13-01", "must be an ISO 8601 date or datetime"),
         (1700000000, "must be a datetime"),
         (datetime.datetime(2024, 1, 1, 12, 0), "timezone-aware"),
     ],

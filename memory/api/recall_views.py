@@ -25,6 +25,13 @@ class RecallQuerySerializer(serializers.Serializer):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_RECALL_LIMIT, default=None)
     min_confidence = serializers.FloatField(required=False, min_value=0.0, max_value=1.0, default=None)
     mode = serializers.ChoiceField(choices=MODES, required=False, default="auto")
+    # Passed as given: the service reads ISO 8601 and names a bad one.
+    valid_at = serializers.CharField(
+        required=False, default=None, help_text="World time (ISO 8601): facts as they held then."
+    )
+    as_of = serializers.CharField(
+        required=False, default=None, help_text="Recorded time (ISO 8601): what the memory said then."
+    )
 
 
 class RecallView(StaffAPI, APIView):
@@ -32,7 +39,7 @@ class RecallView(StaffAPI, APIView):
 
     Query parameters: q (required), agent_id, user (a memory user id), session_id, types
     (comma-separated: facts, episodes, procedures), limit, min_confidence, mode (auto, hybrid,
-    keyword, vector); any other parameter, a blank or a repeated one is a 400 naming it. Answers
+    keyword, vector), valid_at (world time) and as_of (recorded time), ISO 8601; any other parameter, a blank or a repeated one is a 400 naming it. Answers
     {"query", "mode", "count", "results": [{"kind", "id", "text", "score", ..., "item": {...}}]};
     a bad parameter answers 400 naming it; vectors of another embedding model answer 409.
     """
@@ -52,6 +59,8 @@ class RecallView(StaffAPI, APIView):
                 limit=data["limit"],
                 min_confidence=data["min_confidence"],
                 mode=data["mode"],
+                valid_at=data["valid_at"],
+                as_of=data["as_of"],
             )
         except InvalidMemoryArgument as exc:
             field = {"query": "q", "user_id": "user"}.get(exc.field, exc.field)

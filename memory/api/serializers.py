@@ -59,6 +59,8 @@ class FactSerializer(MemorySerializer):
             "last_accessed",
             "created_at",
             "updated_at",
+            "valid_from",
+            "valid_to",
         ]
         read_only_fields = fields
 
@@ -162,6 +164,9 @@ class FactVersionSerializer(MemorySerializer):
             "provenance",
             "valid_from",
             "current",
+            "world_from",
+            "world_to",
+            "recorded_world_to",
         ]
         read_only_fields = fields
 

@@ -16,6 +16,7 @@ from ..exceptions import InvalidMemoryArgument
 from ..rules.validation import check_bool
 from ..service import MemoryService
 from . import serializers
+from .fact_views import FactServiceActions
 from .filters import (
     EpisodeFilter,
     FactFilter,
@@ -104,8 +105,8 @@ _BATCH = "Delete rows by id in one transaction. Malformed ids or more than the l
 @extend_schema_view(
     batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
 )
-class FactViewSet(MemoryViewSet):
-    """Facts (semantic memory) of every owner."""
+class FactViewSet(FactServiceActions, MemoryViewSet):
+    """Facts (semantic memory) of every owner; a write, and a viewer's reads, through MemoryService."""
 
     serializer_class = serializers.FactSerializer
     filterset_class = FactFilter

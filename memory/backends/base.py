@@ -296,16 +296,18 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         found = self._facts(sql, [*params, fact.key])
         return found[0] if found else None
 
-    def update_fact(self, pk, changes, supersede=False):
+    def update_fact(self, pk, changes, supersede=False, closes=None):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
 
         `supersede`: first keep the state this write replaces as a history version (fact history,
-        memory/domain/history.py), copied from the row in the database.
+        memory/domain/history.py), copied from the row in the database; `closes` (a time): that
+        version's valid time ends then (unless it ended before), a later value having replaced it.
         """
         sql, params = fact_update_sql(changes)
         with connection.cursor() as cursor:
             if supersede:
-                cursor.execute(_SUPERSEDE_SQL, [pk])
+                copy, copy_params = supersede_sql(closes, connection)
+                cursor.execute(copy, [*copy_params, pk])
             cursor.execute(sql, [*params, pk])
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
@@ -353,13 +355,15 @@ def fact_update_sql(changes):
 
 
 # ---- fact history: a change first copies the state it supersedes, in the database (nothing is
-# read into Python): the fact's values, its current change's action and writer, valid from its updated_at.
+# read into Python): the fact's values, its current change's action and writer, valid from its updated_at,
+# and its valid time (world_from / world_to).
 VERSION_TABLE = FactVersion._meta.db_table
 _VERSION_COLUMNS = ", ".join(
     _q(c)
     for c in (
         "fact_id", "action", "scope_key", "key", "value", "fact_type", "scope", "user_id", "agent_id",
-        "session_id", "confidence", "source_episode_id", "provenance", "valid_from",
+        "session_id", "confidence", "source_episode_id", "provenance", "valid_from", "world_from", "world_to",
+        "recorded_world_to",
     )
 )  # fmt: skip
 _COPIED = ", ".join(
@@ -372,23 +376,37 @@ CURRENT_EPISODE = (
 CURRENT_PROVENANCE = "COALESCE({row}.change_provenance, {row}.provenance)"
 
 
-def version_copy_sql(row, *, action=None, valid_from=None, episode=None, provenance=None):
+def version_copy_sql(row, *, action=None, valid_from=None, episode=None, provenance=None, world_to=None):
     """INSERT ... SELECT of a version of fact row `row` (an alias the caller's FROM names next).
 
     By default the version is the row's current state (its change's action and writer, valid from
-    its updated_at); each argument given instead is SQL, its parameters in this order: action,
-    episode, provenance, valid_from.
+    its updated_at, its valid time); each argument given instead is SQL, its parameters in this
+    order: action, episode, provenance, valid_from, world_to.
     """
     return (
         f"INSERT INTO {VERSION_TABLE} ({_VERSION_COLUMNS}) "
         f"SELECT {row}.id, {action or row + '.change_action'}, {row}.scope_key, {_COPIED.format(row=row)}, "
         f"{episode or CURRENT_EPISODE.format(row=row)}, {provenance or CURRENT_PROVENANCE.format(row=row)}, "
-        f"{valid_from or row + '.updated_at'} FROM "
+        f"{valid_from or row + '.updated_at'}, {row}.valid_from, {world_to or row + '.valid_to'}, {row}.valid_to FROM "
     )
 
 
 SUPERSEDE_FROM = version_copy_sql("f") + f"{FACT_TABLE} f WHERE "
-_SUPERSEDE_SQL = SUPERSEDE_FROM + "f.id = %s"
+# The same, its valid time closed at a parameter (given twice): the start of the value replacing it,
+# unless it ended before (fact history, valid time).
+SUPERSEDE_CLOSING_FROM = (
+    version_copy_sql("f", world_to="CASE WHEN f.valid_to IS NOT NULL AND f.valid_to <= %s THEN f.valid_to ELSE %s END")
+    + f"{FACT_TABLE} f WHERE "
+)
+
+
+def supersede_sql(closes, conn):
+    """(the copy of one fact's state before a change, by a trailing id parameter; its parameters
+    before the id): closed at `closes` when that is a time."""
+    if closes is None:
+        return SUPERSEDE_FROM + "f.id = %s", []
+    stamp = _FIELDS_BY_COLUMN["updated_at"].get_db_prep_save(closes, conn)
+    return SUPERSEDE_CLOSING_FROM + "f.id = %s", [stamp, stamp]
 
 
 # The surviving user of the run's user: the recall triggers index the episode under its final owner.

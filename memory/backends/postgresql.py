@@ -18,21 +18,20 @@ from django.db import connection
 
 from .base import (
     FACT_TABLE,
-    SUPERSEDE_FROM,
     USER_TABLE,
     WALK_OWNERS,
     MemoryBackend,
     fact_update_sql,
     indexable_words,
     selective_word,
+    supersede_sql,
 )
 from .recall_index import DOC_TABLE
 from .space import postgresql_scrub
 from .store_rows import postgresql_equality_is_exact, postgresql_field_equals
 
-# The state a write replaces, kept as a version by the write's own statement (a CTE sees the row
+# The state a write replaces is kept as a version by the write's own statement (a CTE sees the row
 # as it was before the statement): one round trip, not two.
-_SUPERSEDED = f"WITH superseded AS ({SUPERSEDE_FROM}f.id = %s) "
 
 
 class PostgreSQLBackend(MemoryBackend):
@@ -72,12 +71,13 @@ class PostgreSQLBackend(MemoryBackend):
                     return
                 user_id = row[0]
 
-    def update_fact(self, pk, changes, supersede=False):
+    def update_fact(self, pk, changes, supersede=False, closes=None):
         if not supersede:
             return super().update_fact(pk, changes)
         sql, params = fact_update_sql(changes)
+        copy, copy_params = supersede_sql(closes, connection)
         with connection.cursor() as cursor:
-            cursor.execute(_SUPERSEDED + sql, [pk, *params, pk])
+            cursor.execute(f"WITH superseded AS ({copy}) {sql}", [*copy_params, pk, *params, pk])
 
     def optimize(self):
         _merge_pending("memory_fact_owner_search_trgm")

@@ -9,6 +9,7 @@ from collections import namedtuple
 from functools import cache
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils import timezone
 
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser, episode_gist
 from .rows import Columns, fetch_rows
@@ -48,10 +49,13 @@ _IDENTITIES_SQL = (
 )
 _FACT_COLUMNS = Columns(_fields(Fact, "key", "value", "fact_type", "confidence"))
 # Each list carries its total (a window count over the user's rows), so no separate count.
+# Only facts that hold now (valid time): a closed value is history, not what the person is now.
 _FACTS_SQL = (
     f'SELECT "key", value, fact_type, confidence, COUNT(*) OVER () FROM {_FACTS} '
-    'WHERE user_id = %s ORDER BY confidence DESC, "key" LIMIT %s'
+    "WHERE user_id = %s AND (valid_from IS NULL OR valid_from <= %s) AND (valid_to IS NULL OR valid_to > %s) "
+    'ORDER BY confidence DESC, "key" LIMIT %s'
 )
+_VALID_TO = Fact._meta.get_field("valid_to")
 _EPISODE_COLUMNS = Columns(_fields(Episode, "id", "summary", "success", "started_at", "trigger_type", "conversation"))
 _EPISODES_SQL = (
     f"SELECT id, summary, success, started_at, trigger_type, conversation, COUNT(*) OVER () FROM {_EPISODES} "
@@ -86,7 +90,8 @@ class UserSQL:
 
     def context_facts(self, user_id, limit):
         """([ContextFact], total) of a user's own facts, most confident first."""
-        rows = fetch_rows(_FACTS_SQL, [user_id, limit], _FACT_COLUMNS)
+        now = _VALID_TO.get_db_prep_value(timezone.now(), connections[DEFAULT_DB_ALIAS])
+        rows = fetch_rows(_FACTS_SQL, [user_id, now, now, limit], _FACT_COLUMNS)
         return [ContextFact(*row[:4]) for row in rows], rows[0][4] if rows else 0
 
     def context_episodes(self, user_id, limit):

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
-from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope
+from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds
 from ..models.owners import fact_owner_key
 from ..recall import relations
 from ..recall.access import access_counter
@@ -24,6 +24,7 @@ from ..rules.validation import (
     check_search,
     check_unit_interval,
     check_user_id,
+    check_valid_time,
     clean_text,
     make_viewer,
 )
@@ -49,6 +50,14 @@ class WriteAction:
 
 
 @dataclass(frozen=True)
+class Times:
+    """A point-in-time read's times: world time (valid_at) and recorded time (as_of, None: now)."""
+
+    valid_at: object
+    as_of: object
+
+
+@dataclass(frozen=True)
 class FactWrite:
     action: str
     fact: Fact
@@ -71,20 +80,34 @@ class Facts:
         self.users = users
         self.recall_index = recall_index
 
-    def get_fact(self, key, *, agent_id="", user_id=None, session_id="", as_of=None):
-        """The most specific visible fact for `key` (session, user, agent, global), or None. One query.
+    def get_fact(self, key, *, agent_id="", user_id=None, session_id="", as_of=None, valid_at=None):
+        """The most specific visible fact for `key` (session, user, agent, global) that holds now
+        (its valid time contains the present), or None. One query.
 
-        `as_of` (an aware datetime): what was true then instead, from the fact history: the
-        version (FactHistory) in force at that time (same visibility and specificity rules), or None. A fact
-        deleted since still answers; one written since does not. Not counted as an access.
+        `valid_at` (world time): the value that held in the world then instead ("where did she live
+        in 2024?"): the state (FactHistory) whose valid time contains it, a value closed by a later
+        one included. `as_of` (recorded time): what the memory said then, from the fact history;
+        with `as_of` alone, what held at that time as recorded then. Either takes an aware
+        datetime, a date or an ISO 8601 string; same visibility and specificity rules; a fact
+        deleted since holds nothing. Point-in-time reads are not counted as accesses.
         """
         key = clean_text("key", key, max_length=255)
         viewer = make_viewer(agent_id, user_id, session_id)
-        if as_of is not None:
-            return history.version_as_of(key, viewer, self._as_of(as_of))
+        when = self._when(as_of, valid_at)
+        if when is not None:
+            if not history.enabled():  # no history: the stored values are all there is
+                found = self.backend.get_fact(key, viewer)
+                return found if found is not None and holds(found, when.valid_at) else None
+            return history.version_at(key, viewer, valid_at=when.valid_at, as_of=when.as_of)
         fact = self.backend.get_fact(key, viewer)
-        if fact is not None:
-            access_counter.record([fact.pk])
+        if fact is None:
+            return None
+        now = timezone.now()
+        if not holds(fact, now):
+            # Closed, or dated to start later: what holds now is another state, if any (rare: a
+            # later value of the key usually closes the old one and holds now on this row).
+            return self.get_fact(key, agent_id=agent_id, user_id=user_id, session_id=session_id, valid_at=now)
+        access_counter.record([fact.pk])
         return fact
 
     def set_fact(
@@ -101,6 +124,8 @@ class Facts:
         overwrite=True,
         source_episode_id=None,
         provenance="",
+        valid_from=None,
+        valid_to=None,
     ):
         """Create or update the fact `key` of one owner, safely under concurrent writers.
 
@@ -108,15 +133,23 @@ class Facts:
         updated when `overwrite` (counted as a contradiction; confidence becomes the new one), else
         skipped (counted as a contradiction; confidence drops by CONTRADICT_WEIGHT). A new key of a
         person who has LIMITS["MAX_FACTS_PER_USER"] facts raises LimitReached and writes nothing.
+
+        `valid_from` / `valid_to`: when the value holds in the world (None: since always / until
+        further notice; a datetime, a date or an ISO 8601 string; valid_to after valid_from). An
+        update closes the value it replaces: the new value holds from its valid_from (now when not
+        given) and the old one's valid time ends there, kept in fact history (see get_fact's
+        valid_at). A confirmation with a valid time sets it. A value that ended before now cannot
+        replace one that holds now (InvalidMemoryArgument "valid_to": the key keeps one timeline).
         """
         fact = self._new_fact(
             key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
         )
+        fact.valid_from, fact.valid_to = check_valid_time(valid_from, valid_to)
         try:
             with transaction.atomic():
                 if fact.user_id is not None:
                     self.backend.hold_user(fact.user_id)
-                write = self._upsert_fact(fact, overwrite)  # and its history version
+                write = self._upsert_fact(fact, overwrite)  # and its history version, closed
                 if write.action == WriteAction.CREATED:
                     limits.refuse_past_user_cap(write.fact)  # raises: nothing of this write stays
                 limits.enforce_versions(write.fact)
@@ -190,6 +223,7 @@ class Facts:
     def _apply_write(self, existing, incoming, overwrite):
         """Confirm, replace or refuse a second write of the same key; counters move in the database."""
         now = timezone.now()
+        closing = None  # an update's: when the value it replaces stops holding
         if same_json(existing.value, incoming.value):
             action = WriteAction.CONFIRMED
             w = memory_settings.CONFIRM_WEIGHT
@@ -199,12 +233,18 @@ class Facts:
             }
             existing.times_confirmed += 1
             existing.confidence += (1.0 - existing.confidence) * w
+            changes.update(self._given_valid_time(existing, incoming))
+            # An end given to the same value ends it in history too (else the superseded state,
+            # open-ended, would still answer for later times).
+            closing = incoming.valid_to
         elif overwrite:
             action = WriteAction.UPDATED
+            closing = self._closing(existing, incoming, now)
+            changes = self._given_valid_time(existing, incoming, replace=True)
             replaced = ["value", "search_text", "confidence", "source_episode_id", "provenance"]
             if not incoming.keeps_type:
                 replaced.append("fact_type")
-            changes = {"times_contradicted": ("times_contradicted + 1", [])}
+            changes["times_contradicted"] = ("times_contradicted + 1", [])
             for name in replaced:
                 changes[Fact._meta.get_field(name).column] = getattr(incoming, name)
                 setattr(existing, name, getattr(incoming, name))
@@ -221,8 +261,37 @@ class Facts:
         changes["updated_at"] = existing.updated_at = now
         # The change becomes the fact's current version; the state it replaces is kept as history.
         changes.update(history.change_columns(action, None if action == WriteAction.UPDATED else incoming))
-        self.backend.update_fact(existing.pk, changes, supersede=history.enabled())
+        self.backend.update_fact(existing.pk, changes, supersede=history.enabled(), closes=closing)
         return FactWrite(action, existing)
+
+    @staticmethod
+    def _closing(existing, incoming, now):
+        """When an update's new value starts and so the old one's valid time ends (None: the new
+        value corrects the old one over the same time instead). Sets the new value's valid_from;
+        refuses a value that ended before now in place of one that holds now."""
+        if incoming.valid_to is not None and incoming.valid_to <= now and holds(existing, now):
+            raise InvalidMemoryArgument(
+                "valid_to",
+                f"ends before now ({incoming.valid_to.isoformat()}) while the stored value of {existing.key!r} "
+                "holds now: a past value cannot replace a current one (a key keeps one timeline; "
+                "store the past value under a key of its own)",
+            )
+        starts = now if incoming.valid_from is None else incoming.valid_from
+        if existing.valid_from is not None and starts <= existing.valid_from:
+            return None
+        incoming.valid_from = starts
+        return starts
+
+    @staticmethod
+    def _given_valid_time(existing, incoming, replace=False):
+        """The valid-time columns a write sets: those it gives (all of them when it `replace`s the value)."""
+        changes = {}
+        for name in ("valid_from", "valid_to"):
+            value = getattr(incoming, name)
+            if replace or value is not None:
+                changes[name] = value
+                setattr(existing, name, value)
+        return changes
 
     def stored_fact(self, arguments):
         """The fact set_fact(**arguments) would write to, as stored now (None when there is none)."""
@@ -284,14 +353,16 @@ class Facts:
         fact_type=None,
         limit=None,
         as_of=None,
+        valid_at=None,
     ):
         """Visible facts whose key or value contains every word of `query`, most confident first.
 
         Spaces, underscores and hyphens are equivalent ("local time" finds "lesson_local_time_command");
         words match in any order; LIKE wildcards in the query are literal. A fact hidden by a more
         specific one with the same key is not returned, whatever the confidence of either.
-        `as_of` (an aware datetime): the same question about what was true then, answered with the
-        versions (FactHistory) in force at that time (see get_fact); not counted as accesses.
+        Only facts that hold now (their valid time contains the present). `valid_at` (world time)
+        and `as_of` (recorded time): the same question about another time, answered with the
+        states (FactHistory) that held then (see get_fact); not counted as accesses.
         """
         if not isinstance(query, str):
             raise InvalidMemoryArgument("query", "must be a string")
@@ -310,23 +381,38 @@ class Facts:
         limit = check_limit(limit, memory_settings.SEARCH_LIMIT)
         if fact_type is not None:
             fact_type = check_choice("fact_type", fact_type, FactType)
-        if as_of is not None:
-            return history.versions_as_of(
+        when = self._when(as_of, valid_at)
+        if when is None:
+            now = timezone.now()
+            facts = self.backend.visible_facts(
                 viewer,
-                self._as_of(as_of),
                 tokens=tokens,
                 min_confidence=min_confidence,
                 fact_type=fact_type,
+                order="confidence",
                 limit=limit,
             )
-        facts = self.backend.visible_facts(
-            viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence", limit=limit
+            if all(holds(f, now) for f in facts):
+                access_counter.record([f.pk for f in facts])
+                return facts
+            when = Times(now, None)  # a closed or later-dated fact among them: read the states that hold now
+        if not history.enabled():  # no history: the stored values are all there is
+            facts = self.backend.visible_facts(
+                viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence"
+            )
+            return [f for f in facts if holds(f, when.valid_at)][:limit]
+        return history.versions_at(
+            viewer,
+            valid_at=when.valid_at,
+            as_of=when.as_of,
+            tokens=tokens,
+            min_confidence=min_confidence,
+            fact_type=fact_type,
+            limit=limit,
         )
-        access_counter.record([f.pk for f in facts])
-        return facts
 
     def list_facts(self, *, agent_id="", user_id=None, session_id="", fact_type=None, min_confidence=None, limit=None):
-        """Every fact `viewer` sees (shadowed ones left out), by key."""
+        """Every fact `viewer` sees (shadowed ones left out) that holds now, by key."""
         viewer = make_viewer(agent_id, user_id, session_id)
         if fact_type is not None:
             fact_type = check_choice("fact_type", fact_type, FactType)
@@ -334,9 +420,11 @@ class Facts:
             min_confidence = check_unit_interval("min_confidence", min_confidence)
         if limit is not None:
             limit = check_limit(limit, None)
-        return self.backend.visible_facts(
+        now = timezone.now()
+        facts = self.backend.visible_facts(
             viewer, min_confidence=min_confidence, fact_type=fact_type, order="key", limit=limit
         )
+        return [f for f in facts if holds(f, now)]
 
     def user_facts(self, user_id, *, limit=None):
         """The user-scoped facts of a user (following merges), most confident first."""
@@ -371,10 +459,31 @@ class Facts:
             owner.user_id = self.users.resolve_user(owner.user_id).pk
         return history.versions_of(scope_key=fact_owner_key(owner), key=owner.key, limit=limit)
 
-    def _as_of(self, when):
+    def _when(self, as_of, valid_at):
+        """The times of a point-in-time read (None for a read of what holds now): `valid_at` (world
+        time; with `as_of` alone, that time) and `as_of` (recorded time)."""
+        if as_of is None and valid_at is None:
+            return None
+        valid_at = None if valid_at is None else check_as_of("valid_at", valid_at)
+        if as_of is not None:
+            if not history.enabled():
+                raise InvalidMemoryArgument(
+                    "as_of", "fact history is off (MEMORY['FACT_HISTORY']): nothing to read from"
+                )
+            as_of = check_as_of("as_of", as_of)
+        return Times(as_of if valid_at is None else valid_at, as_of)
+
+    def read_times(self, *, as_of=None, valid_at=None):
+        """The checked times of a point-in-time read (Times), or None for a read of what holds now."""
+        return self._when(as_of, valid_at)
+
+    def states_at(self, viewer, keys, times):
+        """{(owner key, key): the state (FactHistory; a Fact without history) of each of these keys
+        of the viewer's owners at `times` (read_times)}: what recall shows for the facts it found."""
         if not history.enabled():
-            raise InvalidMemoryArgument("as_of", "fact history is off (MEMORY['FACT_HISTORY']): nothing to read from")
-        return check_as_of("as_of", when)
+            facts = [self.backend.get_fact(key, viewer) for key in set(keys)]
+            return {(f.scope_key, f.key): f for f in facts if f is not None and holds(f, times.valid_at)}
+        return history.states_of(viewer, keys, valid_at=times.valid_at, as_of=times.as_of)
 
     def optimize_search_index(self):
         """Compact the keyword indexes facts live in (substring search and recall); worth it after a bulk load.

@@ -10,6 +10,13 @@ one ends it. `MemoryService.get_fact(..., as_of=)`, `search_facts(..., as_of=)` 
 `fact_history()` read it. MEMORY["FACT_HISTORY"] = False stops keeping superseded states (and the
 point-in-time reads refuse, since they would answer from a partial record).
 
+Valid time (when a value holds in the world: Fact.valid_from / valid_to) rides along: a version
+keeps its fact's as world_from / world_to. An update closes the value it replaces: the copy's
+world_to becomes the new value's start (recorded_world_to keeps the end it had, for reads as of
+before the change), so one row per owner and key still holds the current value and history the
+closed ones. `version_at` / `versions_at` / `states_of` read both at a world time (`valid_at`) as
+recorded at a time (`as_of`): per owner and key, the latest recorded state whose valid time contains it.
+
 Versions are copied from their fact's row in the database (never read into Python): set_fact's
 by the same statement as its write on PostgreSQL (a CTE), by the statement before it on SQLite
 (the backends' update_fact with supersede=True).
@@ -127,54 +134,77 @@ def _rank(version):
     return SCOPE_RANK[version.scope]
 
 
-def version_as_of(key, viewer, when):
-    """The most specific version in force at `when` for `key` among the viewer's owners, or None. One query.
+def _states_at(viewer, valid_at, as_of=None, keys=None):
+    """Per (owner, key) the viewer sees, the state that held at `valid_at` (world time) as recorded
+    by `as_of` (recorded time; None: as recorded now). One query.
 
-    Per owner, the latest version of the key at `when`; a `deleted` one means that owner held no
-    such fact then, so a less specific owner's answers (as a current read would).
-    """
-    conn = connections[DEFAULT_DB_ALIAS]
-    stamp = _VALID_FROM.get_db_prep_value(when, conn)
-    columns = select_columns(FactHistory, "v")
-    parts, params = [], []
-    for n, (owner_sql, owner_params, _) in enumerate(owner_terms(viewer)):
-        parts.append(
-            f"SELECT * FROM (SELECT {columns} FROM {FACT_HISTORY_VIEW} v "
-            f'WHERE v.scope_key = {owner_sql} AND v."key" = %s AND v.valid_from <= %s '
-            f"ORDER BY v.{_ORDER.replace(', ', ', v.')} LIMIT 1) latest{n}"
-        )
-        params += [*owner_params, key, stamp]
-    found = [v for v in fetch_models(FactHistory, " UNION ALL ".join(parts), params) if v.action != FactAction.DELETED]
-    return min(found, key=_rank) if found else None
-
-
-def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=None, limit=None):
-    """The versions in force at `when` that the viewer saw, matching as search_facts matches, most
-    confident first (then the more specific, then the newer). One query.
-
-    The latest version of each (owner, key) at `when` is picked in the database; shadowing (a more
-    specific owner's fact with the same key hides the others), the words, confidence and type are
-    applied in Python to what is left: a point-in-time read is an audit, not a hot path.
+    The state is the latest recorded version (at `as_of`) whose valid time contains `valid_at`: a
+    later value that closed an earlier one holds from its start on, the earlier one before it; a
+    correction recorded later wins over what it corrected. A version's end is the one it has now
+    (world_to, closed by the value that replaced it), or, read as of a time before it was
+    replaced, the one it had then (recorded_world_to). A `deleted` version recorded after a state
+    ends it: a fact deleted since holds nothing, at any time.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     terms = owner_terms(viewer)
-    owners = ", ".join(sql for sql, _, _ in terms)
     params = [p for _, term_params, _ in terms for p in term_params]
-    columns = select_columns(FactHistory, "v")
+    world = _VALID_FROM.get_db_prep_value(valid_at, conn)
+    recorded = None if as_of is None else _VALID_FROM.get_db_prep_value(as_of, conn)
+    inner = [f"v.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"]
+    if keys is not None:
+        inner.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
+        params += list(keys)
+    if recorded is not None:
+        inner.append("v.valid_from <= %s")
+        params.append(recorded)
+    # Read as of a time, a version not yet replaced then (no later version by then) had the end it was recorded with.
+    replaced = "LEAD(v.valid_from) OVER (PARTITION BY v.fact_id ORDER BY v.valid_from, v.id)"
+    end = (
+        "s.world_to"
+        if recorded is None
+        else "CASE WHEN s.replaced_at IS NULL THEN s.recorded_world_to ELSE s.world_to END"
+    )
+    ended = (
+        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = s.scope_key AND d."key" = s."key" AND d.action = %s '
+        "AND (d.valid_from > s.valid_from OR d.valid_from = s.valid_from AND s.id > 0 AND d.id > s.id)"
+        + ("" if recorded is None else " AND d.valid_from <= %s")
+    )
+    params += [FactAction.DELETED, world, world, FactAction.DELETED, *([] if recorded is None else [recorded])]
+    columns = select_columns(FactHistory, "s")
     sql = (
         f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
-        f'(PARTITION BY v.scope_key, v."key" ORDER BY v.{_ORDER.replace(", ", ", v.")}) AS position '
-        f"FROM {FACT_HISTORY_VIEW} v WHERE v.scope_key IN ({owners}) AND v.valid_from <= %s) t "
-        f"WHERE t.position = 1 AND t.action <> %s"
+        f'(PARTITION BY s.scope_key, s."key" ORDER BY s.{_ORDER.replace(", ", ", s.")}) AS position FROM '
+        f"(SELECT {select_columns(FactHistory, 'v')}, {replaced} AS replaced_at FROM {FACT_HISTORY_VIEW} v "
+        f"WHERE {' AND '.join(inner)}) s "
+        f"WHERE s.action <> %s AND (s.world_from IS NULL OR s.world_from <= %s) AND ({end} IS NULL OR {end} > %s) "
+        f"AND NOT EXISTS ({ended})) t WHERE t.position = 1"
     )
-    params += [_VALID_FROM.get_db_prep_value(when, conn), FactAction.DELETED]
+    return fetch_models(FactHistory, sql, params)
+
+
+def _most_specific(states):
     best = {}
-    for version in fetch_models(FactHistory, sql, params):
+    for version in states:
         held = best.get(version.key)
         if held is None or _rank(version) < _rank(held):
             best[version.key] = version
+    return best
+
+
+def version_at(key, viewer, *, valid_at, as_of=None):
+    """The most specific state of `key` among the viewer's owners that held at `valid_at` as
+    recorded by `as_of` (see _states_at), or None. One query. An owner whose fact did not hold
+    then lets a less specific owner's answer, as a current read does when it has no fact."""
+    return _most_specific(_states_at(viewer, valid_at, as_of, keys=[key])).get(key)
+
+
+def versions_at(viewer, *, valid_at, as_of=None, tokens=(), min_confidence=None, fact_type=None, limit=None):
+    """The states that held at `valid_at` as recorded by `as_of` (see _states_at) that the viewer
+    saw, matching as search_facts matches, most confident first (then the more specific, then the
+    newer). One query; shadowing (a more specific owner's state with the same key hides the
+    others), the words, confidence and type are applied in Python: an audit, not a hot path."""
     found = []
-    for version in best.values():
+    for version in _most_specific(_states_at(viewer, valid_at, as_of)).values():
         if min_confidence and version.confidence < min_confidence:
             continue
         if fact_type and version.fact_type != fact_type:
@@ -186,6 +216,14 @@ def versions_as_of(viewer, when, *, tokens=(), min_confidence=None, fact_type=No
         found.append(version)
     found.sort(key=lambda v: (-v.confidence, _rank(v), -v.valid_from.timestamp(), v.fact_id))
     return found[:limit] if limit is not None else found
+
+
+def states_of(viewer, keys, *, valid_at, as_of=None):
+    """{(owner key, key): state} for these keys among the viewer's owners (see _states_at); recall
+    swaps each fact it found for its state then."""
+    if not keys:
+        return {}
+    return {(v.scope_key, v.key): v for v in _states_at(viewer, valid_at, as_of, keys=sorted(set(keys)))}
 
 
 def versions_of(fact_id=None, *, scope_key=None, key=None, limit=None):

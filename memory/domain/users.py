@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, F, OuterRef, Subquery
+from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -283,7 +283,13 @@ class Users:
         except MemoryUser.DoesNotExist:
             raise MemoryNotFound("memory user", user_id) from None
         identities = ChannelIdentity.objects.filter(user=user).order_by("channel", "external_id")
-        facts = list(Fact.objects.filter(user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS])
+        now = timezone.now()  # facts that hold now (valid time), as identify lists them
+        holding = (Q(valid_from__isnull=True) | Q(valid_from__lte=now)) & (
+            Q(valid_to__isnull=True) | Q(valid_to__gt=now)
+        )
+        facts = list(
+            Fact.objects.filter(holding, user=user).order_by("-confidence", "key")[: memory_settings.CONTEXT_FACTS]
+        )
         episodes = list(
             Episode.objects.filter(user=user).order_by("-started_at", "-id")[: memory_settings.RECENT_EPISODES]
         )

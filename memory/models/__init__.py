@@ -20,6 +20,7 @@ from .memories import (
     ProcedureType,
     StoreItem,
     episode_gist,
+    holds,
 )
 from .owners import SCOPE_RANK, Scope
 from .recall import (
@@ -69,4 +70,5 @@ __all__ = [
     "StoreItem",
     "Tombstone",
     "episode_gist",
+    "holds",
 ]

@@ -167,6 +167,11 @@ class Fact(models.Model):
     change_action = models.CharField(max_length=16, choices=FactAction.choices, default=FactAction.CREATED)
     change_source_episode_id = models.BigIntegerField(null=True, blank=True)
     change_provenance = models.TextField(null=True, blank=True, default=None)
+    # Valid time: when the value holds in the world (NULL: since always / until further notice),
+    # apart from when it was recorded (updated_at, fact history). A later value of the same key
+    # closes it; the closed value stays in fact history with its interval (memory/domain/history.py).
+    valid_from = models.DateTimeField(null=True, blank=True)
+    valid_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["key", "id"]
@@ -194,6 +199,11 @@ class Fact(models.Model):
 
     def __str__(self):
         return f"{self.key} ({self.scope_key})"
+
+    @property
+    def valid_time(self):
+        """(valid_from, valid_to): when the value holds in the world (None: open at that end)."""
+        return self.valid_from, self.valid_to
 
     def save(self, *args, **kwargs):
         # Whoever saves a fact (the admin included), search must see its current key and value.
@@ -231,7 +241,14 @@ class FactVersion(models.Model):
     # The episode the value came from (a number: the episode may be deleted later) and the writer's note.
     source_episode_id = models.BigIntegerField(null=True, blank=True)
     provenance = models.TextField(blank=True, default="")
+    # When this version was recorded (system time; SQL:2011's name). Its valid time (world time,
+    # the fact's valid_from/valid_to) is world_from/world_to, world_to closed at the start of the
+    # later value that replaced it; recorded_world_to is the end it had while it was current (what
+    # a read as_of a time before the replacement answers with).
     valid_from = models.DateTimeField()
+    world_from = models.DateTimeField(null=True, blank=True)
+    world_to = models.DateTimeField(null=True, blank=True)
+    recorded_world_to = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "memory_fact_version"
@@ -278,6 +295,19 @@ class FactHistory(models.Model):
     provenance = models.TextField(blank=True)
     valid_from = models.DateTimeField()
     current = models.BooleanField()
+    world_from = models.DateTimeField(null=True, blank=True)
+    world_to = models.DateTimeField(null=True, blank=True)
+    recorded_world_to = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def valid_time(self):
+        """(start, end) of the version's valid time (world time), as known now: a Fact's valid_time."""
+        return self.world_from, self.world_to
+
+    @property
+    def updated_at(self):
+        """When this version was recorded (as a Fact's updated_at)."""
+        return self.valid_from
 
     class Meta:
         managed = False
@@ -368,6 +398,12 @@ class StoreItem(models.Model):
 
     def __str__(self):
         return f"{self.namespace} / {self.key}"
+
+
+def holds(item, when):
+    """Whether a Fact (or a FactHistory version) holds in the world at `when`: its valid time contains it."""
+    start, end = item.valid_time
+    return (start is None or start <= when) and (end is None or end > when)
 
 
 def episode_gist(summary, conversation):

@@ -160,6 +160,8 @@ def item_fields(kind, item):
             "scope_key": item.scope_key,
             "confidence": round(item.confidence, 4),
             "updated_at": iso(item.updated_at),
+            "valid_from": iso(item.valid_time[0]),
+            "valid_to": iso(item.valid_time[1]),
         }
     if kind == RecallKind.EPISODE:
         return {

@@ -2,6 +2,7 @@
 recall index's upkeep: embedding after writes, reindexing, compacting (RecallIndex)."""
 
 import logging
+from dataclasses import replace
 
 from django.db import transaction
 from django.utils import timezone
@@ -15,13 +16,13 @@ from ..embedding.embedder import (
     to_blob,
 )
 from ..exceptions import InvalidMemoryArgument, MemoryServiceError
-from ..models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind
+from ..models import EmbeddingModelRecord, Episode, FactType, Procedure, RecallDocument, RecallKind, holds
 from ..rules.validation import check_choice, check_int, check_limit, check_unit_interval, clean_text, make_viewer
 from ..text import keyword_terms
 from .access import access_counter
 from .events import recall_log
 from .indexer import indexer, pending_count
-from .ranking import MODES, Recaller, RecallResult, model_guard, recall_events, viewer_owners
+from .ranking import MODES, Recaller, RecallResult, item_text, model_guard, recall_events, viewer_owners
 from .relations import link_contradictions, relations_of, relink_similar
 from .vectors import reset_vector_index
 
@@ -77,6 +78,8 @@ class Recall:
         limit=None,
         min_confidence=None,
         mode="auto",
+        as_of=None,
+        valid_at=None,
     ):
         """The memories most relevant to `query` that this viewer may see, best first.
 
@@ -94,6 +97,11 @@ class Recall:
             limit: at most this many hits (default MEMORY["RECALL_LIMIT"], at most 200).
             min_confidence: facts below it are left out (a fact it leaves out still hides others).
             mode: "auto" (hybrid with an embedder, else keyword), "hybrid", "keyword" or "vector".
+            valid_at, as_of: world time and recorded time, as for get_fact. Facts are found by what
+                they say now and shown as they held then (a value closed since shows its old
+                value; one that held nothing then is left out); with `as_of`, episodes begun
+                after it are left out. Without either, a fact that does not hold now (closed, or
+                dated to start later) is shown as what holds now, or left out.
 
         Returns a RecallResult: a list of RecallHit (kind, id, text, score, item, keyword_score,
         vector_score) with `mode` (the mode used) and `embed_ms` (how long the recall waited for the
@@ -113,12 +121,39 @@ class Recall:
             min_confidence = check_unit_interval("min_confidence", min_confidence)
         if mode not in MODES:
             raise InvalidMemoryArgument("mode", f"must be one of {', '.join(MODES)}; got {mode!r}")
+        times = self.facts.read_times(as_of=as_of, valid_at=valid_at)
         recaller = Recaller(self.backend, viewer, query, keyword_terms(query), kinds, limit, min_confidence, mode)
         used_mode, hits = recaller.run()
+        hits = self._at_times(hits, viewer, times)
         now = timezone.now()
         recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
         access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
         return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
+
+    def _at_times(self, hits, viewer, times):
+        """The hits as they held at `times` (None: now): facts swapped for their state then (left out
+        when none held), episodes begun after `as_of` left out."""
+        now = timezone.now()
+        facts = [h for h in hits if h.kind == RecallKind.FACT]
+        if times is None:
+            facts = [h for h in facts if not holds(h.item, now)]
+            if not facts:  # the usual case: every fact found holds now
+                return hits
+            times = self.facts.read_times(valid_at=now)
+        states = self.facts.states_at(viewer, [h.item.key for h in facts], times) if facts else {}
+        swapped = {}
+        for hit in facts:
+            state = states.get((hit.item.scope_key, hit.item.key))
+            swapped[hit.id] = None if state is None else replace(hit, item=state, text=item_text(hit.kind, state))
+        kept = []
+        for hit in hits:
+            if hit.kind == RecallKind.FACT and hit.id in swapped:
+                hit = swapped[hit.id]
+            elif hit.kind == RecallKind.EPISODE and times.as_of is not None and hit.item.started_at > times.as_of:
+                hit = None
+            if hit is not None:
+                kept.append(hit)
+        return kept
 
     def forget_visible(self, kind, item_id, *, agent_id="", user_id=None, session_id="", actor=""):
         """Delete one fact, episode or procedure that this viewer may see (the owners recall shows it).

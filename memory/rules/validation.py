@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 
 from django.conf import settings
 from django.db import models
@@ -306,12 +306,39 @@ def check_user_id(field_name, value, *, required):
 
 
 def check_as_of(field_name, value):
-    """A point in time: a datetime, timezone-aware when the project uses aware ones (USE_TZ)."""
+    """A point in time: a datetime, timezone-aware when the project uses aware ones (USE_TZ); or an
+    ISO 8601 date or datetime (a string, or a date): one without an offset is read as UTC, a date as
+    its midnight UTC. The times of fact history (as_of) and of valid time (valid_at, valid_from,
+    valid_to) all take this form, so a REST query, a tool call and a Python caller say the same."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("z", "Z") else text)
+        except ValueError:
+            raise InvalidMemoryArgument(
+                field_name, f"must be an ISO 8601 date or datetime (2024-05-01, 2024-05-01T12:00:00Z), got {value!r}"
+            ) from None
+        if timezone.is_naive(value):
+            value = value.replace(tzinfo=UTC)
+    elif isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime.combine(value, time(), tzinfo=UTC)
     if not isinstance(value, datetime):
         raise InvalidMemoryArgument(field_name, f"must be a datetime, got {type(value).__name__} {value!r}")
     if settings.USE_TZ and timezone.is_naive(value):
         raise InvalidMemoryArgument(field_name, "must be timezone-aware (a datetime with tzinfo), got a naive datetime")
     return check_utc_range(field_name, value)
+
+
+def check_valid_time(valid_from, valid_to):
+    """A fact's valid time: (valid_from, valid_to), each None or a time check_as_of takes, and
+    valid_to after valid_from (an interval holding no instant says nothing)."""
+    valid_from = None if valid_from is None else check_as_of("valid_from", valid_from)
+    valid_to = None if valid_to is None else check_as_of("valid_to", valid_to)
+    if valid_from is not None and valid_to is not None and valid_to <= valid_from:
+        raise InvalidMemoryArgument(
+            "valid_to", f"must be after valid_from ({valid_from.isoformat()}), got {valid_to.isoformat()}"
+        )
+    return valid_from, valid_to
 
 
 def check_utc_range(field_name, value):

@@ -151,8 +151,8 @@ def _facts(service, query, scope, options):
             )
         ]
         found = [hit.item for hit in hits]
-        scores = {hit.item.pk: round(hit.score, 4) for hit in hits}
-    matched = {f.pk for f in found}
+        scores = {hit.id: round(hit.score, 4) for hit in hits}
+    matched = {_fact_id(f) for f in found}
     if len(found) < options.limit and (scope.user_id is not None or scope.session_id):
         own = service.list_facts(
             agent_id=scope.agent_id,
@@ -162,24 +162,29 @@ def _facts(service, query, scope, options):
             limit=workflow_settings.TOP_UP_FACTS,
         )
         own = sorted(
-            (f for f in own if f.scope in (Scope.USER, Scope.SESSION) and f.pk not in matched),
+            (f for f in own if f.scope in (Scope.USER, Scope.SESSION) and _fact_id(f) not in matched),
             key=lambda f: (SCOPE_RANK[f.scope], -f.confidence, f.key),
         )
         found += own[: options.limit - len(found)]
     return [
         {
-            "id": f.pk,
+            "id": _fact_id(f),
             "key": f.key,
             "value": f.value,
             "scope": f.scope,
             "fact_type": f.fact_type,
             "confidence": round(f.confidence, 3),
-            "matched": f.pk in matched,
+            "matched": _fact_id(f) in matched,
             # The recall's score for a matched fact; None for the user's own facts that topped it up.
-            "score": scores.get(f.pk),
+            "score": scores.get(_fact_id(f)),
         }
         for f in found
     ]
+
+
+def _fact_id(fact):
+    """A fact's id, also when recall shows it as the version that holds now (valid time)."""
+    return getattr(fact, "fact_id", None) or fact.pk
 
 
 def render_memory_prompt(recalled: Recalled, user_context=None) -> str:

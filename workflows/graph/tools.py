@@ -33,11 +33,15 @@ logger = logging.getLogger("engram.workflows")
 
 RECALL_DESCRIPTION = (
     "Look something up in long-term memory. With `key`: that fact (exact key, else a search). With "
-    "`query`: facts, past conversations and procedures relevant to it. With neither: every fact you can see."
+    "`query`: facts, past conversations and procedures relevant to it. With neither: every fact you can see. "
+    "`valid_at` (an ISO date such as 2024-05-01): what held in the world then (where did she live in 2024?); "
+    "`as_of` (an ISO date): what memory said at that time. Without them: what holds now."
 )
 REMEMBER_DESCRIPTION = (
     "Store a fact in long-term memory under `key` (for the user you are talking to, if known). "
-    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship."
+    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship. "
+    "`valid_from` / `valid_to` (ISO dates, optional): when the value starts and stops holding in the world; "
+    "a new value of the key ends the old one at its valid_from (today when not given)."
 )
 
 
@@ -78,6 +82,14 @@ def _show(value):
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _period(fact):
+    """ ", or " from <date> to <date>" for a fact (or a version) with a valid time."""
+    start, end = fact.valid_time
+    if start is None and end is None:
+        return ""
+    return f", valid {start.date().isoformat() if start else '...'} to {end.date().isoformat() if end else 'now'}"
+
+
 def make_recall_tool(config, *, bound=None):
     """The `recall` tool; config: memory_type (facts, episodes, procedures, all), limit, min_confidence.
 
@@ -85,15 +97,23 @@ def make_recall_tool(config, *, bound=None):
     options = RecallOptions.from_config({"memory_types": config.get("memory_type", "facts"), **config})
 
     @memory_tool
-    def recall(runtime: ToolRuntime[AgentContext], key: str = "", query: str = "") -> str:
+    def recall(
+        runtime: ToolRuntime[AgentContext], key: str = "", query: str = "", valid_at: str = "", as_of: str = ""
+    ) -> str:
         """Look something up in long-term memory."""
         scope = _scope(runtime, bound)
         service = MemoryService()
+        viewer = {"agent_id": scope.agent_id, "user_id": scope.user_id, "session_id": scope.session_id}
+        times = {"valid_at": valid_at.strip() or None, "as_of": as_of.strip() or None}
         if key.strip():
-            fact = service.get_fact(key, agent_id=scope.agent_id, user_id=scope.user_id, session_id=scope.session_id)
+            fact = service.get_fact(key, **viewer, **times)
             if fact is not None and fact.confidence >= options.min_confidence:
-                return f"{fact.key} = {_show(fact.value)} ({fact.scope}, confidence {fact.confidence:.2f})"
+                return (
+                    f"{fact.key} = {_show(fact.value)} ({fact.scope}, confidence {fact.confidence:.2f}{_period(fact)})"
+                )
             query = query or key.replace("_", " ")
+        if any(times.values()):
+            return _recall_at(service, query, viewer, times, options)
         if not query.strip():
             facts = service.list_facts(
                 agent_id=scope.agent_id,
@@ -122,6 +142,22 @@ def make_recall_tool(config, *, bound=None):
     )
 
 
+def _recall_at(service, query, viewer, times, options):
+    """The recall tool's answer about another time: facts (and, with as_of, conversations) as they held then."""
+    if not query.strip():
+        raise InvalidMemoryArgument("query", "give a key or a query with valid_at or as_of")
+    types = [t for t in ("facts", "episodes") if t in options.memory_types] or ["facts"]
+    found = service.recall(
+        query, **viewer, types=types, limit=options.limit, min_confidence=options.min_confidence, **times
+    )
+    when = " and ".join(f"{name} {value}" for name, value in times.items() if value)
+    lines = [
+        f"{h.item.key} = {_show(h.item.value)} ({h.item.scope}{_period(h.item)})" for h in found if h.kind == "fact"
+    ]
+    lines += [f"past conversation {h.item.started_at.date()}: {h.item.gist}" for h in found if h.kind == "episode"]
+    return "\n".join(lines) if lines else f"Nothing in memory matches {query!r} at {when}."
+
+
 def make_remember_tool(config, *, bound=None):
     """The `remember` tool; config: fact_type (default for facts given without one), overwrite,
     agent_scope_without_user (off: with no identified user the tool refuses rather than storing the
@@ -131,7 +167,14 @@ def make_remember_tool(config, *, bound=None):
     agent_scope_without_user = bool(config.get("agent_scope_without_user", False))
 
     @memory_tool
-    def remember(runtime: ToolRuntime[AgentContext], key: str, value: str, fact_type: str = "") -> str:
+    def remember(
+        runtime: ToolRuntime[AgentContext],
+        key: str,
+        value: str,
+        fact_type: str = "",
+        valid_from: str = "",
+        valid_to: str = "",
+    ) -> str:
         """Store a fact in long-term memory."""
         scope = _scope(runtime, bound)
         if scope.user_id is None and not agent_scope_without_user:
@@ -151,6 +194,8 @@ def make_remember_tool(config, *, bound=None):
             fact_type=fact_type or default_type,
             overwrite=overwrite,
             provenance=f"remember tool of {scope.agent_id}",
+            valid_from=valid_from.strip() or None,
+            valid_to=valid_to.strip() or None,
             **owner,
         )
         whose = "this user" if owner["scope"] == Scope.USER else "this agent"
@@ -159,7 +204,7 @@ def make_remember_tool(config, *, bound=None):
                 f"Not stored: {key} already holds {_show(write.fact.value)} for {whose} and overwriting is off "
                 "(counted as a contradiction)."
             )
-        return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action})."
+        return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action}{_period(write.fact)})."
 
     return StructuredTool.from_function(
         func=remember,
