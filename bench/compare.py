@@ -1,6 +1,6 @@
 """One benchmark at two commits, interleaved: the figures of this checkout against an older commit's.
 
-    python -m bench.compare --against COMMIT [--runs 3] BENCH [BENCH'S ARGUMENTS ...]
+    python -m bench.compare --against COMMIT [--new COMMIT] [--runs 3] BENCH [BENCH'S ARGUMENTS ...]
     python -m bench.compare --against fe5f142 facts --n 20000 --mode hybrid
 
 Checks the older commit out into a temporary git worktree and runs `python -m bench.BENCH ... --json`
@@ -37,6 +37,11 @@ def numbers(obj, prefix=""):
     return found
 
 
+def short(ref):
+    done = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
 def run_once(tree, bench, arguments):
     command = [sys.executable, "-m", f"bench.{bench}", *arguments, "--json"]
     done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
@@ -49,6 +54,7 @@ def run_once(tree, bench, arguments):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the older commit (anything git rev-parse takes)")
+    parser.add_argument("--new", help="a newer commit to measure instead of this checkout as it is")
     parser.add_argument("--runs", type=int, default=3, help="runs of each side (default 3)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     parser.add_argument("bench", help="the benchmark module's name under bench/, e.g. facts")
@@ -56,22 +62,24 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", args.against], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit, new_commit = (short(c) if c else None for c in (args.against, args.new))
     results = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="engram-compare-") as scratch:
-        old_tree = Path(scratch) / "old"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), commit], cwd=REPO, check=True)
+        trees = {"old": Path(scratch) / "old", "new": Path(scratch) / "new" if new_commit else REPO}
+        for side, ref in (("old", commit), ("new", new_commit)):
+            if ref:
+                subprocess.run(
+                    ["git", "worktree", "add", "--detach", "-q", str(trees[side]), ref], cwd=REPO, check=True
+                )
         try:
             for n in range(args.runs):
                 order = ("old", "new") if n % 2 == 0 else ("new", "old")
                 for side in order:
                     print(f"run {n + 1}/{args.runs}: {side}", file=sys.stderr, flush=True)
-                    tree = old_tree if side == "old" else REPO
-                    results[side].append(run_once(tree, args.bench, args.arguments))
+                    results[side].append(run_once(trees[side], args.bench, args.arguments))
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=REPO, check=False)
+            for side in ("old", "new") if new_commit else ("old",):
+                subprocess.run(["git", "worktree", "remove", "--force", str(trees[side])], cwd=REPO, check=False)
     keys = [k for k in results["new"][0] if all(k in r for r in results["old"] + results["new"])]
     rows = {}
     for key in keys:
@@ -80,10 +88,22 @@ def main(argv=None):
         rows[key] = {"old": old, "new": new, "new_over_old": round(new / old, 3) if old else None}
     reference = machine_reference()
     if args.json:
-        print(json.dumps({"bench": args.bench, "against": commit, "runs": args.runs, "figures": rows, "machine": reference}))
+        print(
+            json.dumps(
+                {
+                    "bench": args.bench,
+                    "against": commit,
+                    "new": new_commit or "checkout",
+                    "runs": args.runs,
+                    "figures": rows,
+                    "machine": reference,
+                }
+            )
+        )
         return 0
-    table = Table(title=f"bench.{args.bench} {' '.join(args.arguments)}: this checkout against {commit}")
-    for column in ("figure", f"{commit} (median)", "now (median)", "now / then"):
+    now = new_commit or "this checkout"
+    table = Table(title=f"bench.{args.bench} {' '.join(args.arguments)}: {now} against {commit}")
+    for column in ("figure", f"{commit} (median)", f"{now} (median)", "new / old"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     for key, row in rows.items():
         ratio = "" if row["new_over_old"] is None else f"{row['new_over_old']:.3f}"
