@@ -14,7 +14,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from memory.text import attribute_fact_type
+from memory.text import attribute_fact_type, words
 
 from ..language.state import FactToRemember
 
@@ -35,8 +35,8 @@ _FILLER_WORDS = frozenset(
 _ABOUT_ME = re.compile(r"\b(?:what do you (?:know|remember)(?: about me)?|who am i)\b", re.IGNORECASE)
 
 
-def fact_key(words):
-    key = re.sub(r"[^a-z0-9]+", "_", words.lower()).strip("_")
+def fact_key(phrase):
+    key = re.sub(r"[^a-z0-9]+", "_", phrase.lower()).strip("_")
     return key[:100]
 
 
@@ -64,15 +64,15 @@ def facts_in(text) -> list[FactToRemember]:
             facts.append({"key": "name", "value": called.group("value"), "fact_type": "world_knowledge"})
             continue
         if remembered:
-            words = re.findall(r"[A-Za-z0-9]+", inner)[:6]
+            first = words(inner, ascii_only=True)[:6]
             facts.append(
-                {"key": "note_" + fact_key(" ".join(words)), "value": inner.strip(), "fact_type": "world_knowledge"}
+                {"key": "note_" + fact_key(" ".join(first)), "value": inner.strip(), "fact_type": "world_knowledge"}
             )
     return facts
 
 
 def _words(text):
-    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2 and w not in _FILLER_WORDS}
+    return {w for w in words(text, ascii_only=True) if len(w) > 2 and w not in _FILLER_WORDS}
 
 
 def from_summary(question, summary):
