@@ -167,6 +167,10 @@ class Fact(models.Model):
     change_action = models.CharField(max_length=16, choices=FactAction.choices, default=FactAction.CREATED)
     change_source_episode_id = models.BigIntegerField(null=True, blank=True)
     change_provenance = models.TextField(null=True, blank=True, default=None)
+    # Labels the writer gave (the remember tool's `tags`): lower-case words, for filtering lists.
+    tags = models.JSONField(default=list, blank=True)
+    # An operator's pin: the fact reaches every prompt of its viewers, before anything recalled.
+    pinned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["key", "id"]
@@ -311,6 +315,8 @@ class Procedure(models.Model):
     last_used = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # An operator's pin: the (active) procedure reaches every prompt of its agent, whatever the query.
+    pinned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name", "id"]

@@ -385,6 +385,16 @@ AGENT_SCHEMA = {
             "default": False,
             "description": "Also send the system prompt as a stable-id human message (providers that ignore the system role).",
         },
+        "memory_types": {
+            "type": "object",
+            "properties": {t: {"type": "boolean", "default": True} for t in MEMORY_TYPES},
+            "additionalProperties": False,
+            "description": (
+                "Per-type switches (facts, episodes, procedures): a type switched off loses the tool that "
+                "writes it (remember, record_episode, learn_procedure), and recall, list_memories and forget "
+                "leave it out."
+            ),
+        },
         "tools": {
             "type": "object",
             "properties": {
@@ -392,7 +402,21 @@ AGENT_SCHEMA = {
                     "type": ["object", "null"],
                     "properties": {
                         "memory_type": {"enum": [*MEMORY_TYPES, "all"], "default": "facts"},
+                        "memory_types": {
+                            "type": "array",
+                            "items": {"enum": [*MEMORY_TYPES, "all"]},
+                            "minItems": 1,
+                            "uniqueItems": True,
+                            "description": "The types a call may ask for (its `memory_types`); replaces memory_type.",
+                        },
                         "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                        "max_top_k": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 100,
+                            "default": 20,
+                            "description": "The largest `top_k` a call may ask for; `limit` is a call's default.",
+                        },
                         "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
                     },
                     "additionalProperties": False,

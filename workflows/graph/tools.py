@@ -23,22 +23,30 @@ from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
 from memory.hints import clean_line, hints_block
 from memory.models import ProcedureSource, Scope
+from memory.rules.validation import check_unit_interval
 from memory.service import MemoryService, WriteAction
 
 from ..conversations.reminders import schedule_reminder
 from ..language.state import AgentContext
+from .memory_access import MEMORY_TYPES as RECALL_TYPES
 from .memory_access import RecallOptions, RecallScope, recall_for
 
 logger = logging.getLogger("engram.workflows")
 
 RECALL_DESCRIPTION = (
     "Look something up in long-term memory. With `key`: that fact (exact key, else a search). With "
-    "`query`: facts, past conversations and procedures relevant to it. With neither: every fact you can see."
+    "`query`: facts, past conversations and procedures relevant to it; `top_k`: how many of each; "
+    "`memory_types`: which of facts, episodes, procedures. With neither key nor query: every fact you can see."
 )
 REMEMBER_DESCRIPTION = (
     "Store a fact in long-term memory under `key` (for the user you are talking to, if known). "
-    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship."
+    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship; "
+    "`tags`: a few labels; `importance`: 0.0 to 1.0 (0.8 and up for critical decisions)."
 )
+# The seeds' names of the memory types (semantic, episodic, procedural) read as Engram's.
+TYPE_NAMES = {"facts": "facts", "episodes": "episodes", "procedures": "procedures"}
+TYPE_NAMES |= {"semantic": "facts", "episodic": "episodes", "procedural": "procedures"}
+DEFAULT_MAX_TOP_K = 20
 
 
 def memory_tool(func):
@@ -78,23 +86,72 @@ def _show(value):
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _allowed_types(config, default):
+    """The memory types a tool may read: its config's `memory_types` (or legacy `memory_type`), less
+    the types the agent node switched off (`disabled_types`, set by tools_for)."""
+    types = config.get("memory_types", config.get("memory_type", default))
+    types = [types] if isinstance(types, str) else list(types)
+    allowed = RECALL_TYPES if "all" in types else tuple(t for t in RECALL_TYPES if t in types)
+    return tuple(t for t in allowed if t not in config.get("disabled_types", ()))
+
+
+def _call_types(memory_types, allowed):
+    """The types one call asks for (None: every allowed one); InvalidMemoryArgument names the field."""
+    if memory_types is None or memory_types == []:
+        return allowed
+    if isinstance(memory_types, str):
+        memory_types = [memory_types]
+    asked = []
+    for name in memory_types:
+        kind = TYPE_NAMES.get(str(name).strip().lower()) if isinstance(name, str) else None
+        if kind is None:
+            raise InvalidMemoryArgument("memory_types", f"{name!r} is not a memory type; use {', '.join(RECALL_TYPES)}")
+        if kind not in allowed:
+            raise InvalidMemoryArgument(
+                "memory_types", f"{name!r} is not allowed here; this agent may recall {', '.join(allowed) or 'nothing'}"
+            )
+        if kind not in asked:
+            asked.append(kind)
+    return tuple(asked)
+
+
 def make_recall_tool(config, *, bound=None):
-    """The `recall` tool; config: memory_type (facts, episodes, procedures, all), limit, min_confidence.
+    """The `recall` tool; config: memory_types (the types a call may ask for; legacy memory_type:
+    facts, episodes, procedures, all), limit (a call's top_k when it gives none), max_top_k (the most
+    a call may ask for, DEFAULT_MAX_TOP_K), min_confidence.
 
     `bound`: an AgentContext to act for when the run has none (a graph of your own)."""
-    options = RecallOptions.from_config({"memory_types": config.get("memory_type", "facts"), **config})
+    allowed = _allowed_types(config, "facts")
+    max_top_k = int(config.get("max_top_k", DEFAULT_MAX_TOP_K))
+    default_top_k = min(int(config.get("limit", 10)), max_top_k)
+    min_confidence = float(config.get("min_confidence", 0.5))
 
     @memory_tool
-    def recall(runtime: ToolRuntime[AgentContext], key: str = "", query: str = "") -> str:
+    def recall(
+        runtime: ToolRuntime[AgentContext],
+        key: str = "",
+        query: str = "",
+        top_k: int = 0,
+        memory_types: list[str] | None = None,
+    ) -> str:
         """Look something up in long-term memory."""
+        if top_k in (0, None):
+            top_k = default_top_k
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= max_top_k:
+            raise InvalidMemoryArgument("top_k", f"must be 1 to {max_top_k}, got {top_k!r}")
+        types = _call_types(memory_types, allowed)
+        options = RecallOptions(memory_types=types, limit=top_k, min_confidence=min_confidence)
         scope = _scope(runtime, bound)
         service = MemoryService()
-        if key.strip():
+        if key.strip() and "facts" in types:
             fact = service.get_fact(key, agent_id=scope.agent_id, user_id=scope.user_id, session_id=scope.session_id)
             if fact is not None and fact.confidence >= options.min_confidence:
                 return f"{fact.key} = {_show(fact.value)} ({fact.scope}, confidence {fact.confidence:.2f})"
+        if key.strip():
             query = query or key.replace("_", " ")
         if not query.strip():
+            if "facts" not in types:
+                return "Give a query to recall episodes or procedures."
             facts = service.list_facts(
                 agent_id=scope.agent_id,
                 user_id=scope.user_id,
@@ -125,13 +182,23 @@ def make_recall_tool(config, *, bound=None):
 def make_remember_tool(config, *, bound=None):
     """The `remember` tool; config: fact_type (default for facts given without one), overwrite,
     agent_scope_without_user (off: with no identified user the tool refuses rather than storing the
-    words as the agent's own, where every other user of the agent would see them)."""
+    words as the agent's own, where every other user of the agent would see them).
+
+    A call's `importance` (0 to 1) is stored as the fact's confidence, which recall's ranking reads as
+    a fact's importance (memory/recall/ranking.py); without one the fact gets MEMORY["DEFAULT_CONFIDENCE"]."""
     default_type = config.get("fact_type", "world_knowledge")
     overwrite = bool(config.get("overwrite", True))
     agent_scope_without_user = bool(config.get("agent_scope_without_user", False))
 
     @memory_tool
-    def remember(runtime: ToolRuntime[AgentContext], key: str, value: str, fact_type: str = "") -> str:
+    def remember(
+        runtime: ToolRuntime[AgentContext],
+        key: str,
+        value: str,
+        fact_type: str = "",
+        tags: list[str] | None = None,
+        importance: float | None = None,
+    ) -> str:
         """Store a fact in long-term memory."""
         scope = _scope(runtime, bound)
         if scope.user_id is None and not agent_scope_without_user:
@@ -140,6 +207,8 @@ def make_remember_tool(config, *, bound=None):
                 "nobody is identified in this conversation, so nothing is stored "
                 "(the agent's own memory would show it to every user)",
             )
+        if importance is not None:
+            importance = check_unit_interval("importance", importance)
         owner = (
             {"scope": Scope.USER, "user_id": scope.user_id}
             if scope.user_id is not None
@@ -151,6 +220,8 @@ def make_remember_tool(config, *, bound=None):
             fact_type=fact_type or default_type,
             overwrite=overwrite,
             provenance=f"remember tool of {scope.agent_id}",
+            confidence=importance,
+            tags=tags,
             **owner,
         )
         whose = "this user" if owner["scope"] == Scope.USER else "this agent"
@@ -159,7 +230,8 @@ def make_remember_tool(config, *, bound=None):
                 f"Not stored: {key} already holds {_show(write.fact.value)} for {whose} and overwriting is off "
                 "(counted as a contradiction)."
             )
-        return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action})."
+        labels = f", tags {', '.join(write.fact.tags)}" if write.fact.tags else ""
+        return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action}{labels})."
 
     return StructuredTool.from_function(
         func=remember,
@@ -187,6 +259,7 @@ EPISODE_DESCRIPTION = (
 )
 MEMORY_TYPES = {"facts": ("fact",), "episodes": ("episode",), "procedures": ("procedure",)}
 MEMORY_TYPES["all"] = ("fact", "episode", "procedure")
+KIND_OF_TYPE = {"facts": "fact", "episodes": "episode", "procedures": "procedure"}
 MAX_LIST = 50
 
 
@@ -215,6 +288,7 @@ def _tool(func, name, description):
 
 def make_forget_tool(config, *, bound=None):
     """The `forget` tool: deletes one memory the calling agent and user can see (MemoryService.forget_visible)."""
+    disabled = {KIND_OF_TYPE[t] for t in config.get("disabled_types", ())}
 
     @memory_tool
     def forget(runtime: ToolRuntime[AgentContext], id: str) -> str:
@@ -223,6 +297,8 @@ def make_forget_tool(config, *, bound=None):
         kind, _, number = str(id).strip().partition(":")
         if kind not in ("fact", "episode", "procedure") or not number.strip().isdigit():
             raise InvalidMemoryArgument("id", "must be a memory id as list_memories shows it, for example fact:12")
+        if kind in disabled:
+            raise InvalidMemoryArgument("id", f"{kind} memory is switched off for this agent")
         MemoryService().forget_visible(
             kind,
             int(number),
@@ -239,6 +315,7 @@ def make_forget_tool(config, *, bound=None):
 def make_list_memories_tool(config, *, bound=None):
     """The `list_memories` tool; config: limit (the default number listed, 20)."""
     default_limit = int(config.get("limit", 20))
+    disabled = {KIND_OF_TYPE[t] for t in config.get("disabled_types", ())}
 
     @memory_tool
     def list_memories(
@@ -249,6 +326,9 @@ def make_list_memories_tool(config, *, bound=None):
         kinds = MEMORY_TYPES.get(memory_type)
         if kinds is None:
             raise InvalidMemoryArgument("memory_type", f"must be one of {', '.join(MEMORY_TYPES)}")
+        kinds = tuple(k for k in kinds if k not in disabled)
+        if not kinds:
+            raise InvalidMemoryArgument("memory_type", f"{memory_type} memory is switched off for this agent")
         limit = limit or default_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidMemoryArgument("limit", f"must be 1 to {MAX_LIST}")
@@ -361,3 +441,19 @@ TOOLS = {
     "record_episode": make_record_episode_tool,
     "remind": make_remind_tool,
 }
+
+
+# The tools that write one memory type: not offered when the agent node switches the type off.
+WRITES_TYPE = {"remember": "facts", "record_episode": "episodes", "learn_procedure": "procedures"}
+
+
+def tools_for(tool_config, switches=None, *, bound=None):
+    """The tools an agent node's `tools` config enables, in TOOLS order, with its per-type switches
+    (`memory_types`: {"facts": false, ...}, as the seeds' semantic/episodic/procedural `enabled`)
+    applied: a type switched off loses the tool that writes it, and no tool reads or deletes it."""
+    disabled = tuple(t for t, on in (switches or {}).items() if on is False)
+    return [
+        make({**(tool_config[name] or {}), "disabled_types": disabled}, bound=bound)
+        for name, make in TOOLS.items()
+        if name in tool_config and WRITES_TYPE.get(name) not in disabled
+    ]
