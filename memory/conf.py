@@ -29,6 +29,8 @@ DEFAULTS = {
     "API_MAX_BODY_BYTES": 256 * 1024,
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
+    # GET /metrics (Prometheus): a bearer token the scraper must send; blank: open, as /healthz is.
+    "METRICS_TOKEN": "",
     # ---- lifecycle: consolidation, limits and pruning, health (nested dicts merge with these defaults)
     "CONSOLIDATION": {
         # Dotted path of the extractor: the built-in rules (no model needed) or the LLM extractor.

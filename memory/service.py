@@ -33,6 +33,7 @@ from .domain.users import Identified, UserContext, Users
 from .operations.erasure import register_participant as register_erasure_participant
 from .operations.health import register_component as register_health_component
 from .operations.lifecycle import Lifecycle
+from .operations.metrics import timed_recall
 from .operations.operators import Operators
 from .operations.transfer_kinds import NaturalKey, TransferKind
 from .operations.transfer_kinds import register_kind as register_transfer_kind
@@ -142,7 +143,7 @@ class MemoryService:
     delete_store_items = _delegate("store_items", StoreItems.delete_store_items)
 
     # ---- recall (memory/recall/service.py)
-    recall = _delegate("recalls", Recall.recall)
+    recall = timed_recall(_delegate("recalls", Recall.recall))  # observed for GET /metrics
     forget_visible = _delegate("recalls", Recall.forget_visible)
     list_visible = _delegate("recalls", Recall.list_visible)
     memory_relations = _delegate("recalls", Recall.memory_relations)
