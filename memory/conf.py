@@ -93,6 +93,8 @@ DEFAULTS = {
         "EFFICIENCY_MIN_AGE_DAYS": 1,
         # How long /healthz and `memory health` reuse a computed score.
         "CACHE_SECONDS": 60,
+        # Daily snapshots (`memory health --snapshot`) older than this many days are deleted by the next one.
+        "SNAPSHOT_DAYS": 90,
     },
     # EngramStore's namespaces that belong to a person (memory/domain/store_items.py): {first label: identity
     # channel}; the second label is the person's id on that channel (an application's own user id),

@@ -188,6 +188,8 @@ class MemoryService:
     import_memories = _delegate("lifecycle", Lifecycle.import_memories)
     clear_memories = _delegate("lifecycle", Lifecycle.clear_memories)
     memory_health = _delegate("lifecycle", Lifecycle.memory_health)
+    snapshot_health = _delegate("lifecycle", Lifecycle.snapshot_health)
+    health_snapshots = _delegate("lifecycle", Lifecycle.health_snapshots)
 
     # ---- what operators curate: pins, feedback on episodes (memory/domain/curation.py)
     pin_memories = _delegate("curation", Curation.pin_memories)

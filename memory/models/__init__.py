@@ -36,6 +36,7 @@ from .records import (
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
+    HealthSnapshot,
     Tombstone,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "ConsolidationRun",
     "DeletionKind",
     "DeletionRecord",
+    "HealthSnapshot",
     "EmbeddingModelRecord",
     "Episode",
     "FACT_HISTORY_VIEW",
