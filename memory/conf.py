@@ -116,6 +116,9 @@ DEFAULTS = {
     # Most texts the worker embeds in one model call, and how long it waits for more writers to
     # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
+    # Which episodes recall embeds, by kind (trigger type: "telegram", "chat", a record_episode category):
+    # None embeds every episode; a list only those kinds (the others stay in keyword recall).
+    "EMBED_EPISODE_KINDS": None,
     "EMBED_WAIT_MS": 50,
     # How long a committed write's vector may take before its batch is embedded at the requests'
     # priority instead of in the CPU they leave (memory/embedding/model_process.py): vector recall finds a
