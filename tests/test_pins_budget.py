@@ -54,7 +54,7 @@ def test_pinned_memory_reaches_every_prompt_first_and_marked(service, ada):
     service.pin_memories("fact", [rule.pk], pinned=False)
     service.pin_memories("fact", [Fact.objects.get(key="house rule", scope="global").pk])
     prompt = build_recall({}, CTX)(state(ada, "what about the weather?"))["memory_prompt"]
-    assert "house rule" not in prompt
+    assert "pinned by an operator" not in prompt and "refunds within 30 days" not in prompt
 
 
 def test_an_inactive_procedure_is_not_pinned_into_the_prompt(service, ada):
@@ -105,9 +105,11 @@ def test_the_budget_keeps_pins_and_cuts_the_rest_by_score(service, ada):
 
 
 def test_the_budget_setting_applies_when_the_node_sets_none(service, ada, settings):
+    found = build_recall({"memory_types": ["facts"]}, CTX)(state(ada, "tea fact"))["memories"]["facts"]
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_MEMORY_CHARS": 10}
     result = build_recall({"memory_types": ["facts"]}, CTX)(state(ada, "tea fact"))
-    assert result["memories"]["facts"] == [] and len(result["recall_trace"]["cut"]) == 8
+    assert found and result["memories"]["facts"] == []
+    assert [c["id"] for c in result["recall_trace"]["cut"]] != [] and len(result["recall_trace"]["cut"]) == len(found)
 
 
 def test_staff_pin_through_rest_and_the_change_is_logged(api, service, ada):
