@@ -29,6 +29,8 @@ DEFAULTS = {
     "API_MAX_BODY_BYTES": 256 * 1024,
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
+    # GET /metrics (Prometheus): a bearer token the scraper must send; blank: open, as /healthz is.
+    "METRICS_TOKEN": "",
     # ---- lifecycle: consolidation, limits and pruning, health (nested dicts merge with these defaults)
     "CONSOLIDATION": {
         # Dotted path of the extractor: the built-in rules (no model needed) or the LLM extractor.
@@ -91,6 +93,8 @@ DEFAULTS = {
         "EFFICIENCY_MIN_AGE_DAYS": 1,
         # How long /healthz and `memory health` reuse a computed score.
         "CACHE_SECONDS": 60,
+        # Daily snapshots (`memory health --snapshot`) older than this many days are deleted by the next one.
+        "SNAPSHOT_DAYS": 90,
     },
     # EngramStore's namespaces that belong to a person (memory/domain/store_items.py): {first label: identity
     # channel}; the second label is the person's id on that channel (an application's own user id),
@@ -112,6 +116,9 @@ DEFAULTS = {
     # Most texts the worker embeds in one model call, and how long it waits for more writers to
     # join a smaller batch (a write's vector comes at most this much later; its row never waits).
     "EMBED_BATCH": 64,
+    # Which episodes recall embeds, by kind (trigger type: "telegram", "chat", a record_episode category):
+    # None embeds every episode; a list only those kinds (the others stay in keyword recall).
+    "EMBED_EPISODE_KINDS": None,
     "EMBED_WAIT_MS": 50,
     # How long a committed write's vector may take before its batch is embedded at the requests'
     # priority instead of in the CPU they leave (memory/embedding/model_process.py): vector recall finds a

@@ -11,6 +11,7 @@ A facade over concerns, each a class built with the collaborators it names:
     Operators(backend, users)                 memory/operations/operators.py
     Recall(backend, facts, operators)         memory/recall/service.py
     Lifecycle(service, facts, episodes, users)  memory/operations/lifecycle.py
+    Curation(backend)                         memory/domain/curation.py (pins, feedback on episodes)
 
 MemoryService builds them and hands each public method on to its concern, so callers (nodes, tools,
 the admin, the REST API, commands) need one object and one import; `a<name>` runs `<name>` off the
@@ -22,6 +23,7 @@ import functools
 
 from .asynchronous import awaitable
 from .backends import get_backend
+from .domain.curation import Curation
 from .domain.deletions import BatchDelete
 from .domain.episodes import Episodes
 from .domain.facts import MAX_FACT_SEARCH_WORDS, MAX_SEARCH_LENGTH, Facts, FactWrite, WriteAction
@@ -31,6 +33,7 @@ from .domain.users import Identified, UserContext, Users
 from .operations.erasure import register_participant as register_erasure_participant
 from .operations.health import register_component as register_health_component
 from .operations.lifecycle import Lifecycle
+from .operations.metrics import timed_recall
 from .operations.operators import Operators
 from .operations.transfer_kinds import NaturalKey, TransferKind
 from .operations.transfer_kinds import register_kind as register_transfer_kind
@@ -83,6 +86,7 @@ class MemoryService:
         self.operators = Operators(backend, self.users)
         self.recalls = Recall(backend, self.facts, self.operators)
         self.lifecycle = Lifecycle(self, self.facts, self.episodes, self.users)
+        self.curation = Curation(backend)
 
     # ---- facts (memory/domain/facts.py)
     get_fact = _delegate("facts", Facts.get_fact)
@@ -139,7 +143,7 @@ class MemoryService:
     delete_store_items = _delegate("store_items", StoreItems.delete_store_items)
 
     # ---- recall (memory/recall/service.py)
-    recall = _delegate("recalls", Recall.recall)
+    recall = timed_recall(_delegate("recalls", Recall.recall))  # observed for GET /metrics
     forget_visible = _delegate("recalls", Recall.forget_visible)
     list_visible = _delegate("recalls", Recall.list_visible)
     memory_relations = _delegate("recalls", Recall.memory_relations)
@@ -184,6 +188,13 @@ class MemoryService:
     import_memories = _delegate("lifecycle", Lifecycle.import_memories)
     clear_memories = _delegate("lifecycle", Lifecycle.clear_memories)
     memory_health = _delegate("lifecycle", Lifecycle.memory_health)
+    snapshot_health = _delegate("lifecycle", Lifecycle.snapshot_health)
+    health_snapshots = _delegate("lifecycle", Lifecycle.health_snapshots)
+
+    # ---- what operators curate: pins, feedback on episodes (memory/domain/curation.py)
+    pin_memories = _delegate("curation", Curation.pin_memories)
+    pinned_memories = _delegate("curation", Curation.pinned_memories)
+    episode_feedback = _delegate("curation", Curation.episode_feedback)
 
     # ---- awaitable: the calls nodes, tools and the LangGraph store make (memory/asynchronous.py)
     aget_fact = awaitable("get_fact")

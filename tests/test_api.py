@@ -251,6 +251,8 @@ def test_no_endpoint_returns_another_kinds_data(api, memories):
         "user",
         "session_id",
         "confidence",
+        "tags",
+        "pinned",
         "times_confirmed",
         "times_contradicted",
         "source_episode",

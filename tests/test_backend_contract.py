@@ -19,7 +19,7 @@ from memory.backends.interface import StorageBackend
 from memory.backends.postgresql import PostgreSQLBackend
 from memory.backends.sqlite import SQLiteBackend
 from memory.domain.store_items import StorePut
-from memory.models import Episode, Fact, RecallDocument, Scope, StoreItem
+from memory.models import Episode, Fact, Procedure, RecallDocument, Scope, StoreItem
 from memory.rules.validation import Viewer
 
 INTERFACE = [name for name, _ in inspect.getmembers(StorageBackend, inspect.isfunction) if not name.startswith("_")]
@@ -58,6 +58,20 @@ def test_get_fact_returns_the_most_specific_visible_fact(backend, service, user_
     assert backend.get_fact("tz", Viewer(agent_id="bot")).value == "CET"
     assert backend.get_fact("tz", Viewer(agent_id="other")).value == "UTC"
     assert backend.get_fact("missing", Viewer()) is None
+
+
+def test_pins_are_set_and_read_per_viewer_with_shadowing(backend, service, user_factory):
+    ada = user_factory("ada")
+    rule = service.set_fact("rule", "global rule", scope=Scope.GLOBAL).fact
+    own = service.set_fact("rule", "bot rule", scope=Scope.AGENT, agent_id="bot").fact
+    procedure = service.save_procedure("greet", agent_id="bot", content={"prompt": "hi"})
+    assert backend.set_pinned(Fact, [rule.pk, own.pk], True) == 2
+    assert backend.set_pinned(Fact, [rule.pk], True) == 0  # already pinned: nothing changed
+    assert backend.set_pinned(Procedure, [procedure.pk], True) == 1
+    assert [f.value for f in backend.pinned_facts(Viewer(agent_id="bot", user_id=ada.pk))] == ["bot rule"]
+    assert [f.value for f in backend.pinned_facts(Viewer(agent_id="other"))] == ["global rule"]
+    assert [p.name for p in backend.pinned_procedures("bot")] == ["greet"]
+    assert backend.pinned_procedures("other") == []
 
 
 def test_visible_facts_filter_order_and_shadow(backend, service, user_factory):

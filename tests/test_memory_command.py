@@ -168,6 +168,18 @@ def test_clear_by_agent_and_user(store):
     assert list(Fact.objects.values_list("key", flat=True)) == ["office_city"]
 
 
+def test_clear_sessions_takes_session_facts_only(store, service):
+    service.set_fact("topic", "tea", scope="session", session_id="ada:direct:1")
+    service.set_fact("mood", "curious", scope="session", session_id="bob:direct:1")
+    assert run_json("clear", "--sessions", "--force")["deleted"] == {"facts": 2}
+    assert sorted(Fact.objects.values_list("scope", flat=True)) == ["agent", "global", "user"]
+    assert Episode.objects.count() == 1  # a session's episodes are its record, not its notes
+    for extra in (["--agent", "planner"], ["--user", str(store["ada"].pk)], ["--type", "episodes"]):
+        with pytest.raises(CommandError, match=f"leave out {extra[0]}"):
+            run("clear", "--sessions", *extra, "--force")
+    assert Fact.objects.count() == 3
+
+
 def test_prune(store, settings):
     settings.MEMORY = {**settings.MEMORY, "LIMITS": {"MAX_FACTS": 0}}
     assert run_json("prune", "--dry-run")["deleted"]["facts"] == 3

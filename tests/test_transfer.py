@@ -45,7 +45,8 @@ def store(service, user_factory):
     service.set_fact("favourite_colour", "green", scope="user", user_id=ada.pk)  # confirmed
     service.set_fact("timezone", {"name": "Europe/Lisbon", "offset": 0}, scope="agent", agent_id="planner")
     service.set_fact("draft", ["a", 1, None, 2.5], scope="session", session_id="s1", confidence=0.35)
-    service.set_fact("office_city", "Porto ünïcode ✓")
+    office = service.set_fact("office_city", "Porto ünïcode ✓", tags=["office", "travel"]).fact
+    service.pin_memories("fact", [office.pk])
     service.set_fact("pet", "cat", scope="user", user_id=old.pk)
     service.merge_users(old.pk, ada.pk)
     service.get_fact("office_city")
@@ -251,6 +252,8 @@ def test_a_line_nested_too_deep_names_the_field(service, exported, levels):
         ("agent_id", "planner-2", "a user fact cannot have agent_id"),
         ("user_id", 9999, "no user 9999 in the file or the database"),
         ("times_confirmed", -1, "must be positive"),
+        ("tags", ["Travel"], "must be lower-case labels"),
+        ("tags", "travel", "must be a list"),
         ("colour", "green", "is not a column of fact"),
     ],
 )

@@ -171,8 +171,9 @@ def test_recall_queries_pinned(ada, capture_data_queries):
     recall(recall_state(ada, "what is my name?"))  # the first recall reads index statistics, cached
     with capture_data_queries() as q:
         recall(recall_state(ada, "what is my name?"))
-    # facts: MemoryService.recall (4) and the user's own facts (1); episodes (1); procedures (1)
-    assert len(q.data) == 7, q.data
+    # facts: MemoryService.recall (4) and the user's own facts (1); episodes (1); procedures (1);
+    # pinned facts (1) and pinned procedures (1), which reach every prompt whatever the query
+    assert len(q.data) == 9, q.data
 
 
 def test_recall_failure_is_reported_not_raised(ada, monkeypatch):

@@ -46,6 +46,9 @@ DEFAULTS = {
     # the query matched fewer facts than the recall's limit (the most confident of them fill the rest).
     # Not MEMORY["RECALL_CANDIDATES"], which is how deep each leg of the search itself looks.
     "TOP_UP_FACTS": 200,
+    # Character budget of the memory lines a recall node puts in the prompt (its `max_memory_chars`
+    # overrides it); None: no budget. Pinned memory always goes in; the rest by score while it fits.
+    "MAX_MEMORY_CHARS": None,
     # Telegram Bot API: base URL (tests point it at a local server), bot token, webhook secret token.
     "TELEGRAM_API_BASE": "https://api.telegram.org",
     "TELEGRAM_BOT_TOKEN": "",

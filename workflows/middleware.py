@@ -42,7 +42,7 @@ from memory.rules.validation import check_user_id, clean_text, storable
 from memory.service import MemoryService
 
 from .graph.agent import episode_actions, since_last_human, with_memory
-from .graph.memory_access import RecallOptions, RecallScope, recall_for, render_memory_prompt
+from .graph.memory_access import RecallOptions, RecallScope, add_pins, recall_for, render_memory_prompt
 from .graph.offline import OfflineResponder
 
 logger = logging.getLogger("engram.workflows")
@@ -126,7 +126,7 @@ class EngramMemoryMiddleware(AgentMiddleware):
         query = _last_human_text(request.messages)
         scope = RecallScope(agent_id=self.agent_id, user_id=turn.get("user_id"), session_id=turn.get("session_id", ""))
         try:
-            recalled = recall_for(query, scope, self.options)
+            recalled = add_pins(recall_for(query, scope, self.options), scope)  # pinned memory reaches every prompt
         except MEMORY_FAILURES as exc:
             return {}, [self._failure("recall", exc)]
         changes = {"messages": with_memory(request.messages, render_memory_prompt(recalled))}

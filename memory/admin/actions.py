@@ -117,3 +117,25 @@ def merge_users(modeladmin, request, queryset):
         "action_name": "merge_users",
     }
     return TemplateResponse(request, "admin/memories/merge_users.html", context)
+
+
+def _pin(modeladmin, request, queryset, pinned):
+    kind = modeladmin.model._meta.model_name
+    ids = list(queryset.order_by().values_list("pk", flat=True))
+    changed, _ = MemoryService().pin_memories(kind, ids, pinned=pinned)
+    message = "Pinned" if pinned else "Unpinned"
+    for obj in modeladmin.model.objects.filter(pk__in=changed):  # each change in the admin log, as an edit is
+        modeladmin.log_change(request, obj, message)
+    what = modeladmin.model._meta.verbose_name if len(changed) == 1 else modeladmin.model._meta.verbose_name_plural
+    modeladmin.message_user(request, f"{message} {len(changed)} {what}.", messages.SUCCESS)
+
+
+@admin.action(description="Pin selected (always in the prompt)")
+def pin_memories(modeladmin, request, queryset):
+    """Pin the selected facts or procedures: they reach every prompt of those who see them."""
+    _pin(modeladmin, request, queryset, True)
+
+
+@admin.action(description="Unpin selected")
+def unpin_memories(modeladmin, request, queryset):
+    _pin(modeladmin, request, queryset, False)

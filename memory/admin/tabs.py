@@ -62,11 +62,13 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "scope_badge",
         "type_badge",
         "confidence_percent",
+        "pinned",
         "last_accessed",
         "updated_at",
     ]
     list_display_links = ["key"]
-    list_filter = ["scope", "fact_type"]
+    list_filter = ["scope", "fact_type", "pinned"]
+    actions = [actions.delete_memories, actions.pin_memories, actions.unpin_memories]
     list_select_related = ["user"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
     # Key and owner are what the fact is: an edit changes only what it says (through the service).
@@ -77,6 +79,8 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "value",
         "fact_type",
         "confidence",
+        "pinned",
+        "tags",
         "times_confirmed",
         "times_contradicted",
         "source_episode",
@@ -91,6 +95,8 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
     readonly_fields = [
         "key",
         "owner",
+        "pinned",
+        "tags",
         "history",
         "times_confirmed",
         "times_contradicted",
@@ -231,10 +237,12 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
 @admin.register(Procedure, site=memories_site)
 class ProcedureAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Procedures", 40
-    list_display = ["name", "agent", "type_badge", "times_used", "success_percent", "is_active"]
-    list_filter = ["procedure_type", "is_active", "source"]
+    list_display = ["name", "agent", "type_badge", "times_used", "success_percent", "is_active", "pinned"]
+    list_filter = ["procedure_type", "is_active", "source", "pinned"]
     search_fields = ["name", "description", "agent_id"]
+    actions = [actions.delete_memories, actions.pin_memories, actions.unpin_memories]
     readonly_fields = [
+        "pinned",
         "times_used",
         "times_succeeded",
         "times_failed",

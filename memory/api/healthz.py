@@ -1,15 +1,18 @@
-"""GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content)."""
+"""GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content);
+GET /metrics: the same kind of figures in Prometheus's text format (memory/operations/metrics.py)."""
 
 import logging
 import threading
 
 from django.core.signals import got_request_exception
 from django.db import DatabaseError
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.utils.crypto import constant_time_compare
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from ..operations import health
+from ..conf import memory_settings
+from ..operations import health, metrics
 from ..recall.indexer import indexer
 from ..service import MemoryService
 
@@ -81,3 +84,29 @@ def healthz(request):
     if problems or report.band == health.RED:
         body["status"] = "degraded"
     return JsonResponse(body)
+
+
+@never_cache
+@require_GET
+def prometheus_metrics(request):
+    """Counts, vector backlog, errors and recall latency for Prometheus; no memory content.
+
+    With MEMORY["METRICS_TOKEN"] set, the scraper must send it as `Authorization: Bearer <token>`
+    (else 401); blank, the endpoint is open, as /healthz is. 503 when the database does not answer.
+    """
+    token = memory_settings.METRICS_TOKEN
+    if token and not constant_time_compare(request.headers.get("Authorization", ""), f"Bearer {token}"):
+        return HttpResponse("metrics: a bearer token is required\n", status=401, content_type="text/plain")
+    service = MemoryService()
+    try:
+        counts = service.memory_counts()
+        backlog = service.pending_vectors()
+        text = metrics.render(
+            counts=counts,
+            backlog=backlog,
+            errors={"unhandled_request": unhandled_errors.count, "embedding_batch": indexer.failures},
+        )
+    except DatabaseError as exc:
+        logger.warning("metrics: memory unreadable: %s", exc)
+        return HttpResponse("metrics: the database does not answer\n", status=503, content_type="text/plain")
+    return HttpResponse(text, content_type=metrics.CONTENT_TYPE)

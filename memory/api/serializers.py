@@ -51,6 +51,8 @@ class FactSerializer(MemorySerializer):
             "user",
             "session_id",
             "confidence",
+            "tags",
+            "pinned",
             "times_confirmed",
             "times_contradicted",
             "source_episode",
@@ -134,6 +136,7 @@ class ProcedureSerializer(MemorySerializer):
             "source",
             "parent",
             "is_active",
+            "pinned",
             "last_used",
             "created_at",
             "updated_at",
@@ -321,3 +324,32 @@ class ErasureSerializer(serializers.Serializer):
 class UserBatchDeleteResultSerializer(BatchDeleteResultSerializer):
     cascaded = CascadedSerializer(required=False, help_text="What went with the users (cascade only).")
     erasure = ErasureSerializer(required=False, help_text="What the scrub after the commit did (cascade only).")
+
+
+class PinSerializer(serializers.Serializer):
+    pinned = StrictBooleanField(
+        help_text="true: the fact or procedure reaches every prompt of those who see it, first; false: unpin."
+    )
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (12 and true are refused, not read as "12" and "True")."""
+
+    default_error_messages = {"type": "Must be a string, got {kind}."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("type", kind=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class FeedbackSerializer(serializers.Serializer):
+    feedback = StrictCharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="A person's comment on the run (blank clears it).",
+    )
+    rating = StrictIdField(
+        required=False, allow_null=True, max_value=5, help_text="1 (bad) to 5 (good); null clears the rating."
+    )

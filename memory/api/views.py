@@ -3,6 +3,8 @@
 Reads come from MemoryService querysets and deletes go through MemoryService, one transaction each.
 """
 
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -95,6 +97,42 @@ class MemoryViewSet(mixins.DestroyModelMixin, MemoryReadViewSet):
         return Response(self.batch_delete_result_serializer_class(body).data, status=status.HTTP_200_OK)
 
 
+def _validated(serializer_class, request):
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def audit_change(request, obj, message):
+    """An edit made through the API, in the admin log as the admin records its own (never str(obj):
+    it may name a person)."""
+    LogEntry.objects.create(
+        user_id=request.user.pk,
+        content_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
+        object_id=str(obj.pk),
+        object_repr=f"{obj._meta.verbose_name} #{obj.pk}",
+        action_flag=CHANGE,
+        change_message=message,
+    )
+
+
+class PinMixin:
+    """POST <id>/pin/ {"pinned": true|false}: an operator's pin (MemoryService.pin_memories)."""
+
+    pin_kind = None
+
+    @extend_schema(request=serializers.PinSerializer, responses={200: serializers.PinSerializer})
+    @action(detail=True, methods=["post"], url_path="pin")
+    def pin(self, request, pk=None):
+        obj = self.get_object()
+        pinned = _validated(serializers.PinSerializer, request)["pinned"]
+        with transaction.atomic():
+            changed, _ = self.service.pin_memories(self.pin_kind, [obj.pk], pinned=pinned)
+            if changed:
+                audit_change(request, obj, "Pinned through the API" if pinned else "Unpinned through the API")
+        return Response({"pinned": pinned})
+
+
 def _batch_schema(request, response, description):
     return extend_schema(request=request, responses={200: response}, description=description)
 
@@ -105,13 +143,14 @@ _BATCH = "Delete rows by id in one transaction. Malformed ids or more than the l
 @extend_schema_view(
     batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
 )
-class FactViewSet(FactServiceActions, MemoryViewSet):
+class FactViewSet(FactServiceActions, PinMixin, MemoryViewSet):
     """Facts (semantic memory) of every owner; a write, and a viewer's reads, through MemoryService."""
 
     serializer_class = serializers.FactSerializer
     filterset_class = FactFilter
     list_method, delete_method = "fact_list", "delete_facts"
     ordering_fields = ["id", "key", "confidence", "updated_at", "last_accessed", "access_count"]
+    pin_kind = "fact"
 
 
 @extend_schema_view(
@@ -125,17 +164,36 @@ class EpisodeViewSet(MemoryViewSet):
     list_method, delete_method = "episode_list", "delete_episodes"
     ordering_fields = ["id", "started_at", "duration_ms", "agent_id"]
 
+    @extend_schema(request=serializers.FeedbackSerializer, responses={200: serializers.EpisodeSerializer})
+    @action(detail=True, methods=["post"], url_path="feedback")
+    def feedback(self, request, pk=None):
+        """A person's feedback on the run: `feedback` (text) and/or `rating` (1 to 5, null clears it).
+        Checked by the service (a bad value: 400 naming the field, nothing changes) and recorded in the
+        admin log as an edit by the API user."""
+        episode = self.get_object()
+        data = _validated(serializers.FeedbackSerializer, request)
+        with transaction.atomic():
+            episode = self.service.episode_feedback(
+                episode.pk,
+                feedback=data.get("feedback"),
+                rating=data.get("rating"),
+                clear_rating="rating" in data and data["rating"] is None,
+            )
+            audit_change(request, episode, f"Feedback set through the API: {sorted(data)}")
+        return Response(serializers.EpisodeSerializer(episode).data)
+
 
 @extend_schema_view(
     batch_delete=_batch_schema(serializers.BatchDeleteSerializer, serializers.BatchDeleteResultSerializer, _BATCH)
 )
-class ProcedureViewSet(MemoryViewSet):
+class ProcedureViewSet(PinMixin, MemoryViewSet):
     """Procedures (procedural memory): how to do things and how well it worked."""
 
     serializer_class = serializers.ProcedureSerializer
     filterset_class = ProcedureFilter
     list_method, delete_method = "procedure_list", "delete_procedures"
     ordering_fields = ["id", "name", "times_used", "success_rate", "last_used"]
+    pin_kind = "procedure"
 
 
 @extend_schema_view(

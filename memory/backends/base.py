@@ -258,6 +258,39 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         PostgreSQL backend.
         """
 
+    def pinned_facts(self, viewer):
+        """The pinned facts the viewer sees, less those a more specific fact of the viewer's with the
+        same key hides (as visible_facts shadows). Two queries: the pins, then their keys' owners."""
+        owners, params = owners_sql(viewer)
+        pinned = self._facts(
+            f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.pinned = %s AND f.scope_key {owners} "
+            f"ORDER BY f.{_q('key')}, f.id",
+            [True, *params],
+        )
+        if not pinned:
+            return []
+        keys = sorted({f.key for f in pinned})
+        marks = ", ".join(["%s"] * len(keys))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT f.{_q('key')}, f.scope FROM {FACT_TABLE} f WHERE f.scope_key {owners} AND f.{_q('key')} IN ({marks})",
+                [*params, *keys],
+            )
+            best = {}
+            for key, scope in cursor.fetchall():
+                best[key] = min(best.get(key, 9), SCOPE_RANK[scope])
+        return [f for f in pinned if SCOPE_RANK[f.scope] == best[f.key]]
+
+    def pinned_procedures(self, agent_id):
+        """The agent's and the shared active pinned procedures; the agent's own hides a shared one of its name."""
+        found = list(Procedure.objects.filter(pinned=True, is_active=True, agent_id__in={agent_id, ""}))
+        own = {p.name for p in found if p.agent_id}
+        return sorted((p for p in found if p.agent_id or p.name not in own), key=lambda p: (p.name, p.pk))
+
+    def set_pinned(self, model, ids, pinned):
+        """Pin or unpin these rows of Fact or Procedure; how many rows changed."""
+        return model.objects.filter(pk__in=ids).exclude(pinned=pinned).update(pinned=pinned)
+
     def episode_exists(self, episode_id):
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT 1 FROM {Episode._meta.db_table} WHERE id = %s", [episode_id])

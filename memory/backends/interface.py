@@ -20,6 +20,15 @@ class StorageBackend(Protocol):
     def visible_facts(self, viewer, *, tokens=(), min_confidence=None, fact_type=None, order="key", limit=None):
         """Facts the viewer sees holding every token, shadowed ones left out, by "key" or "confidence"."""
 
+    def pinned_facts(self, viewer):
+        """The pinned facts the viewer sees, shadowed ones left out."""
+
+    def pinned_procedures(self, agent_id):
+        """The agent's and the shared active pinned procedures (the agent's own hides a shared one of its name)."""
+
+    def set_pinned(self, model, ids, pinned):
+        """Pin or unpin these rows of Fact or Procedure; how many rows changed."""
+
     def owned_fact(self, fact, *, lock):
         """The stored fact with the owner and key of `fact`, or None; `lock` holds it to the commit."""
 

@@ -22,6 +22,7 @@ from ..rules.validation import (
     check_json,
     check_limit,
     check_search,
+    check_tags,
     check_unit_interval,
     check_user_id,
     check_valid_time,
@@ -126,8 +127,12 @@ class Facts:
         provenance="",
         valid_from=None,
         valid_to=None,
+        tags=None,
     ):
         """Create or update the fact `key` of one owner, safely under concurrent writers.
+
+        `tags`: labels for the fact (check_tags); given, they replace the stored ones on any write
+        that is not skipped; None keeps them.
 
         Same value: confirmed (confidence moves CONFIRM_WEIGHT of the way to 1). Different value:
         updated when `overwrite` (counted as a contradiction; confidence becomes the new one), else
@@ -145,6 +150,8 @@ class Facts:
             key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
         )
         fact.valid_from, fact.valid_to = check_valid_time(valid_from, valid_to)
+        fact.keeps_tags = tags is None
+        fact.tags = [] if tags is None else check_tags("tags", tags)
         try:
             with transaction.atomic():
                 if fact.user_id is not None:
@@ -251,6 +258,7 @@ class Facts:
             existing.times_contradicted += 1
         else:
             action = WriteAction.SKIPPED
+            incoming.keeps_tags = True  # a refused write changes nothing of the fact
             w = memory_settings.CONTRADICT_WEIGHT
             changes = {
                 "times_contradicted": ("times_contradicted + 1", []),
@@ -258,6 +266,8 @@ class Facts:
             }
             existing.times_contradicted += 1
             existing.confidence *= 1.0 - w
+        if not getattr(incoming, "keeps_tags", True):
+            changes["tags"] = existing.tags = incoming.tags
         changes["updated_at"] = existing.updated_at = now
         # The change becomes the fact's current version; the state it replaces is kept as history.
         changes.update(history.change_columns(action, None if action == WriteAction.UPDATED else incoming))

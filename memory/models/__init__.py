@@ -37,6 +37,7 @@ from .records import (
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
+    HealthSnapshot,
     Tombstone,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "ConsolidationRun",
     "DeletionKind",
     "DeletionRecord",
+    "HealthSnapshot",
     "EmbeddingModelRecord",
     "Episode",
     "FACT_HISTORY_VIEW",

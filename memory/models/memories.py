@@ -172,6 +172,10 @@ class Fact(models.Model):
     # closes it; the closed value stays in fact history with its interval (memory/domain/history.py).
     valid_from = models.DateTimeField(null=True, blank=True)
     valid_to = models.DateTimeField(null=True, blank=True)
+    # Labels the writer gave (the remember tool's `tags`): lower-case words, for filtering lists.
+    tags = models.JSONField(default=list, blank=True)
+    # An operator's pin: the fact reaches every prompt of its viewers, before anything recalled.
+    pinned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["key", "id"]
@@ -341,6 +345,8 @@ class Procedure(models.Model):
     last_used = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # An operator's pin: the (active) procedure reaches every prompt of its agent, whatever the query.
+    pinned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name", "id"]

@@ -88,3 +88,24 @@ class Tombstone(models.Model):
 
     def __str__(self):
         return f"forgotten memory user {self.forgotten_id}"
+
+
+class HealthSnapshot(models.Model):
+    """One day's memory health of one agent (agent_id blank: the whole memory), as `memory health
+    --snapshot` took it (the last run of a day replaces that day's). Kept HEALTH["SNAPSHOT_DAYS"] days.
+    An operational record, not memory: export and clear leave it alone."""
+
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    day = models.DateField()
+    score = models.FloatField(null=True, blank=True)
+    band = models.CharField(max_length=16)
+    metrics = models.JSONField(default=dict, blank=True)
+    taken_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "memory_health_snapshot"
+        ordering = ["agent_id", "day"]
+        constraints = [models.UniqueConstraint(fields=["agent_id", "day"], name="one_health_snapshot_per_agent_day")]
+
+    def __str__(self):
+        return f"health of {self.agent_id or 'all agents'} on {self.day}: {self.band}"

@@ -1,5 +1,7 @@
 """Memory over time: consolidation, limits and pruning, export and import, clearing, health. MemoryService delegates to it."""
 
+from datetime import UTC, timedelta
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -7,9 +9,9 @@ from ..conf import memory_settings
 from ..domain import limits
 from ..domain.facts import FactWrite, WriteAction
 from ..exceptions import InvalidMemoryArgument
-from ..models import ConsolidationRun, Episode, Scope
+from ..models import ConsolidationRun, Episode, Fact, HealthSnapshot, Procedure, Scope
 from ..recall.relations import link_supports
-from ..rules.validation import check_choice, check_limit, check_user_id, clean_text
+from ..rules.validation import check_choice, check_int, check_limit, check_user_id, clean_text
 from . import clearing, health, transfer
 from .consolidation import consolidate_after_run, run_consolidation
 from .promotion import run_promotion
@@ -177,3 +179,39 @@ class Lifecycle:
             return health.cached(agent_id)
         self.facts.flush_access_counts()  # efficiency counts recalls still buffered
         return health.compute(agent_id)
+
+    def snapshot_health(self):
+        """Today's health snapshot (UTC day) of the whole memory and of each agent that has memory (its
+        facts, episodes or procedures), replacing today's earlier ones; then snapshots older than
+        HEALTH["SNAPSHOT_DAYS"] days go. Run it daily (`memory health --snapshot` from cron). Returns
+        the snapshots taken, the whole memory's first. Computed outside any transaction; written in one.
+        """
+        self.facts.flush_access_counts()
+        agents = set(Fact.objects.exclude(agent_id="").values_list("agent_id", flat=True).distinct())
+        agents |= set(Episode.objects.exclude(agent_id="").values_list("agent_id", flat=True).distinct())
+        agents |= set(Procedure.objects.exclude(agent_id="").values_list("agent_id", flat=True).distinct())
+        reports = [health.compute(None)] + [health.compute(agent) for agent in sorted(agents)]
+        now = timezone.now()
+        day = now.astimezone(UTC).date()
+        taken = []
+        with transaction.atomic():
+            for report in reports:
+                data = report.as_dict()
+                snapshot, _ = HealthSnapshot.objects.update_or_create(
+                    agent_id=report.agent_id or "",
+                    day=day,
+                    defaults={"score": data["score"], "band": report.band, "metrics": data["metrics"], "taken_at": now},
+                )
+                taken.append(snapshot)
+            keep = memory_settings.HEALTH["SNAPSHOT_DAYS"]
+            HealthSnapshot.objects.filter(day__lt=day - timedelta(days=keep)).delete()
+        return taken
+
+    def health_snapshots(self, *, agent_id="", days=None):
+        """The daily snapshots of one agent (blank: the whole memory), oldest first; the last `days` only."""
+        agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
+        snapshots = HealthSnapshot.objects.filter(agent_id=agent_id).order_by("day")
+        if days is not None:
+            days = check_int("days", days, minimum=1, maximum=36500)
+            snapshots = snapshots.filter(day__gt=timezone.now().astimezone(UTC).date() - timedelta(days=days))
+        return list(snapshots)

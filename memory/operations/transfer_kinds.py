@@ -14,7 +14,7 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 
 from ..domain.store_items import check_imported_item, prepare_imported_item
-from ..exceptions import ImportRejected
+from ..exceptions import ImportRejected, InvalidMemoryArgument
 from ..models import (
     ChannelIdentity,
     Episode,
@@ -118,7 +118,16 @@ def _check_fact(row):
         return "key", "must not be blank"
     if row.get("change_action") == FactAction.DELETED:
         return "change_action", "a stored fact's current change cannot be a delete"
-    return validation.problem_of(lambda: validation.check_unit_interval("confidence", row["confidence"]))
+    return validation.problem_of(
+        lambda: validation.check_unit_interval("confidence", row["confidence"]),
+        lambda: _check_stored_tags(row.get("tags", [])),
+    )
+
+
+def _check_stored_tags(tags):
+    """Tags as set_fact stores them: check_tags would leave them as they are."""
+    if validation.check_tags("tags", tags) != tags:
+        raise InvalidMemoryArgument("tags", "must be lower-case labels without duplicates, as set_fact stores them")
 
 
 def _prepare_fact(row):

@@ -45,7 +45,7 @@ from ..backends.rows import held_rows
 from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
-from ..models import PENDING_VECTOR, RecallDocument, StoreItem
+from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -92,6 +92,25 @@ def embed_documents(docs, model=RecallDocument, *, link=True):
     return stored
 
 
+def kept_out_of_vectors():
+    """The recall documents MEMORY["EMBED_EPISODE_KINDS"] keeps out of vector recall: episodes whose kind
+    (trigger type) it does not list, as a Q; None when every episode is embedded (the default).
+
+    They stay in keyword recall; they are never embedded, so they are not pending either (as the
+    seeds' selective indexing: plain Q&A is too high-volume to embed, and floods the vector space)."""
+    kinds = memory_settings.EMBED_EPISODE_KINDS
+    if kinds is None:
+        return None
+    embedded = Episode.objects.filter(trigger_type__in=list(kinds)).values("id")
+    return Q(kind=RecallKind.EPISODE) & ~Q(item_id__in=embedded)
+
+
+def _pending(model):
+    docs = model.objects.filter(PENDING_VECTOR).order_by()
+    kept_out = kept_out_of_vectors() if model is RecallDocument else None
+    return docs if kept_out is None else docs.exclude(kept_out)
+
+
 def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit):
     """(id, text) of `model`'s rows without a vector: recall documents of these {kind: item ids}, or
     these row ids.
@@ -99,7 +118,7 @@ def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit)
     Looked up by the (kind, item_id) index or the primary key, and not ordered in SQL: "ORDER BY id"
     made SQLite walk the whole table in id order, reading every stored vector on its way.
     """
-    docs = model.objects.filter(PENDING_VECTOR).order_by()
+    docs = _pending(model)
     chunks = (
         [Q(pk__in=ids[i : i + 500]) for i in range(0, len(ids), 500)]
         if ids is not None
@@ -119,12 +138,12 @@ def pending_documents(model=RecallDocument, *, kind_items=None, ids=None, limit)
 
 def pending_ids(model=RecallDocument):
     """Ids of every row of `model` without a vector (one scan of the table: for a worker's start)."""
-    return list(model.objects.filter(PENDING_VECTOR).order_by().values_list("id", flat=True))
+    return list(_pending(model).values_list("id", flat=True))
 
 
 def pending_count():
     """Recall documents and store items waiting for a vector."""
-    return sum(model.objects.filter(PENDING_VECTOR).count() for model in MODELS)
+    return sum(_pending(model).count() for model in MODELS)
 
 
 class Indexer:

@@ -21,7 +21,7 @@ from ..rules.validation import check_choice, check_int, check_limit, check_unit_
 from ..text import keyword_terms
 from .access import access_counter
 from .events import recall_log
-from .indexer import indexer, pending_count
+from .indexer import indexer, kept_out_of_vectors, pending_count
 from .ranking import MODES, Recaller, RecallResult, item_text, model_guard, recall_events, viewer_owners
 from .relations import link_contradictions, relations_of, relink_similar
 from .vectors import reset_vector_index
@@ -273,6 +273,11 @@ class RecallIndex:
         if missing_only and record is not None and not same_model:
             raise EmbeddingModelChanged(record.model, record.dimension, embedder.model, embedder.dimension)
         docs = RecallDocument.objects.exclude(text="")
+        kept_out = kept_out_of_vectors()
+        if kept_out is not None:
+            docs = docs.exclude(kept_out)
+            if not missing_only:  # vectors of episodes MEMORY["EMBED_EPISODE_KINDS"] no longer lists go
+                RecallDocument.objects.filter(kept_out).exclude(embedding=None).update(embedding=None)
         if missing_only:
             docs = docs.filter(embedding__isnull=True)
         ids = list(docs.order_by("id").values_list("id", flat=True))

@@ -292,6 +292,31 @@ def check_unit_interval(field_name, value):
     return float(value)
 
 
+MAX_TAGS = 20
+MAX_TAG_LENGTH = 50
+
+
+def check_tags(field_name, value):
+    """A list of at most MAX_TAGS labels, each lower-cased with anything but letters, digits, "-" and
+    "_" read as "_" (as the seeds sanitize categories), duplicates dropped, order kept."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise InvalidMemoryArgument(field_name, f"must be a list of strings, got {type(value).__name__}")
+    if len(value) > MAX_TAGS:
+        raise InvalidMemoryArgument(field_name, f"holds {len(value)} tags; at most {MAX_TAGS}")
+    tags = []
+    for index, tag in enumerate(value):
+        if not isinstance(tag, str):
+            raise InvalidMemoryArgument(field_name, f"item {index} must be a string, got {type(tag).__name__}")
+        clean = re.sub(r"[^\w-]+", "_", tag.strip().lower(), flags=re.ASCII).strip("_")
+        if not clean:
+            raise InvalidMemoryArgument(field_name, f"item {index} must hold a letter or digit")
+        if len(clean) > MAX_TAG_LENGTH:
+            raise InvalidMemoryArgument(field_name, f"item {index} is longer than {MAX_TAG_LENGTH} characters")
+        if clean not in tags:
+            tags.append(clean)
+    return tags
+
+
 def check_user_id(field_name, value, *, required):
     """A row id (a MemoryUser stands for its id); None when absent and not `required`."""
     if value is None:

@@ -19,12 +19,12 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from memory.operations import health
+from memory.operations import health, metrics
 from memory.service import MemoryService
 from memory.signals import prune_requested
 
 from ..conf import workflow_settings
-from ..models import Thread, Workflow
+from ..models import Reminder, ReminderStatus, Thread, Workflow
 from .checkpointer import get_checkpointer, keep_newest_checkpoints
 from .threads import checkpoint_size, prune_threads
 
@@ -149,3 +149,10 @@ def connect():
     """Join memory's lifecycle (called from WorkflowsConfig.ready)."""
     prune_requested.connect(_prune_requested, dispatch_uid="workflows_prune_threads")
     health.register_component("checkpointer", checkpointer_status)
+    metrics.register_gauge("reminders_due", "Reminders due and not sent yet (pending, their time come).", reminders_due)
+
+
+def reminders_due():
+    """Pending reminders a worker may take now (the reminder_due index): a growing figure means no
+    worker is sending them."""
+    return Reminder.objects.filter(status=ReminderStatus.PENDING, next_attempt_at__lte=timezone.now()).count()

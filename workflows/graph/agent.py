@@ -59,7 +59,7 @@ from ..language.state import AgentContext, last_human_text
 from .chat_models import get_chat_model
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
 from .summaries import summarize_with, summary_block
-from .tools import MEMORY_WRITE_TOOLS, TOOLS
+from .tools import MEMORY_WRITE_TOOLS, tools_for
 
 logger = logging.getLogger("engram.workflows")
 
@@ -206,7 +206,7 @@ def build_agent_graph(config, model, checkpointer=None):
     """The compiled agent (LangChain's create_agent) for one agent node (model None: the offline responder)."""
     # The offline responder never calls tools: leave them (and the tool node) out.
     tool_config = (config.get("tools") or {}) if model is not None else {}
-    tools = [make(tool_config[name] or {}) for name, make in TOOLS.items() if name in tool_config]
+    tools = tools_for(tool_config, config.get("memory_types"))
     limit = config.get("history_limit", workflow_settings.HISTORY_LIMIT)
     # The nudge asks the agent to use a tool it has: only agents that can write to memory get it.
     nudge_after = config.get("nudge_after_turns") or workflow_settings.NUDGE_AFTER_TURNS

@@ -55,6 +55,8 @@ class Recalled:
     facts: list[dict] = field(default_factory=list)
     episodes: list[dict] = field(default_factory=list)
     procedures: list[dict] = field(default_factory=list)
+    # What the character budget left out (kind, id, score, chars), best first (fit_budget).
+    cut: list[dict] = field(default_factory=list)
 
     def as_dict(self):
         return {"query": self.query, "facts": self.facts, "episodes": self.episodes, "procedures": self.procedures}
@@ -85,7 +87,15 @@ class Recalled:
             }
             for p in self.procedures
         ]
-        return {"query": self.query, "hits": hits, "scopes": {f["key"]: f["scope"] for f in self.facts}}
+        for hit, item in zip(hits, [*self.facts, *self.episodes, *self.procedures], strict=True):
+            if item.get("pinned"):
+                hit["pinned"] = True
+        return {
+            "query": self.query,
+            "hits": hits,
+            "scopes": {f["key"]: f["scope"] for f in self.facts},
+            "cut": list(self.cut),
+        }
 
 
 def query_words(text):
@@ -188,7 +198,9 @@ def _fact_id(fact):
 
 
 def render_memory_prompt(recalled: Recalled, user_context=None) -> str:
-    """The system-prompt text for recalled memory: an untrusted-hints block, then matching procedures."""
+    """The system-prompt text for recalled memory: an untrusted-hints block, then matching procedures.
+
+    Pinned facts and procedures (add_pins) come first in their lists, marked as pinned."""
     lines = [""]
     if user_context:
         name = user_context.get("display_name") or "unknown name"
@@ -198,20 +210,104 @@ def render_memory_prompt(recalled: Recalled, user_context=None) -> str:
         )
     if recalled.facts:
         lines.append("Facts:")
-        lines += [
-            f"- {clean_line(f['key'])}: {clean_line(_text(f['value']))} ({f['scope']}, {f['fact_type']}, confidence {f['confidence']:.2f})"
-            for f in recalled.facts
-        ]
+        lines += [_fact_line(f) for f in recalled.facts]
     if recalled.episodes:
         lines.append("Earlier conversations:")
-        lines += [f"- {e['started_at'][:10]}: {clean_line(e['summary'] or '(no summary)')}" for e in recalled.episodes]
+        lines += [_episode_line(e) for e in recalled.episodes]
     if not (user_context or recalled.facts or recalled.episodes):
         lines.append("(nothing recalled)")
     lines = [hints_block(*lines)]
     if recalled.procedures:
         lines += ["", "## Learned Procedures and Policies", ""]
-        lines += [f"- [{clean_line(p['name'])}] {clean_line(_procedure_text(p))}" for p in recalled.procedures]
+        lines += [_procedure_line(p) for p in recalled.procedures]
     return "\n".join(lines)
+
+
+def _fact_line(f):
+    pin = "pinned by an operator, " if f.get("pinned") else ""
+    return (
+        f"- {clean_line(f['key'])}: {clean_line(_text(f['value']))} "
+        f"({pin}{f['scope']}, {f['fact_type']}, confidence {f['confidence']:.2f})"
+    )
+
+
+def _episode_line(e):
+    return f"- {e['started_at'][:10]}: {clean_line(e['summary'] or '(no summary)')}"
+
+
+def _procedure_line(p):
+    pin = " (pinned)" if p.get("pinned") else ""
+    return f"- [{clean_line(p['name'])}]{pin} {clean_line(_procedure_text(p))}"
+
+
+LINES = {"fact": _fact_line, "episode": _episode_line, "procedure": _procedure_line}
+
+
+def add_pins(recalled: Recalled, scope: RecallScope, service=None) -> Recalled:
+    """Put the pinned facts and procedures `scope` sees at the head of `recalled`, marked `pinned`
+    (whatever the query, the recall's types or its limit: an operator pinned them to reach every prompt)."""
+    service = service or MemoryService()
+    facts, procedures = service.pinned_memories(
+        agent_id=scope.agent_id, user_id=scope.user_id, session_id=scope.session_id
+    )
+    pinned_facts = [
+        {
+            "id": f.pk,
+            "key": f.key,
+            "value": f.value,
+            "scope": f.scope,
+            "fact_type": f.fact_type,
+            "confidence": round(f.confidence, 3),
+            "matched": True,
+            "score": None,
+            "pinned": True,
+        }
+        for f in facts
+    ]
+    keys = {f["key"] for f in pinned_facts}
+    recalled.facts = pinned_facts + [f for f in recalled.facts if f["key"] not in keys]
+    pinned_procedures = [
+        {
+            "id": p.pk,
+            "name": p.name,
+            "description": p.description,
+            "procedure_type": p.procedure_type,
+            "content": p.content,
+            "pinned": True,
+        }
+        for p in procedures
+    ]
+    ids = {p["id"] for p in pinned_procedures}
+    recalled.procedures = pinned_procedures + [p for p in recalled.procedures if p["id"] not in ids]
+    return recalled
+
+
+def fit_budget(recalled: Recalled, max_chars) -> Recalled:
+    """Keep `recalled` within `max_chars` characters of memory lines (the block's fixed preamble and
+    headings not counted): pinned items always stay, first; the rest go in by score, best first
+    (items no search scored: the user's own facts, recent episodes, matched procedures, after every
+    scored one, in their order), each that still fits; what does not is listed in `recalled.cut`."""
+    if max_chars is None:
+        return recalled
+    groups = {"fact": recalled.facts, "episode": recalled.episodes, "procedure": recalled.procedures}
+    items = [(kind, n, item) for kind, group in groups.items() for n, item in enumerate(group)]
+    used = sum(len(LINES[kind](item)) for kind, _, item in items if item.get("pinned"))
+    ranked = sorted(
+        (entry for entry in items if not entry[2].get("pinned")),
+        key=lambda e: (e[2].get("score") is None, -(e[2].get("score") or 0.0)),
+    )
+    dropped = set()
+    for kind, n, item in ranked:
+        chars = len(LINES[kind](item))
+        if used + chars <= max_chars:
+            used += chars
+        else:
+            dropped.add((kind, n))
+            recalled.cut.append({"kind": kind, "id": item["id"], "score": item.get("score"), "chars": chars})
+    recalled.facts = [f for n, f in enumerate(recalled.facts) if ("fact", n) not in dropped]
+    recalled.episodes = [e for n, e in enumerate(recalled.episodes) if ("episode", n) not in dropped]
+    recalled.procedures = [p for n, p in enumerate(recalled.procedures) if ("procedure", n) not in dropped]
+    return recalled
 
 
 def _text(value):

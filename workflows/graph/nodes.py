@@ -17,6 +17,7 @@ from memory.models import FactType, Scope
 from memory.rules.validation import storable
 from memory.service import MemoryService
 
+from ..conf import workflow_settings
 from ..conversations import threads
 from ..exceptions import InvalidDefinition, InvalidTrigger
 from ..language.registry import NodeType, register
@@ -26,6 +27,8 @@ from .memory_access import (
     MEMORY_TYPES,
     RecallOptions,
     RecallScope,
+    add_pins,
+    fit_budget,
     recall_for,
     render_memory_prompt,
 )
@@ -136,6 +139,16 @@ RECALL_SCHEMA = {
         },
         "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
         "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+        "max_memory_chars": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": 1000000,
+            "description": (
+                "Character budget of the memory lines put in the prompt: pinned memory always goes in, "
+                "first; the rest by score while it fits; `recall_trace.cut` lists what was left out "
+                "(null: WORKFLOWS['MAX_MEMORY_CHARS'])."
+            ),
+        },
     },
     "additionalProperties": False,
 }
@@ -143,6 +156,9 @@ RECALL_SCHEMA = {
 
 def build_recall(config, context):
     options = RecallOptions.from_config({"memory_types": config.get("memory_types", ["all"]), **config})
+    budget = config.get("max_memory_chars")
+    if budget is None:
+        budget = workflow_settings.MAX_MEMORY_CHARS
 
     def recall(state):
         user = state.get("user") or {}
@@ -155,12 +171,12 @@ def build_recall(config, context):
         )
         try:
             # Reads only: no transaction (on SQLite it would take the write lock), nothing to commit.
-            recalled = recall_for(query, scope, options)
+            recalled = fit_budget(add_pins(recall_for(query, scope, options), scope), budget)
         except MEMORY_FAILURES as exc:
             return {
                 "memories": {"query": query, "facts": [], "episodes": [], "procedures": []},
                 "memory_prompt": "",
-                "recall_trace": {"query": query, "hits": [], "scopes": {}},
+                "recall_trace": {"query": query, "hits": [], "scopes": {}, "cut": []},
                 "memory_errors": [_failure(context.node_id, "recall", exc)],
             }
         return {
@@ -177,9 +193,10 @@ register(
         name="recall",
         category="memory",
         description=(
-            "Recall facts, past conversations and matching procedures for the last message; sets "
-            "`memories` and `memory_prompt` (an untrusted-hints block plus learned procedures), and "
-            "`recall_trace` (each hit with its score, and which scope won for each fact key)."
+            "Recall facts, past conversations and matching procedures for the last message, with every "
+            "pinned fact and procedure first, within an optional character budget; sets `memories` and "
+            "`memory_prompt` (an untrusted-hints block plus learned procedures), and `recall_trace` (each "
+            "hit with its score, which scope won for each fact key, and what the budget cut)."
         ),
         config_schema=RECALL_SCHEMA,
         inputs=("messages", "user", "user_context", "thread_id"),
@@ -407,6 +424,16 @@ AGENT_SCHEMA = {
             "default": False,
             "description": "Also send the system prompt as a stable-id human message (providers that ignore the system role).",
         },
+        "memory_types": {
+            "type": "object",
+            "properties": {t: {"type": "boolean", "default": True} for t in MEMORY_TYPES},
+            "additionalProperties": False,
+            "description": (
+                "Per-type switches (facts, episodes, procedures): a type switched off loses the tool that "
+                "writes it (remember, record_episode, learn_procedure), and recall, list_memories and forget "
+                "leave it out."
+            ),
+        },
         "tools": {
             "type": "object",
             "properties": {
@@ -414,7 +441,21 @@ AGENT_SCHEMA = {
                     "type": ["object", "null"],
                     "properties": {
                         "memory_type": {"enum": [*MEMORY_TYPES, "all"], "default": "facts"},
+                        "memory_types": {
+                            "type": "array",
+                            "items": {"enum": [*MEMORY_TYPES, "all"]},
+                            "minItems": 1,
+                            "uniqueItems": True,
+                            "description": "The types a call may ask for (its `memory_types`); replaces memory_type.",
+                        },
                         "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                        "max_top_k": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 100,
+                            "default": 20,
+                            "description": "The largest `top_k` a call may ask for; `limit` is a call's default.",
+                        },
                         "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
                     },
                     "additionalProperties": False,

@@ -84,7 +84,7 @@ def node_memory(output):
     memory = {}
     trace = output.get("recall_trace")
     if isinstance(trace, dict):
-        memory.update(hits=trace.get("hits", []), scopes=trace.get("scopes", {}))
+        memory.update(hits=trace.get("hits", []), scopes=trace.get("scopes", {}), cut=trace.get("cut", []))
     writes = output.get("memory_writes")
     if isinstance(writes, list):
         memory["writes"] = [{**w, "admin_url": admin_url(w.get("kind"), w.get("id"))} for w in writes]

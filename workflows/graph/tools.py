@@ -23,26 +23,34 @@ from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
 from memory.hints import clean_line, hints_block
 from memory.models import ProcedureSource, Scope
+from memory.rules.validation import check_unit_interval
 from memory.service import MemoryService, WriteAction
 
 from ..conversations.reminders import schedule_reminder
 from ..language.state import AgentContext
+from .memory_access import MEMORY_TYPES as RECALL_TYPES
 from .memory_access import RecallOptions, RecallScope, recall_for
 
 logger = logging.getLogger("engram.workflows")
 
 RECALL_DESCRIPTION = (
     "Look something up in long-term memory. With `key`: that fact (exact key, else a search). With "
-    "`query`: facts, past conversations and procedures relevant to it. With neither: every fact you can see. "
+    "`query`: facts, past conversations and procedures relevant to it; `top_k`: how many of each; "
+    "`memory_types`: which of facts, episodes, procedures. With neither key nor query: every fact you can see. "
     "`valid_at` (an ISO date such as 2024-05-01): what held in the world then (where did she live in 2024?); "
     "`as_of` (an ISO date): what memory said at that time. Without them: what holds now."
 )
 REMEMBER_DESCRIPTION = (
     "Store a fact in long-term memory under `key` (for the user you are talking to, if known). "
-    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship. "
+    "`fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship; "
+    "`tags`: a few labels; `importance`: 0.0 to 1.0 (0.8 and up for critical decisions). "
     "`valid_from` / `valid_to` (ISO dates, optional): when the value starts and stops holding in the world; "
     "a new value of the key ends the old one at its valid_from (today when not given)."
 )
+# The seeds' names of the memory types (semantic, episodic, procedural) read as Engram's.
+TYPE_NAMES = {"facts": "facts", "episodes": "episodes", "procedures": "procedures"}
+TYPE_NAMES |= {"semantic": "facts", "episodic": "episodes", "procedural": "procedures"}
+DEFAULT_MAX_TOP_K = 20
 
 
 def memory_tool(func):
@@ -90,31 +98,80 @@ def _period(fact):
     return f", valid {start.date().isoformat() if start else '...'} to {end.date().isoformat() if end else 'now'}"
 
 
+def _allowed_types(config, default):
+    """The memory types a tool may read: its config's `memory_types` (or legacy `memory_type`), less
+    the types the agent node switched off (`disabled_types`, set by tools_for)."""
+    types = config.get("memory_types", config.get("memory_type", default))
+    types = [types] if isinstance(types, str) else list(types)
+    allowed = RECALL_TYPES if "all" in types else tuple(t for t in RECALL_TYPES if t in types)
+    return tuple(t for t in allowed if t not in config.get("disabled_types", ()))
+
+
+def _call_types(memory_types, allowed):
+    """The types one call asks for (None: every allowed one); InvalidMemoryArgument names the field."""
+    if memory_types is None or memory_types == []:
+        return allowed
+    if isinstance(memory_types, str):
+        memory_types = [memory_types]
+    asked = []
+    for name in memory_types:
+        kind = TYPE_NAMES.get(str(name).strip().lower()) if isinstance(name, str) else None
+        if kind is None:
+            raise InvalidMemoryArgument("memory_types", f"{name!r} is not a memory type; use {', '.join(RECALL_TYPES)}")
+        if kind not in allowed:
+            raise InvalidMemoryArgument(
+                "memory_types", f"{name!r} is not allowed here; this agent may recall {', '.join(allowed) or 'nothing'}"
+            )
+        if kind not in asked:
+            asked.append(kind)
+    return tuple(asked)
+
+
 def make_recall_tool(config, *, bound=None):
-    """The `recall` tool; config: memory_type (facts, episodes, procedures, all), limit, min_confidence.
+    """The `recall` tool; config: memory_types (the types a call may ask for; legacy memory_type:
+    facts, episodes, procedures, all), limit (a call's top_k when it gives none), max_top_k (the most
+    a call may ask for, DEFAULT_MAX_TOP_K), min_confidence.
 
     `bound`: an AgentContext to act for when the run has none (a graph of your own)."""
-    options = RecallOptions.from_config({"memory_types": config.get("memory_type", "facts"), **config})
+    allowed = _allowed_types(config, "facts")
+    max_top_k = int(config.get("max_top_k", DEFAULT_MAX_TOP_K))
+    default_top_k = min(int(config.get("limit", 10)), max_top_k)
+    min_confidence = float(config.get("min_confidence", 0.5))
 
     @memory_tool
     def recall(
-        runtime: ToolRuntime[AgentContext], key: str = "", query: str = "", valid_at: str = "", as_of: str = ""
+        runtime: ToolRuntime[AgentContext],
+        key: str = "",
+        query: str = "",
+        top_k: int = 0,
+        memory_types: list[str] | None = None,
+        valid_at: str = "",
+        as_of: str = "",
     ) -> str:
         """Look something up in long-term memory."""
+        if top_k in (0, None):
+            top_k = default_top_k
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= max_top_k:
+            raise InvalidMemoryArgument("top_k", f"must be 1 to {max_top_k}, got {top_k!r}")
+        types = _call_types(memory_types, allowed)
+        options = RecallOptions(memory_types=types, limit=top_k, min_confidence=min_confidence)
         scope = _scope(runtime, bound)
         service = MemoryService()
         viewer = {"agent_id": scope.agent_id, "user_id": scope.user_id, "session_id": scope.session_id}
         times = {"valid_at": valid_at.strip() or None, "as_of": as_of.strip() or None}
-        if key.strip():
+        if key.strip() and "facts" in types:
             fact = service.get_fact(key, **viewer, **times)
             if fact is not None and fact.confidence >= options.min_confidence:
                 return (
                     f"{fact.key} = {_show(fact.value)} ({fact.scope}, confidence {fact.confidence:.2f}{_period(fact)})"
                 )
+        if key.strip():
             query = query or key.replace("_", " ")
         if any(times.values()):
             return _recall_at(service, query, viewer, times, options)
         if not query.strip():
+            if "facts" not in types:
+                return "Give a query to recall episodes or procedures."
             facts = service.list_facts(
                 agent_id=scope.agent_id,
                 user_id=scope.user_id,
@@ -161,7 +218,10 @@ def _recall_at(service, query, viewer, times, options):
 def make_remember_tool(config, *, bound=None):
     """The `remember` tool; config: fact_type (default for facts given without one), overwrite,
     agent_scope_without_user (off: with no identified user the tool refuses rather than storing the
-    words as the agent's own, where every other user of the agent would see them)."""
+    words as the agent's own, where every other user of the agent would see them).
+
+    A call's `importance` (0 to 1) is stored as the fact's confidence, which recall's ranking reads as
+    a fact's importance (memory/recall/ranking.py); without one the fact gets MEMORY["DEFAULT_CONFIDENCE"]."""
     default_type = config.get("fact_type", "world_knowledge")
     overwrite = bool(config.get("overwrite", True))
     agent_scope_without_user = bool(config.get("agent_scope_without_user", False))
@@ -172,6 +232,8 @@ def make_remember_tool(config, *, bound=None):
         key: str,
         value: str,
         fact_type: str = "",
+        tags: list[str] | None = None,
+        importance: float | None = None,
         valid_from: str = "",
         valid_to: str = "",
     ) -> str:
@@ -183,6 +245,8 @@ def make_remember_tool(config, *, bound=None):
                 "nobody is identified in this conversation, so nothing is stored "
                 "(the agent's own memory would show it to every user)",
             )
+        if importance is not None:
+            importance = check_unit_interval("importance", importance)
         owner = (
             {"scope": Scope.USER, "user_id": scope.user_id}
             if scope.user_id is not None
@@ -194,6 +258,8 @@ def make_remember_tool(config, *, bound=None):
             fact_type=fact_type or default_type,
             overwrite=overwrite,
             provenance=f"remember tool of {scope.agent_id}",
+            confidence=importance,
+            tags=tags,
             valid_from=valid_from.strip() or None,
             valid_to=valid_to.strip() or None,
             **owner,
@@ -204,7 +270,11 @@ def make_remember_tool(config, *, bound=None):
                 f"Not stored: {key} already holds {_show(write.fact.value)} for {whose} and overwriting is off "
                 "(counted as a contradiction)."
             )
-        return f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} ({write.action}{_period(write.fact)})."
+        labels = f", tags {', '.join(write.fact.tags)}" if write.fact.tags else ""
+        return (
+            f"Remembered {write.fact.key} = {_show(write.fact.value)} for {whose} "
+            f"({write.action}{labels}{_period(write.fact)})."
+        )
 
     return StructuredTool.from_function(
         func=remember,
@@ -232,6 +302,7 @@ EPISODE_DESCRIPTION = (
 )
 MEMORY_TYPES = {"facts": ("fact",), "episodes": ("episode",), "procedures": ("procedure",)}
 MEMORY_TYPES["all"] = ("fact", "episode", "procedure")
+KIND_OF_TYPE = {"facts": "fact", "episodes": "episode", "procedures": "procedure"}
 MAX_LIST = 50
 
 
@@ -260,6 +331,7 @@ def _tool(func, name, description):
 
 def make_forget_tool(config, *, bound=None):
     """The `forget` tool: deletes one memory the calling agent and user can see (MemoryService.forget_visible)."""
+    disabled = {KIND_OF_TYPE[t] for t in config.get("disabled_types", ())}
 
     @memory_tool
     def forget(runtime: ToolRuntime[AgentContext], id: str) -> str:
@@ -268,6 +340,8 @@ def make_forget_tool(config, *, bound=None):
         kind, _, number = str(id).strip().partition(":")
         if kind not in ("fact", "episode", "procedure") or not number.strip().isdigit():
             raise InvalidMemoryArgument("id", "must be a memory id as list_memories shows it, for example fact:12")
+        if kind in disabled:
+            raise InvalidMemoryArgument("id", f"{kind} memory is switched off for this agent")
         MemoryService().forget_visible(
             kind,
             int(number),
@@ -284,6 +358,7 @@ def make_forget_tool(config, *, bound=None):
 def make_list_memories_tool(config, *, bound=None):
     """The `list_memories` tool; config: limit (the default number listed, 20)."""
     default_limit = int(config.get("limit", 20))
+    disabled = {KIND_OF_TYPE[t] for t in config.get("disabled_types", ())}
 
     @memory_tool
     def list_memories(
@@ -294,6 +369,9 @@ def make_list_memories_tool(config, *, bound=None):
         kinds = MEMORY_TYPES.get(memory_type)
         if kinds is None:
             raise InvalidMemoryArgument("memory_type", f"must be one of {', '.join(MEMORY_TYPES)}")
+        kinds = tuple(k for k in kinds if k not in disabled)
+        if not kinds:
+            raise InvalidMemoryArgument("memory_type", f"{memory_type} memory is switched off for this agent")
         limit = limit or default_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidMemoryArgument("limit", f"must be 1 to {MAX_LIST}")
@@ -406,3 +484,19 @@ TOOLS = {
     "record_episode": make_record_episode_tool,
     "remind": make_remind_tool,
 }
+
+
+# The tools that write one memory type: not offered when the agent node switches the type off.
+WRITES_TYPE = {"remember": "facts", "record_episode": "episodes", "learn_procedure": "procedures"}
+
+
+def tools_for(tool_config, switches=None, *, bound=None):
+    """The tools an agent node's `tools` config enables, in TOOLS order, with its per-type switches
+    (`memory_types`: {"facts": false, ...}, as the seeds' semantic/episodic/procedural `enabled`)
+    applied: a type switched off loses the tool that writes it, and no tool reads or deletes it."""
+    disabled = tuple(t for t, on in (switches or {}).items() if on is False)
+    return [
+        make({**(tool_config[name] or {}), "disabled_types": disabled}, bound=bound)
+        for name, make in TOOLS.items()
+        if name in tool_config and WRITES_TYPE.get(name) not in disabled
+    ]

@@ -86,6 +86,9 @@ class ImportSubcommand(Subcommand):
         command.console.print(table)
 
 
+_CLEAR_DEST = {"type": "kinds", "scope": "scope", "agent": "agent_id", "user": "user_id"}
+
+
 class ClearSubcommand(Subcommand):
     name = "clear"
     help = "Delete memory by type, scope, agent or user (asks for confirmation unless --force)."
@@ -101,10 +104,22 @@ class ClearSubcommand(Subcommand):
         parser.add_argument("--scope", help="facts of this scope only")
         parser.add_argument("--agent", dest="agent_id")
         parser.add_argument("--user", dest="user_id", type=int, help="memory user id")
+        parser.add_argument(
+            "--sessions",
+            action="store_true",
+            help="session-scoped facts only (what conversations noted for themselves); alone",
+        )
         parser.add_argument("--force", action="store_true", help="do not ask for confirmation")
         json_flag(parser)
 
     def handle(self, command, options):
+        if options["sessions"]:
+            # The seeds' --sessions-only: a session's facts, every other memory kept. Filters would
+            # only narrow it to nothing (session facts have no agent or user), so they are refused.
+            given = [f"--{n}" for n in ("type", "scope", "agent", "user") if options[_CLEAR_DEST[n]] is not None]
+            if given:
+                raise CommandError(f"--sessions clears every session's facts; leave out {', '.join(given)}")
+            options = {**options, "kinds": ["facts"], "scope": "session"}
         filters = {k: options[k] for k in ("scope", "agent_id", "user_id") if options[k] is not None}
         what = ", ".join(options["kinds"] or ["every memory type"])
         where = " and ".join(f"{k} = {v}" for k, v in filters.items()) or "everything"

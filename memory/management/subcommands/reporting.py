@@ -233,9 +233,18 @@ class HealthSubcommand(Subcommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--agent", dest="agent_id")
+        parser.add_argument(
+            "--snapshot",
+            action="store_true",
+            help="store today's snapshot of the whole memory and of each agent (run daily), and list them",
+        )
         json_flag(parser)
 
     def handle(self, command, options):
+        if options["snapshot"]:
+            if options["agent_id"] is not None:
+                raise CommandError("--snapshot takes every agent at once; leave out --agent")
+            return self._snapshot(command, options)
         report = command.service.memory_health(agent_id=options["agent_id"])
         data = report.as_dict()
         if options["json"]:
@@ -251,6 +260,19 @@ class HealthSubcommand(Subcommand):
         for name, weight in data["weights"].items():
             value = data["metrics"][name]
             table.add_row(name, f"{weight}%", "n/a" if value is None else f"{value:.1f}")
+        command.console.print(table)
+
+    def _snapshot(self, command, options):
+        taken = command.service.snapshot_health()
+        rows = [{"agent_id": s.agent_id, "day": s.day.isoformat(), "score": s.score, "band": s.band} for s in taken]
+        if options["json"]:
+            return command.print_json({"snapshots": rows})
+        table = Table(title=f"Health snapshots of {taken[0].day}")
+        for column in ("agent", "band", "score"):
+            table.add_column(column)
+        for row in rows:
+            score = "n/a" if row["score"] is None else f"{row['score']:.1f}"
+            table.add_row(row["agent_id"] or "(all agents)", row["band"], score)
         command.console.print(table)
 
 
