@@ -36,6 +36,8 @@ from .records import (
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
+    EmbeddingClaim,
+    PeriodicRun,
     Tombstone,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "ConsolidationRun",
     "DeletionKind",
     "DeletionRecord",
+    "EmbeddingClaim",
     "EmbeddingModelRecord",
     "Episode",
     "FACT_HISTORY_VIEW",
@@ -55,6 +58,7 @@ __all__ = [
     "MemoryRelation",
     "MemoryUser",
     "PENDING_VECTOR",
+    "PeriodicRun",
     "Procedure",
     "ProcedureSource",
     "ProcedureType",
