@@ -183,6 +183,8 @@ if "ENGRAM_EMBEDDINGS" in os.environ:
 MEMORY["TASK_BROKER"] = os.environ.get("ENGRAM_TASK_BROKER", "").strip()
 CELERY_BROKER_URL = MEMORY["TASK_BROKER"] or "memory://"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The queue every task goes to and the workers read (several sites on one broker: one name each).
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ENGRAM_TASK_QUEUE", "engram")
 CELERY_TASK_IGNORE_RESULT = True
 # A task is acknowledged when it ends, so one whose worker was killed runs again elsewhere: every task
 # is safe to repeat (claims and once-per-period rows in the database decide who does the work).
