@@ -19,7 +19,6 @@ from memory.models import EmbeddingClaim, PeriodicRun, RecallDocument
 from memory.recall.claims import claim
 from memory.recall.indexer import drain_pending, model_texts
 from memory.service import MemoryService
-
 from tests.scratch_site import REPO, scratch_site
 
 pytest.importorskip("celery")
