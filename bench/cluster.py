@@ -138,7 +138,18 @@ class Cluster:
             self.servers[name] = (proc, port)
         celery = [sys.executable, "-m", "celery", "--workdir", str(REPO / "platform"), "-A", "config"]
         for n in (1, 2):
-            command = [*celery, "worker", "-P", "solo", "-Q", self.env["ENGRAM_TASK_QUEUE"], "-n", f"w{n}@%h"]
+            command = [
+                *celery,
+                "worker",
+                "-P",
+                "solo",
+                "-Q",
+                self.env["ENGRAM_TASK_QUEUE"],
+                "-n",
+                f"w{n}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ]
             self.workers.append(_spawn([*command, "-l", "info"], self.env, self.data / f"worker-{n}.log"))
         beat = [*celery, "beat", "-s", str(self.data / "beat-schedule"), "-l", "info"]
         self.beat = _spawn(beat, self.env, self.data / "beat.log")
@@ -224,11 +235,10 @@ def load(cluster, args, send):
 def freshness(cluster, args, send):
     """Send a unique message on A; poll recall (vector mode) on B until its episode is a hit."""
     import httpx
+    from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
     from memory.models import ChannelIdentity, RecallDocument
-
-    from django.contrib.auth import get_user_model
 
     staff, _ = get_user_model().objects.get_or_create(username="cluster-bench", defaults={"is_staff": True})
     token, _ = Token.objects.get_or_create(user=staff)

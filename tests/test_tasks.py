@@ -105,7 +105,9 @@ def celery(env, log, *args):
 
 
 def worker(env, log, name):
-    return celery(env, log, "worker", "-P", "solo", "-Q", env["ENGRAM_TASK_QUEUE"], "-n", f"{name}@%h", "-l", "info")
+    return celery(
+        env, log, "worker", "-P", "solo", "-Q", env["ENGRAM_TASK_QUEUE"], "-n", f"{name}@%h", "-l", "info", *QUIET
+    )
 
 
 def manage(env, code):
@@ -129,6 +131,11 @@ def wait_until(predicate, timeout, logs=()):
     raise AssertionError("timed out; logs:\n" + "\n".join(log.read_text()[-3000:] for log in logs))
 
 
+# A worker here needs none of Celery's worker-to-worker chatter (and mingling costs its start a second or more).
+QUIET = ("--without-mingle", "--without-gossip", "--without-heartbeat")
+# Generous: the processes start Django and Celery on a machine the suite keeps busy.
+START = 120
+
 PENDING = "SELECT COUNT(*) FROM memory_recall_doc WHERE embedding IS NULL AND text <> ''"
 
 
@@ -141,7 +148,7 @@ def test_documents_a_manage_py_command_writes_are_embedded_once_by_two_workers(s
             stack.enter_context(worker(env, log, name))
         # The command queues an "embed pending" task after each commit and exits: it embeds nothing itself.
         assert manage(env, WRITE) == "written"
-        wait_until(lambda: sql(PENDING) == 0, 40, logs)
+        wait_until(lambda: sql(PENDING) == 0, START, logs)
     texts = (tmp_path / "model.log").read_text().splitlines()
     documents = sql("SELECT COUNT(*) FROM memory_recall_doc WHERE text <> ''")
     assert documents == WRITES
@@ -157,7 +164,7 @@ def test_two_beats_run_a_periodic_job_once_per_period(site, tmp_path):
         stack.enter_context(worker(env, logs[0], "periodic"))
         for n, log in enumerate(logs[1:], 1):
             stack.enter_context(celery(env, log, "beat", "-s", str(tmp_path / f"schedule-{n}"), "-l", "info"))
-        wait_until(lambda: sql("SELECT COUNT(*) FROM memory_periodic_run WHERE name = 'consolidate'") >= 3, 40, logs)
+        wait_until(lambda: sql("SELECT COUNT(*) FROM memory_periodic_run WHERE name = 'consolidate'") >= 3, START, logs)
         time.sleep(1)
     sent = [log.read_text().count("Sending due task consolidate") for log in logs[1:]]
     assert min(sent) >= 2  # each beat sent the job in most periods
