@@ -65,10 +65,8 @@ class CountingEmbeddings:
         self.model_id = f"counting:{type(self.inner).__name__}"
 
     def embed_documents(self, texts):
-        import hashlib
-
         with open(os.environ["ENGRAM_BENCH_EMBED_LOG"], "a") as log:
-            log.writelines(f"{os.getpid()}\t{hashlib.sha1(text.encode()).hexdigest()[:12]}\n" for text in texts)
+            log.writelines(f"{os.getpid()}\t{_digest(text)}\n" for text in texts)
         return self.inner.embed_documents(texts)
 
     def embed_query(self, text):
@@ -312,16 +310,40 @@ def reminders(cluster, args, bot):
     }
 
 
+def _digest(text):
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def model_calls(data):
+    """Texts the model was given against the texts the stored documents are made of.
+
+    A recall document is embedded in pieces (memory.embedding.embedder.split_pieces), so what each
+    document needs is its pieces, once. Texts given to the model that no stored document holds any
+    more are of documents whose text changed after (an episode that grew): their new text needed a new
+    vector, which is not a duplicate. A piece given more often than the stored documents hold it is one.
+    """
+    from memory.conf import memory_settings
+    from memory.embedding.embedder import split_pieces, without_date_line
     from memory.models import RecallDocument
 
     lines = (data / "embed.log").read_text().splitlines() if (data / "embed.log").exists() else []
-    documents = RecallDocument.objects.exclude(text="").count()
+    given = collections.Counter(line.split("\t")[1] for line in lines)
+    words = int(memory_settings.EMBED_PIECE_WORDS)
+    needed = collections.Counter()
+    documents = 0
+    for text in RecallDocument.objects.exclude(text="").values_list("text", flat=True).iterator():
+        documents += 1
+        needed.update(_digest(piece) for piece in split_pieces(without_date_line(text), words))
+    for_stored = sum(given[h] for h in needed)
     return {
         "documents": documents,
+        "pieces_of_stored_documents": sum(needed.values()),
         "texts_to_model": len(lines),
-        "model_calls_per_document": round(len(lines) / documents, 3) if documents else None,
-        "texts_embedded_twice": len(lines) - len({line.split("\t")[1] for line in lines}),
+        "model_calls_per_document": round(for_stored / sum(needed.values()), 3) if needed else None,
+        "pieces_given_more_than_needed": sum(max(0, given[h] - n) for h, n in needed.items()),
+        "texts_of_earlier_versions": len(lines) - for_stored,
         "embedded_by_pid": dict(collections.Counter(line.split("\t")[0] for line in lines)),
     }
 
