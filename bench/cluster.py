@@ -342,6 +342,8 @@ def model_calls(data):
         "pieces_of_stored_documents": sum(needed.values()),
         "texts_to_model": len(lines),
         "model_calls_per_document": round(for_stored / sum(needed.values()), 3) if needed else None,
+        # The same text in several documents is embedded once per process (the embedder's piece cache).
+        "model_calls_per_distinct_text": round(sum(given[h] for h in needed) / len(needed), 3) if needed else None,
         "pieces_given_more_than_needed": sum(max(0, given[h] - n) for h, n in needed.items()),
         "texts_of_earlier_versions": len(lines) - for_stored,
         "embedded_by_pid": dict(collections.Counter(line.split("\t")[0] for line in lines)),
