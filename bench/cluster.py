@@ -170,7 +170,8 @@ class Cluster:
                 _stop(proc)
         for proc, _ in self.servers.values():
             _stop(proc)
-            self.errors_logged = getattr(self, "errors_logged", 0) + server_log(proc, None).count(" ERROR ")
+            errors = [line for line in server_log(proc, None).splitlines() if " ERROR " in line]
+            self.errors_logged = getattr(self, "errors_logged", []) + errors
             proc.log.close()
 
 
@@ -423,7 +424,8 @@ def main(argv=None):
             finally:
                 cluster.stop()
                 connections.close_all()
-            results["server_errors_logged"] = cluster.errors_logged
+            results["server_errors_logged"] = len(cluster.errors_logged)
+            results["first_server_errors"] = cluster.errors_logged[:3]
     if args.json:
         print(json.dumps(results))
     else:
