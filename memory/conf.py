@@ -128,6 +128,25 @@ DEFAULTS = {
     # vector of its document: ~1.3 word pieces per English word keeps a piece within the 128 word
     # pieces the local model was trained on (memory.embedding.embedder.split_pieces).
     "EMBED_PIECE_WORDS": 96,
+    # A worker's lease on the pending documents of a batch it embeds (memory/recall/claims.py): past it,
+    # another worker takes them over (the first one died). Longer than the slowest model call of a batch.
+    "EMBED_CLAIM_SECONDS": 120,
+    # An idle embedding worker looks for documents left pending (by processes that stopped, or whose
+    # claim expired) this often; the Celery beat schedules the same sweep as a task.
+    "EMBED_SWEEP_SECONDS": 60,
+    # Background work on Celery (memory/tasks.py, docs/guides/several-machines.md): the broker URL
+    # (redis://..., amqp://...), also read from ENGRAM_TASK_BROKER by the site's settings. Blank: the
+    # embedded default, where each process embeds on its own worker thread and nothing else starts.
+    "TASK_BROKER": "",
+    # Seconds between runs of each periodic task the beat schedules, each run once per period across
+    # every beat and machine (a PeriodicRun row); None leaves a job out of the schedule.
+    "TASK_PERIODS": {
+        "embed_pending": 30,
+        "consolidate": 300,
+        "promote": 3600,
+        "prune": 86400,
+        "deliver_reminders": 10,
+    },
     # Query vectors kept per process, by text (a repeated question skips the model).
     "QUERY_EMBEDDING_CACHE": 1024,
     "RECALL_LIMIT": 10,

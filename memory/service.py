@@ -184,6 +184,7 @@ class MemoryService:
     record_consolidation_run = _delegate("lifecycle", Lifecycle.record_consolidation_run)
     last_consolidation = _delegate("lifecycle", Lifecycle.last_consolidation)
     prune = _delegate("lifecycle", Lifecycle.prune)
+    once_per_period = _delegate("lifecycle", Lifecycle.once_per_period)
     export_memories = _delegate("lifecycle", Lifecycle.export_memories)
     import_memories = _delegate("lifecycle", Lifecycle.import_memories)
     clear_memories = _delegate("lifecycle", Lifecycle.clear_memories)

@@ -23,7 +23,7 @@ HYBRID_TESTS=(
   tests/test_workflows_nodes.py tests/test_workflows_telegram.py tests/test_workflows_agent.py
   tests/test_indexer.py tests/test_fail_closed.py tests/test_erasure.py
   tests/test_store.py tests/test_langgraph_api.py tests/test_async.py
-  tests/test_relations.py tests/test_promotion.py
+  tests/test_relations.py tests/test_promotion.py tests/test_tasks.py
 )
 
 setup() {  # setup VENV [EXTRA]: create the virtualenv and install Engram with the dev extra (and EXTRA)
@@ -34,8 +34,14 @@ setup() {  # setup VENV [EXTRA]: create the virtualenv and install Engram with t
   if [ "$extra" = "embeddings" ]; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==${ENGRAM_TORCH_VERSION:-2.13.0}"
   fi
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,docs${extra:+,$extra}]"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,docs,cluster${extra:+,$extra}]"
 }
+
+# The Celery tests (tests/test_tasks.py) need the broker: Redis at 127.0.0.1:6379, started here when
+# it is installed and not running yet (they are skipped without it).
+if command -v redis-server > /dev/null && ! (command -v redis-cli > /dev/null && redis-cli -h 127.0.0.1 ping > /dev/null 2>&1); then
+  redis-server --port 6379 --bind 127.0.0.1 --save "" --daemonize yes > /dev/null
+fi
 
 suite() {  # suite VENV LABEL PYTEST-ARGS...: the tests on SQLite, then on PostgreSQL when DATABASE_URL is set
   local venv="$1" label="$2"

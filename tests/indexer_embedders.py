@@ -111,3 +111,18 @@ class BlockingConceptEmbedding(ConceptEmbedding):
     def embed_documents(self, texts):
         released.wait()
         return super().embed_documents(texts)
+
+
+class FileCountingEmbedding(DeterministicFakeEmbedding):
+    """Appends every text given to the model as a document, one line each, to the file named by
+    ENGRAM_TEST_EMBED_LOG: the model calls of every process (Celery workers) in one place."""
+
+    def __init__(self, **kwargs):
+        super().__init__(size=SIZE)
+
+    def embed_documents(self, texts):
+        import os
+
+        with open(os.environ["ENGRAM_TEST_EMBED_LOG"], "a") as log:
+            log.writelines(text.replace("\n", " ") + "\n" for text in texts)
+        return super().embed_documents(texts)

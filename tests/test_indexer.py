@@ -129,7 +129,7 @@ KILLED_WRITER = """
 import sys, django
 django.setup()
 from django.test import override_settings
-with override_settings(MEMORY={"EMBEDDINGS": "indexer_embedders.BlockingEmbedding", "EMBEDDINGS_MODEL_ID": "fake-32", "EMBED_ON_WRITE": "background"}):
+with override_settings(MEMORY={"EMBEDDINGS": "indexer_embedders.BlockingEmbedding", "EMBEDDINGS_MODEL_ID": "fake-32", "EMBED_ON_WRITE": "background", "EMBED_CLAIM_SECONDS": 1}):
     import indexer_embedders
     indexer_embedders.released.clear()  # the model hangs: the process dies before any vector is stored
     from memory.service import MemoryService
@@ -164,6 +164,7 @@ def test_documents_of_a_process_killed_before_embedding_are_embedded_after_resta
         proc.wait()
     configure(settings, "TransactionCheckingEmbedding")
     assert service.pending_vectors() == 1  # committed, never embedded
+    time.sleep(1.1)  # the dead worker's claim on it lapses (its EMBED_CLAIM_SECONDS); then anyone takes it over
     restarted = Indexer()  # a new process's worker: its first act is to sweep what is pending
     restarted.start()
     assert restarted.wait(timeout=30)

@@ -37,7 +37,9 @@ from .records import (
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
+    EmbeddingClaim,
     HealthSnapshot,
+    PeriodicRun,
     Tombstone,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "DeletionKind",
     "DeletionRecord",
     "HealthSnapshot",
+    "EmbeddingClaim",
     "EmbeddingModelRecord",
     "Episode",
     "FACT_HISTORY_VIEW",
@@ -58,6 +61,7 @@ __all__ = [
     "MemoryRelation",
     "MemoryUser",
     "PENDING_VECTOR",
+    "PeriodicRun",
     "Procedure",
     "ProcedureSource",
     "ProcedureType",

@@ -109,3 +109,37 @@ class HealthSnapshot(models.Model):
 
     def __str__(self):
         return f"health of {self.agent_id or 'all agents'} on {self.day}: {self.band}"
+
+
+class EmbeddingClaim(models.Model):
+    """A worker's lease on a text waiting for its vector (memory/recall/claims.py).
+
+    Brokers deliver a task at least once and several workers drain the same backlog, so who embeds a
+    document is decided here, in the database: one row per claimed document, unique, taken over once
+    `claimed_until` has passed (the worker that held it died). The row goes when the vector is stored.
+    """
+
+    # "recall" (memory_recall_doc) or "store" (EngramStore items): the table of `row_id`.
+    source = models.CharField(max_length=16)
+    row_id = models.BigIntegerField()
+    claimed_by = models.CharField(max_length=100)
+    claimed_until = models.DateTimeField()
+
+    class Meta:
+        db_table = "memory_embedding_claim"
+        constraints = [models.UniqueConstraint(fields=["source", "row_id"], name="one_embedding_claim_per_row")]
+        indexes = [models.Index(fields=["claimed_by"], name="embedding_claim_by")]
+
+
+class PeriodicRun(models.Model):
+    """One row per periodic job and period that ran (memory/tasks.py): a second scheduler (another
+    beat, another machine) finds the row there and skips that period."""
+
+    name = models.CharField(max_length=100)
+    period_start = models.DateTimeField()
+    started_by = models.CharField(max_length=100)
+    started_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "memory_periodic_run"
+        constraints = [models.UniqueConstraint(fields=["name", "period_start"], name="one_run_per_period")]

@@ -12,7 +12,7 @@ from ..exceptions import InvalidMemoryArgument
 from ..models import ConsolidationRun, Episode, Fact, HealthSnapshot, Procedure, Scope
 from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_int, check_limit, check_user_id, clean_text
-from . import clearing, health, transfer
+from . import clearing, health, periodic, transfer
 from .consolidation import consolidate_after_run, run_consolidation
 from .promotion import run_promotion
 
@@ -42,6 +42,11 @@ class Lifecycle:
         return run_promotion(
             self.service, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
         )
+
+    def once_per_period(self, name, seconds):
+        """True for the first run of the periodic job `name` in this period of `seconds`, across every
+        process and machine (memory/operations/periodic.py); False for the others."""
+        return periodic.once_per_period(name, seconds)
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].

@@ -46,6 +46,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
+from .claims import claim, new_token, release, store_sql, unclaimed_pending_ids
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -59,11 +60,13 @@ STORE = "store"  # the queue's kind of EngramStore items (their own table); othe
 MODELS = (RecallDocument, StoreItem)  # where pending texts wait for a vector
 
 
-def embed_documents(docs, model=RecallDocument, *, link=True):
+def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
     """Embed (row id, text) pairs of `model` and store the vectors of those whose text is unchanged; how many stored.
 
     Never call inside a transaction: the model call happens here, the writes in one short transaction.
     `link`: also link recall documents to their closest ones now (the worker links later, in bulk).
+    `claimed` (default: outside a transaction): take the rows through a claim first (claims.py), so
+    that no other process embeds them too; only the rows won are embedded, their texts read anew.
     """
     from .ranking import model_guard
 
@@ -71,9 +74,32 @@ def embed_documents(docs, model=RecallDocument, *, link=True):
     if embedder is None or not docs:
         return 0
     model_guard.check(embedder)
+    if claimed is None:
+        claimed = not connection.in_atomic_block
+    token = new_token() if claimed else None
+    try:
+        if claimed:
+            won = claim(model, [doc_id for doc_id, _ in docs], token)
+            # Read after the claim committed: a document another worker stored (and released) is not pending.
+            docs = pending_documents(model, ids=sorted(won), limit=len(won)) if won else []
+            if not docs:
+                release(token)
+                return 0
+        stored = _embed_and_store(embedder, docs, model, token)
+    except BaseException:
+        if claimed:
+            release(token)  # the batch failed: another worker may take it now rather than after the lease
+        raise
+    if link and model is RecallDocument:
+        link_similar([(doc_id, vector) for (doc_id, _), vector in stored[1]])
+    return stored[0]
+
+
+def _embed_and_store(embedder, docs, model, token):
     texts = [text for _, text in docs]
     # A recall document stores one vector per piece of its text (long episodes); a store item one.
     vectors = embedder.pieces(texts) if model is RecallDocument else embedder.documents(texts)
+    note_model_texts(len(texts))
     # One statement for the batch (executemany): the shorter the worker holds the write lock (and,
     # in this process, the interpreter), the less the writers it shares them with wait.
     table = connection.ops.quote_name(model._meta.db_table)
@@ -82,14 +108,25 @@ def embed_documents(docs, model=RecallDocument, *, link=True):
         # Rows another transaction holds (a person being forgotten) keep no vector now: a later pass
         # embeds them if they are still there. Waiting for them could deadlock (held_rows).
         held = held_rows(model, [doc_id for _, doc_id, _ in rows])
-        cursor.executemany(
-            f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
-            [row for row in rows if row[1] in held],
-        )
+        if token is None:
+            cursor.executemany(
+                f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
+                [row for row in rows if row[1] in held],
+            )
+        else:
+            cursor.executemany(store_sql(model), [(*row, token) for row in rows if row[1] in held])
         stored = max(cursor.rowcount, 0)
-    if link and model is RecallDocument:
-        link_similar([(doc_id, vector) for (doc_id, _), vector in zip(docs, vectors)])
-    return stored
+        if token is not None:
+            release(token)  # with the vectors: a later claimer reads them stored
+    return stored, [(doc, vector) for doc, vector in zip(docs, vectors)]
+
+
+# Texts this process gave the model as documents (/healthz-style figures for benchmarks and tasks).
+model_texts = {"count": 0}
+
+
+def note_model_texts(count):
+    model_texts["count"] += count
 
 
 def kept_out_of_vectors():
@@ -141,6 +178,40 @@ def pending_ids(model=RecallDocument):
     return list(_pending(model).values_list("id", flat=True))
 
 
+def send_embed_task():
+    """After a commit, with a broker: ask the workers to drain what is pending (any of them; a
+    duplicate of the task finds nothing left to claim). A broker that is down fails no write: the
+    beat's periodic `embed_pending` sweep catches up."""
+    try:
+        from celery import current_app
+
+        current_app.send_task("memory.embed_pending", ignore_result=True)
+    except Exception:  # noqa: BLE001  (any broker failure: the write stands, the sweep embeds it)
+        logger.exception("could not queue the embedding task; the periodic sweep will embed the write")
+
+
+def drain_pending(*, deadline=None):
+    """Embed every pending document this process can claim, batch by batch (a Celery worker's task).
+
+    Returns (vectors stored, recall document ids embedded, for their `similar` edges). Stops when a
+    batch stores nothing (what is left is held by other workers, or by a forget in progress) or at
+    `deadline` (time.monotonic()).
+    """
+    batch = int(memory_settings.EMBED_BATCH)
+    stored, embedded = 0, []
+    for model in MODELS:
+        while deadline is None or time.monotonic() < deadline:
+            ids = unclaimed_pending_ids(_pending(model), batch)
+            docs = pending_documents(model, ids=ids, limit=batch) if ids else []
+            done = embed_documents(docs, model, link=False) if docs else 0
+            if not done:
+                break
+            stored += done
+            if model is RecallDocument:
+                embedded += [doc_id for doc_id, _ in docs]
+    return stored, embedded
+
+
 def pending_count():
     """Recall documents and store items waiting for a vector."""
     return sum(_pending(model).count() for model in MODELS)
@@ -172,6 +243,9 @@ class Indexer:
         if memory_settings.EMBED_ON_WRITE == "inline":
             self._inline(kind, item_ids)
             return
+        if memory_settings.TASK_BROKER:  # workers on the broker embed it, whoever claims it first
+            transaction.on_commit(send_embed_task)
+            return
         ids = list(item_ids)
         transaction.on_commit(lambda: self._enqueue(kind, ids))
 
@@ -199,7 +273,7 @@ class Indexer:
 
     def start(self):
         """Start the worker (it sweeps what is pending) if recall is hybrid; cheap when it runs already."""
-        if configured_mode() != "hybrid" or memory_settings.EMBED_ON_WRITE == "inline":
+        if configured_mode() != "hybrid" or memory_settings.EMBED_ON_WRITE == "inline" or memory_settings.TASK_BROKER:
             return
         with self._cond:
             self._start()
@@ -236,7 +310,10 @@ class Indexer:
         while True:
             with self._cond:
                 while not (self._queue or self._sweep):
-                    self._cond.wait()
+                    # Idle for a while: sweep for documents left pending by a process that went away
+                    # (or whose claim lapsed), so none waits for a restart.
+                    if not self._cond.wait(float(memory_settings.EMBED_SWEEP_SECONDS)):
+                        self._sweep = True
                 # Let concurrent writers join the batch: one model call for many texts costs little
                 # more than for one (most of a small call is fixed overhead).
                 gather_until = time.monotonic() + float(memory_settings.EMBED_WAIT_MS) / 1000.0

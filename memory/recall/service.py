@@ -21,7 +21,7 @@ from ..rules.validation import check_choice, check_int, check_limit, check_unit_
 from ..text import keyword_terms
 from .access import access_counter
 from .events import recall_log
-from .indexer import indexer, kept_out_of_vectors, pending_count
+from .indexer import embed_documents, indexer, kept_out_of_vectors, pending_count, pending_documents
 from .ranking import MODES, Recaller, RecallResult, item_text, model_guard, recall_events, viewer_owners
 from .relations import link_contradictions, relations_of, relink_similar
 from .vectors import reset_vector_index
@@ -287,11 +287,16 @@ class RecallIndex:
         for start in range(0, total, batch_size):
             batch = ids[start : start + batch_size]
             # The model runs outside any transaction; a text changed meanwhile keeps its own turn.
-            rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
-            vectors = embedder.pieces([text for _, text in rows])
-            with transaction.atomic():
-                for (doc_id, text), vector in zip(rows, vectors):
-                    RecallDocument.objects.filter(pk=doc_id, text=text).update(embedding=to_blob(vector))
+            if missing_only:
+                # Through the same claim as every embedding worker: a document another process is
+                # embedding is left to it, and a stored vector is never overwritten.
+                embed_documents(pending_documents(ids=batch, limit=len(batch)), link=False)
+            else:
+                rows = list(RecallDocument.objects.filter(id__in=batch).values_list("id", "text"))
+                vectors = embedder.pieces([text for _, text in rows])
+                with transaction.atomic():
+                    for (doc_id, text), vector in zip(rows, vectors):
+                        RecallDocument.objects.filter(pk=doc_id, text=text).update(embedding=to_blob(vector))
             done += len(batch)
             if progress:
                 progress(done, total)

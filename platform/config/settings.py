@@ -178,6 +178,21 @@ if "ENGRAM_EMBEDDINGS" in os.environ:
     _embeddings = os.environ["ENGRAM_EMBEDDINGS"].strip()
     MEMORY["EMBEDDINGS"] = None if _embeddings.lower() in ("", "none", "off") else _embeddings
 
+# ENGRAM_TASK_BROKER=redis://host:6379/0 (or amqp://...): background work on Celery workers
+# (docs/guides/several-machines.md). Unset: the embedded default, no broker and no extra process.
+MEMORY["TASK_BROKER"] = os.environ.get("ENGRAM_TASK_BROKER", "").strip()
+CELERY_BROKER_URL = MEMORY["TASK_BROKER"] or "memory://"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The queue every task goes to and the workers read (several sites on one broker: one name each).
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("ENGRAM_TASK_QUEUE", "engram")
+CELERY_TASK_IGNORE_RESULT = True
+# A task is acknowledged when it ends, so one whose worker was killed runs again elsewhere: every task
+# is safe to repeat (claims and once-per-period rows in the database decide who does the work).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
 
 def chat_model_from_env():
     """An OpenAI-compatible chat model when ENGRAM_CHAT_MODEL is set; None: the offline responder."""

@@ -1,0 +1,439 @@
+"""Cluster benchmark: two servers, two Celery workers and a beat on one PostgreSQL database.
+
+    python -m bench.cluster [--updates 200] [--facts 300] [--probes 20] [--reminders 300] [--settle 30]
+                            [--database-url postgres://postgres@127.0.0.1:5432/postgres]
+                            [--broker redis://127.0.0.1:6379/0] [--json]
+
+Makes a throw-away PostgreSQL database, starts two gunicorn servers (A and B, each --server-workers
+processes of 4 threads, as two machines), two Celery workers (solo pool: one process each, as two
+worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
+
+- load: Telegram updates to the demo workflow through both servers, half each, while a `manage.py`
+  command writes --facts facts; then, --settle seconds after the load stops, how many documents are
+  still pending, and how many texts the model was given per document (each process's model calls
+  are appended to one file by the CountingEmbeddings wrapper below; 1.00 means each text once);
+- freshness: a message sent on A, recall (vector mode) polled on B until its episode is found, p50/p95;
+- reminders: --reminders due at once, delivered by the beat's `workflows.deliver_reminders` through
+  the fake Telegram Bot API; the worker running the delivery is killed (SIGKILL) a third of the way
+  through; delivered and duplicated sends are counted at the fake Bot API;
+- RSS of each process (with its children: the embedding model's process) at the end.
+
+The forget trials of the issue live in bench/forget_race.py (when present: see FORGET HOOK below).
+"""
+
+import argparse
+import collections
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .scratch import REPO, machine_reference, scratch_django
+from .webhook import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
+
+SETTINGS = """
+from config.settings import *  # noqa
+MEMORY = {{**MEMORY, "TASK_PERIODS": {{"embed_pending": 10, "consolidate": 60, "promote": None, "prune": None,
+          "deliver_reminders": 2}}}}
+WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
+"""
+
+
+class CountingEmbeddings:
+    """The configured local model (or, without it, LangChain's deterministic fake), noting each text
+    it is given as a document in the file ENGRAM_BENCH_EMBED_LOG: one line per text, every process."""
+
+    def __init__(self, **kwargs):
+        from memory.embedding.embedder import local_model_installed
+
+        if local_model_installed():
+            from memory.embedding.embedder import LocalMiniLMEmbeddings
+
+            self.inner = LocalMiniLMEmbeddings(**kwargs)
+        else:
+            from langchain_core.embeddings import DeterministicFakeEmbedding
+
+            self.inner = DeterministicFakeEmbedding(size=384)
+        self.model_id = f"counting:{type(self.inner).__name__}"
+
+    def embed_documents(self, texts):
+        with open(os.environ["ENGRAM_BENCH_EMBED_LOG"], "a") as log:
+            log.writelines(f"{os.getpid()}\t{_digest(text)}\n" for text in texts)
+        return self.inner.embed_documents(texts)
+
+    def embed_query(self, text):
+        return self.inner.embed_query(text)
+
+
+def _spawn(command, env, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
+    return proc
+
+
+def _stop(proc, timeout=20):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _rss_mb(pid):
+    """RSS of a process and its descendants, in MB (Linux /proc)."""
+    children = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                children[int(fields[1])].append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+        todo += children.get(current, [])
+    return round(total / 1024, 1)
+
+
+def _percentile(values, share):
+    values = sorted(values)
+    return values[max(0, int(round(share * len(values))) - 1)] if values else None
+
+
+class Cluster:
+    """The processes of the run, started from this process's environment plus `env`."""
+
+    def __init__(self, args, env, data):
+        self.args, self.env, self.data = args, env, data
+        self.servers, self.workers, self.beat = {}, [], None
+
+    def start(self):
+        for name in ("A", "B"):
+            port = free_port()
+            command = [sys.executable, "-m", "gunicorn", "--workers", str(self.args.server_workers), "--threads", "4"]
+            command += ["--bind", f"127.0.0.1:{port}", "config.wsgi:application"]
+            log = tempfile.TemporaryFile("w+")
+            proc = subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+            proc.log = log
+            self.servers[name] = (proc, port)
+        celery = [sys.executable, "-m", "celery", "--workdir", str(REPO / "platform"), "-A", "config"]
+        for n in (1, 2):
+            command = [
+                *celery,
+                "worker",
+                "-P",
+                "solo",
+                "-Q",
+                self.env["ENGRAM_TASK_QUEUE"],
+                "-n",
+                f"w{n}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ]
+            self.workers.append(_spawn([*command, "-l", "info"], self.env, self.data / f"worker-{n}.log"))
+        beat = [*celery, "beat", "-s", str(self.data / "beat-schedule"), "-l", "info"]
+        self.beat = _spawn(beat, self.env, self.data / "beat.log")
+        for proc, port in self.servers.values():
+            wait_until_serving(proc, port, timeout=120)
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self.servers[name][1]}"
+
+    def rss(self):
+        report = {f"server {name}": _rss_mb(proc.pid) for name, (proc, _) in self.servers.items()}
+        for n, worker in enumerate(self.workers, 1):
+            report[f"worker {n}"] = _rss_mb(worker.pid) if worker.poll() is None else "killed"
+        report["beat"] = _rss_mb(self.beat.pid)
+        return report
+
+    def stop(self):
+        for proc in [self.beat, *self.workers]:
+            if proc is not None:
+                _stop(proc)
+        for proc, _ in self.servers.values():
+            _stop(proc)
+            errors = [line for line in server_log(proc, None).splitlines() if " ERROR " in line]
+            self.errors_logged = getattr(self, "errors_logged", []) + errors
+            proc.log.close()
+
+
+def _webhook_sender(cluster, slug):
+    import httpx
+
+    local = threading.local()
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+
+    def send(server, update):
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
+        try:
+            response = local.client.post(
+                f"{cluster.url(server)}/telegram/{slug}/webhook/", json=update, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if response.status_code == 200 and response.json().get("status") == "ran" else response.status_code
+
+    return send
+
+
+def _pending():
+    from memory.service import MemoryService
+
+    return MemoryService().pending_vectors()
+
+
+def load(cluster, args, send):
+    """Updates through both servers and facts from a `manage.py` command at once; then the backlog."""
+    from workflows.channels.fake_telegram import telegram_update
+
+    write = (
+        "from memory.service import MemoryService\nmemory = MemoryService()\n"
+        f"for n in range({args.facts}):\n"
+        "    memory.set_fact(f'cli_note_{n}', f'a note from the command line, number {n}, about the garden', scope='global')\n"
+    )
+    command = subprocess.Popen(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", write], env=cluster.env, cwd=REPO
+    )
+    plan = [("AB"[n % 2], telegram_update(n + 1, 5000 + n % 40, text_for(n, n % 40))) for n in range(args.updates)]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        errors = [e for e in pool.map(lambda item: send(*item), plan) if e]
+    command.wait()
+    load_seconds = time.perf_counter() - started
+    pending_at_stop = _pending()
+    time.sleep(args.settle)
+    return {
+        "updates": args.updates,
+        "facts_by_manage_py": args.facts,
+        "update_errors": len(errors),
+        "load_s": round(load_seconds, 1),
+        "pending_at_load_stop": pending_at_stop,
+        f"pending_{args.settle:g}s_after_load": _pending(),
+    }
+
+
+def freshness(cluster, args, send):
+    """Send a unique message on A; poll recall (vector mode) on B until its episode is a hit."""
+    import httpx
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from memory.models import ChannelIdentity, RecallDocument
+
+    staff, _ = get_user_model().objects.get_or_create(username="cluster-bench", defaults={"is_staff": True})
+    token, _ = Token.objects.get_or_create(user=staff)
+    headers = {"Authorization": f"Token {token.key}"}
+    seconds, misses = [], 0
+    with httpx.Client(timeout=30) as client:
+        for n in range(args.probes):
+            from workflows.channels.fake_telegram import telegram_update
+
+            word = f"zq{uuid.uuid4().hex[:8]}"
+            user = 900_000 + n
+            text = f"my locker code is {word} and my bicycle is {['red', 'green', 'blue'][n % 3]}"
+            if send("A", telegram_update(800_000 + n, user, text)):
+                misses += 1
+                continue
+            written = time.perf_counter()
+            person = ChannelIdentity.objects.get(channel="telegram", external_id=str(user)).user_id
+            owner = RecallDocument.objects.filter(text__contains=word).values_list("owner", flat=True).first() or ""
+            agent = owner.split("agent:", 1)[1] if "agent:" in owner else ""
+            params = {"q": f"locker code {word}", "mode": "vector", "user": person, "limit": 5}
+            if agent:
+                params["agent_id"] = agent
+            while time.perf_counter() - written < 30:
+                found = client.get(f"{cluster.url('B')}/api/v1/recall/", params=params, headers=headers)
+                if found.status_code == 200 and word in found.text:
+                    seconds.append(time.perf_counter() - written)
+                    break
+                time.sleep(0.05)
+            else:
+                misses += 1
+    return {
+        "probes": args.probes,
+        "found": len(seconds),
+        "missed": misses,
+        "p50_s": round(statistics.median(seconds), 3) if seconds else None,
+        "p95_s": round(_percentile(seconds, 0.95), 3) if seconds else None,
+    }
+
+
+def reminders(cluster, args, bot):
+    """Reminders due at once; the worker delivering them is killed a third of the way through."""
+    from memory.models import PeriodicRun
+
+    from .reminders import seed
+
+    before = len(bot.sent_messages())
+    seed(args.reminders, 50)
+    started, killed = time.perf_counter(), None
+    while time.perf_counter() - started < args.reminder_timeout:
+        sent = len(bot.sent_messages()) - before
+        if killed is None and sent >= args.reminders // 3:
+            run = PeriodicRun.objects.filter(name="deliver_reminders").order_by("-period_start").first()
+            pid = int(run.started_by.rsplit(":", 1)[1]) if run else None
+            for n, worker in enumerate(cluster.workers, 1):
+                if worker.pid == pid:
+                    worker.send_signal(signal.SIGKILL)
+                    worker.wait()
+                    killed = {"worker": n, "after_sent": sent}
+        texts = [m["text"] for m in bot.sent_messages()[before:]]
+        if len(set(texts)) >= args.reminders:
+            break
+        time.sleep(0.2)
+    time.sleep(1)  # a send still in flight would show up as a duplicate
+    counts = collections.Counter(m["text"] for m in bot.sent_messages()[before:])
+    return {
+        "due": args.reminders,
+        "delivered": len(counts),
+        "duplicates": sum(n - 1 for n in counts.values()),
+        "killed": killed,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _digest(text):
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def model_calls(data):
+    """Texts the model was given against the texts the stored documents are made of.
+
+    A recall document is embedded in pieces (memory.embedding.embedder.split_pieces), so what each
+    document needs is its pieces, once. Texts given to the model that no stored document holds any
+    more are of documents whose text changed after (an episode that grew): their new text needed a new
+    vector, which is not a duplicate. A piece given more often than the stored documents hold it is one.
+    """
+    from memory.conf import memory_settings
+    from memory.embedding.embedder import split_pieces, without_date_line
+    from memory.models import RecallDocument
+
+    lines = (data / "embed.log").read_text().splitlines() if (data / "embed.log").exists() else []
+    given = collections.Counter(line.split("\t")[1] for line in lines)
+    words = int(memory_settings.EMBED_PIECE_WORDS)
+    needed = collections.Counter()
+    documents = 0
+    for text in RecallDocument.objects.exclude(text="").values_list("text", flat=True).iterator():
+        documents += 1
+        needed.update(_digest(piece) for piece in split_pieces(without_date_line(text), words))
+    for_stored = sum(given[h] for h in needed)
+    return {
+        "documents": documents,
+        "pieces_of_stored_documents": sum(needed.values()),
+        "texts_to_model": len(lines),
+        "model_calls_per_document": round(for_stored / sum(needed.values()), 3) if needed else None,
+        # The same text in several documents is embedded once per process (the embedder's piece cache).
+        "model_calls_per_distinct_text": round(sum(given[h] for h in needed) / len(needed), 3) if needed else None,
+        "pieces_given_more_than_needed": sum(max(0, given[h] - n) for h, n in needed.items()),
+        "texts_of_earlier_versions": len(lines) - for_stored,
+        "embedded_by_pid": dict(collections.Counter(line.split("\t")[0] for line in lines)),
+    }
+
+
+def forget_trials(cluster, args):
+    """FORGET HOOK: bench/forget_race.py (its own module) runs the forget trials when it is there."""
+    try:
+        from . import forget_race
+    except ImportError:
+        return {"skipped": "bench/forget_race.py is not there"}
+    try:
+        return forget_race.run(
+            servers=[cluster.url("A"), cluster.url("B")], database_url=cluster.env["DATABASE_URL"], trials=args.forget
+        )
+    except TypeError as exc:  # its signature is its own: say so rather than guess further
+        return {"skipped": f"forget_race.run(...) did not take these arguments: {exc}"}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=200, help="Telegram updates, half through each server")
+    parser.add_argument("--facts", type=int, default=300, help="facts a manage.py command writes meanwhile")
+    parser.add_argument("--probes", type=int, default=20, help="freshness probes (write on A, recall on B)")
+    parser.add_argument("--reminders", type=int, default=300, help="reminders due at once")
+    parser.add_argument("--reminder-timeout", type=float, default=180, help="seconds to wait for the reminders")
+    parser.add_argument("--lease", type=float, default=15, help="the reminders' lease in seconds (default 15)")
+    parser.add_argument("--settle", type=float, default=30, help="seconds after the load before counting pending")
+    parser.add_argument("--forget", type=int, default=20, help="forget trials (bench/forget_race.py)")
+    parser.add_argument("--server-workers", type=int, default=1, help="gunicorn processes per server (4 threads)")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--broker", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    args = parser.parse_args(argv)
+    if not args.database_url.startswith("postgres"):
+        parser.error("--database-url must name a PostgreSQL server: the cluster shares one database")
+
+    from workflows.channels.fake_telegram import FakeBotAPI
+
+    data = Path(tempfile.mkdtemp(prefix="engram-cluster-"))
+    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease))
+    results = {"machine": machine_reference()}
+    with FakeBotAPI() as bot:
+        os.environ.update(
+            TELEGRAM_API_BASE=bot.url,
+            TELEGRAM_BOT_TOKEN=TOKEN,
+            TELEGRAM_WEBHOOK_SECRET=SECRET,
+            ENGRAM_TASK_BROKER=args.broker,
+            ENGRAM_TASK_QUEUE=f"engram-bench-{uuid.uuid4().hex[:8]}",
+            ENGRAM_EMBEDDINGS="bench.cluster.CountingEmbeddings",
+            ENGRAM_BENCH_EMBED_LOG=str(data / "embed.log"),
+        )
+        os.environ.pop("ENGRAM_CHAT_MODEL", None)
+        with scratch_django(args.database_url):
+            from django.db import connections
+
+            from workflows.demo import ensure_demo_workflow
+
+            workflow, _ = ensure_demo_workflow()
+            connections.close_all()
+            env = {
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "cluster_settings",
+                "PYTHONPATH": os.pathsep.join([str(data), str(REPO / "platform"), str(REPO)]),
+            }
+            cluster = Cluster(args, env, data)
+            try:
+                cluster.start()
+                send = _webhook_sender(cluster, workflow.slug)
+                results["load"] = load(cluster, args, send)
+                results["model_calls"] = model_calls(data)
+                results["freshness"] = freshness(cluster, args, send)
+                results["forget"] = forget_trials(cluster, args)
+                results["rss_mb"] = cluster.rss()
+                results["reminders"] = reminders(cluster, args, bot)
+            finally:
+                cluster.stop()
+                connections.close_all()
+            results["server_errors_logged"] = len(cluster.errors_logged)
+            results["first_server_errors"] = cluster.errors_logged[:3]
+    if args.json:
+        print(json.dumps(results))
+    else:
+        from rich.console import Console
+
+        Console().print_json(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Who embeds a pending document: a lease in the database, so that each text is embedded once across processes.
+
+Every process that embeds (each server's embedding worker, Celery workers, `memory reindex --missing`)
+takes the documents of a batch through `claim` first: one EmbeddingClaim row per document, unique per
+(source, row), inserted with ON CONFLICT DO NOTHING. What another worker holds is skipped; a lease
+past its `claimed_until` (its worker died) is deleted and taken over in the same transaction. The
+texts are then read again, after the claim committed, so a document another worker embedded and
+released meanwhile is not embedded a second time; the vector is stored only where the document is
+still pending, with the same text, under the same claim (`store_sql`), and the claim goes in that
+same transaction.
+
+The claim is in the database rather than in a broker because brokers deliver a task at least once,
+and because writers that run no broker (the embedded default, a `manage.py` command) share the same
+backlog.
+"""
+
+import os
+import socket
+import uuid
+from datetime import timedelta
+
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+
+from ..conf import memory_settings
+from ..models import EmbeddingClaim, RecallDocument
+
+RECALL, STORE = "recall", "store"
+_HOST = socket.gethostname()[:40]
+
+
+def source_of(model):
+    return RECALL if model is RecallDocument else STORE
+
+
+def new_token():
+    """A claimer's name: host, process and a random part (a claim of one batch)."""
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def claim(model, ids, token, *, seconds=None):
+    """Claim these rows of `model` for `token`; returns the ids it holds now (a subset).
+
+    One short transaction, never inside another one (the claim must commit before the model runs).
+    Ids are inserted in order, so two claimers of overlapping batches wait for each other rather
+    than deadlock; a deadlock of the expired-lease takeover (PostgreSQL) is retried.
+    """
+    ids = sorted(set(ids))
+    if not ids:
+        return set()
+    seconds = float(memory_settings.EMBED_CLAIM_SECONDS if seconds is None else seconds)
+    source = source_of(model)
+    for attempt in range(3):
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                EmbeddingClaim.objects.filter(source=source, row_id__in=ids, claimed_until__lt=now).delete()
+                EmbeddingClaim.objects.bulk_create(
+                    [
+                        EmbeddingClaim(
+                            source=source, row_id=i, claimed_by=token, claimed_until=now + timedelta(seconds=seconds)
+                        )
+                        for i in ids
+                    ],
+                    ignore_conflicts=True,
+                )
+            break
+        except OperationalError:
+            if attempt == 2 or connection.in_atomic_block:
+                raise
+    return set(EmbeddingClaim.objects.filter(source=source, claimed_by=token).values_list("row_id", flat=True))
+
+
+def release(token):
+    """Drop what `token` still holds (a batch that failed: another worker may take it at once)."""
+    return EmbeddingClaim.objects.filter(claimed_by=token).delete()[0]
+
+
+def unclaimed_pending_ids(pending, limit):
+    """Ids of up to `limit` rows of `pending` (a queryset of one model's pending rows) that no live
+    claim holds: what a worker may take."""
+    held = EmbeddingClaim.objects.filter(source=source_of(pending.model), claimed_until__gte=timezone.now())
+    return list(pending.exclude(pk__in=held.values("row_id")).order_by().values_list("id", flat=True)[:limit])
+
+
+def store_sql(model):
+    """The UPDATE that stores one vector: parameters (blob, id, text, token). Only a document still
+    pending, with the text that was embedded, under this claimer's claim."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    claims = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
+    return (
+        f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s "
+        f"AND EXISTS (SELECT 1 FROM {claims} c WHERE c.source = '{source_of(model)}' "
+        f"AND c.row_id = {table}.id AND c.claimed_by = %s)"
+    )

@@ -1,0 +1,88 @@
+"""Memory's background work as Celery tasks, around the functions the embedded default runs in-process.
+
+The site's Celery app (platform/config/celery.py) finds this module with `autodiscover_tasks()`; a
+host project's own app does the same. With no broker configured (MEMORY["TASK_BROKER"] blank)
+nothing here runs: each process embeds on its own worker thread and the `memory` commands do the rest.
+
+- `memory.embed_pending`: embed what is pending, by claim (memory/recall/claims.py). Writers queue it
+  after each commit; any worker may take it, and a duplicate finds nothing left to claim.
+- `memory.link_similar`: the `similar` edges of documents just embedded (memory/recall/relations.py).
+- `memory.consolidate`, `memory.promote`, `memory.prune`: the beat's periodic jobs, each run once per
+  period across every beat and machine (`once_per_period`). `workflows.deliver_reminders` joins them
+  from the workflows app (memory never imports workflows).
+"""
+
+import logging
+import time
+
+from celery import shared_task
+
+from .service import MemoryService
+
+logger = logging.getLogger("engram.memory")
+
+# One embed_pending task drains for at most this long; what is left goes to the next one (the
+# writers' next task, or the beat's sweep), so a backlog never holds a worker for good.
+DRAIN_SECONDS = 60.0
+
+
+@shared_task(name="memory.embed_pending", ignore_result=True)
+def embed_pending():
+    """Embed every pending document this worker can claim; then queue the `similar` edges of those."""
+    from .embedding.embedder import configured_mode
+    from .recall.indexer import drain_pending, model_texts
+
+    if configured_mode() != "hybrid":
+        return {"stored": 0}
+    before = model_texts["count"]
+    stored, embedded = drain_pending(deadline=time.monotonic() + DRAIN_SECONDS)
+    if embedded:
+        link_similar.delay(embedded)
+    report = {"stored": stored, "model_texts": model_texts["count"] - before}
+    if stored:
+        logger.info("embedded %(stored)d documents (%(model_texts)d texts to the model)", report)
+    return report
+
+
+@shared_task(name="memory.link_similar", ignore_result=True)
+def link_similar(ids):
+    from .embedding.embedder import get_embedder
+    from .recall.relations import link_similar_ids
+
+    embedder = get_embedder()
+    if embedder is not None and ids:
+        link_similar_ids(sorted(ids), embedder.dimension)
+
+
+@shared_task(name="memory.periodic_embed_pending", ignore_result=True)
+def periodic_embed_pending(period):
+    """The beat's sweep: documents whose writer queued no task (a broker that was down, a process
+    without the broker setting) or whose claim lapsed."""
+    if MemoryService().once_per_period("embed_pending", period):
+        return embed_pending()
+    return None
+
+
+@shared_task(name="memory.consolidate", ignore_result=True)
+def consolidate(period):
+    if MemoryService().once_per_period("consolidate", period):
+        report = MemoryService().consolidate()
+        return {"ok": report.ok}
+    return None
+
+
+@shared_task(name="memory.promote", ignore_result=True)
+def promote(period):
+    if MemoryService().once_per_period("promote", period):
+        MemoryService().promote()
+        return {"ok": True}
+    return None
+
+
+@shared_task(name="memory.prune", ignore_result=True)
+def prune(period):
+    """MEMORY["LIMITS"] and every app's own pruning (`memory prune`): TTLs, retention, thread limits."""
+    if MemoryService().once_per_period("prune", period):
+        MemoryService().prune()
+        return {"ok": True}
+    return None
