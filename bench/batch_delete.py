@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import add_scratch_arguments, gather_statistics, scratch_django
+from .support.scratch import add_scratch_arguments, gather_statistics, scratch_django
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = [("delete_10k_s", 10_000, 20_000), ("delete_100k_s", 100_000, 110_000)]  # (name, deleted, filled)

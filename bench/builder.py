@@ -27,8 +27,8 @@ import subprocess
 from rich.console import Console
 from rich.table import Table
 
-from .scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
-from .webhook import free_port, server_log, start_server, wait_until_serving
+from .support.scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
+from .support.servers import free_port, server_log, start_server, wait_until_serving
 
 PASSWORD = "bench operator password"
 BUILD = REPO / "workflows" / "static" / "workflows" / "builder"

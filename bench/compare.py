@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .scratch import REPO, machine_reference
+from .support.scratch import REPO, machine_reference
 
 
 def numbers(obj, prefix=""):

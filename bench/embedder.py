@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .retrieval import LOADERS
-from .scratch import REPO, machine_reference
+from .support.scratch import REPO, machine_reference
 
 DEFAULT_TEXTS = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
 

@@ -20,7 +20,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import add_mode_argument, add_scratch_arguments, gather_statistics, machine_reference, scratch_django
+from .support.scratch import (
+    add_mode_argument,
+    add_scratch_arguments,
+    gather_statistics,
+    machine_reference,
+    scratch_django,
+)
 
 AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
 GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
@@ -137,7 +143,7 @@ def run(n, seed, progress, mode="keyword"):
     if mode == "hybrid":
         fill_vectors(progress, seed)
     # A bulk load ends as an import does: the search index compacted, and on PostgreSQL the
-    # statistics autovacuum would have gathered by now (bench.scratch.gather_statistics).
+    # statistics autovacuum would have gathered by now (bench.support.scratch.gather_statistics).
     service = MemoryService()
     service.optimize_search_index()
     gather_statistics()

@@ -2,7 +2,7 @@
 
     python -m bench.lifecycle [--n 100000] [--seed 1] [--database-url postgres://postgres@127.0.0.1:5432/postgres] [--json]
 
-Fills a scratch database (see bench/scratch.py) with N rows across every exported kind: 1% users
+Fills a scratch database (see bench/support/scratch.py) with N rows across every exported kind: 1% users
 (each with one or two channel identities), 20% episodes (a short conversation each), 0.5%
 procedures, and facts for the rest (user, agent, session and global scopes, JSON values of several
 shapes, a quarter of them linked to an episode). Then, through MemoryService: export to a JSON Lines
@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .scratch import add_scratch_arguments, scratch_django
+from .support.scratch import add_scratch_arguments, scratch_django
 
 AGENTS, SESSIONS = 50, 2000
 

@@ -24,7 +24,7 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
-from .scratch import add_scratch_arguments, machine_reference, scratch_django
+from .support.scratch import add_scratch_arguments, machine_reference, scratch_django
 
 KINDS = {"chain": (("a", "b"), ("b", "c")), "swap": (("a", "b"), ("b", "a"))}
 

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .scratch import REPO, gather_statistics, machine_reference, scratch_django
+from .support.scratch import REPO, gather_statistics, machine_reference, scratch_django
 
 DIMENSION = 384
 VOCABULARY = 20_000

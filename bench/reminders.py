@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
+from .support.scratch import REPO, add_scratch_arguments, machine_reference, scratch_django
 
 TOKEN = "bench:token"
 TIMEOUT = 300  # seconds to wait for every reminder before giving up

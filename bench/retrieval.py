@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .scratch import scratch_django
+from .support.scratch import scratch_django
 
 KS = (5, 10, 25, 50)
 MODES = ("keyword", "vector", "hybrid")

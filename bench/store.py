@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.scratch import add_scratch_arguments, machine_reference, scratch_django
+from .support.scratch import add_scratch_arguments, machine_reference, scratch_django
 
 NAMESPACES = 100
 SEARCHES = 1_000

@@ -32,7 +32,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .scratch import REPO, machine_reference, scratch_django
+from .support.scratch import REPO, machine_reference, scratch_django
 
 _SEED_BATCH = 2000
 

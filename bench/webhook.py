@@ -3,7 +3,7 @@
     python -m bench.webhook [--updates 500] [--users 50] [--concurrency 4] [--workers 2] [--mode keyword|hybrid]
                             [--server wsgi|asgi] [--database-url postgres://...] [--json]
     python -m bench.webhook --crash [--outage 10] [...]   (a server process killed mid-load, the Bot API
-                            down for a while: see bench.webhook_crash)
+                            down for a while: see bench/support/crash.py)
 
 Starts the site under gunicorn (WORKERS processes of 4 threads each), or with --server asgi under
 uvicorn (WORKERS processes; Django runs the sync views in its thread pool), on a free port of 127.0.0.1,
@@ -18,11 +18,9 @@ from send to response (the run and its sendMessage included). An update that doe
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,65 +29,18 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .scratch import REPO, add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
-
-TOKEN = "bench:token"
-SECRET = "bench-secret"
-WARMUP = 8  # per server worker
-THREADS_PER_WORKER = 4
-
-
-def text_for(n, user):
-    if (n // 50) % 2 == 0:
-        return f"my favourite number is {n * 7 + user}"
-    return "what is my favourite number?"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(port, workers, kind="wsgi"):
-    """The site under gunicorn (WSGI) or uvicorn (ASGI) in child processes with this process's environment."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)])}
-    if kind == "asgi":
-        command = ["uvicorn", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-        command += ["--log-level", "warning", "config.asgi:application"]
-    else:
-        command = ["gunicorn", "--workers", str(workers), "--threads", str(THREADS_PER_WORKER)]
-        command += ["--bind", f"127.0.0.1:{port}", "config.wsgi:application"]
-    # Its log goes to a file, not a pipe: nothing reads a pipe during the run, and a server that
-    # fills one (64 KB) blocks in its next write to it, in the middle of a request.
-    log = tempfile.TemporaryFile("w+")
-    server = subprocess.Popen(
-        [sys.executable, "-m", *command], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True
-    )
-    server.log = log
-    return server
-
-
-def server_log(server, tail=2000):
-    """The last `tail` characters the server wrote to its stderr."""
-    server.log.seek(0)
-    text = server.log.read()
-    return text if tail is None else text[-tail:]
-
-
-def wait_until_serving(server, port, timeout=60):
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server_log(server)}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise RuntimeError("the server did not start within a minute")
+from .support.scratch import add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
+from .support.servers import (
+    SECRET,
+    THREADS_PER_WORKER,
+    TOKEN,
+    WARMUP,
+    free_port,
+    server_log,
+    start_server,
+    text_for,
+    wait_until_serving,
+)
 
 
 def run(updates, users, concurrency, workers, progress, kind="wsgi"):
@@ -276,7 +227,7 @@ def main(argv=None):
 def crash_main(args):
     from workflows.channels.fake_telegram import FakeBotAPI
 
-    from .webhook_crash import run_crash
+    from .support.crash import run_crash
 
     err = Console(stderr=True)
     with FakeBotAPI() as bot:

@@ -168,3 +168,32 @@ def test_the_database_spells_owner_keys_as_their_one_definition(service, user_fa
     episode = service.record_episode(started_at=timezone.now(), agent_id="bot", user_id=ada.pk, success=True)
     owner = RecallDocument.objects.get(kind="episode", item_id=episode.pk).owner
     assert owner == owner_key(Scope.USER, user_id=ada.pk) + agent_suffix("bot")
+
+
+REPO = MEMORY.parent
+MAX_MODULE_LINES = 600
+MAX_MODULES_PER_PACKAGE = 15
+
+
+def _committed_code():
+    """The repository's Python modules outside tests and migrations (frozen history), and outside
+    virtualenvs and the builder's node_modules."""
+    skipped = {"tests", "migrations", "node_modules", "site-packages"}
+    return [p for p in REPO.rglob("*.py") if not skipped & set(p.relative_to(REPO).parts) and ".venv" not in str(p)]
+
+
+def test_no_module_is_over_600_lines_and_no_package_holds_more_than_15():
+    modules = _committed_code()
+    too_long = {
+        str(p.relative_to(REPO)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert too_long == {}
+    per_folder = {}
+    for p in modules:
+        per_folder.setdefault(p.parent, []).append(p)
+    crowded = {
+        str(folder.relative_to(REPO)): len(found)
+        for folder, found in per_folder.items()
+        if (folder / "__init__.py").exists() and len(found) > MAX_MODULES_PER_PACKAGE
+    }
+    assert crowded == {}

@@ -36,8 +36,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .scratch import REPO, machine_reference, scratch_django
-from .webhook import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
+from ..support.scratch import REPO, machine_reference, scratch_django
+from ..support.servers import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
 
 SETTINGS = """
 from config.settings import *  # noqa
@@ -281,7 +281,7 @@ def reminders(cluster, args, bot):
     """Reminders due at once; the worker delivering them is killed a third of the way through."""
     from memory.models import PeriodicRun
 
-    from .reminders import seed
+    from ..reminders import seed
 
     before = len(bot.sent_messages())
     seed(args.reminders, 50)

@@ -66,7 +66,7 @@ def run_crash(bot, *, updates, users, concurrency, workers, outage, progress, gi
     from workflows.demo import ensure_demo_workflow
     from workflows.models import ReplyStatus, TelegramReply, TelegramUpdate, UpdateStatus
 
-    from .webhook import SECRET, WARMUP, free_port, server_log, start_server, text_for, wait_until_serving
+    from .servers import SECRET, WARMUP, free_port, server_log, start_server, text_for, wait_until_serving
 
     workflow, _ = ensure_demo_workflow()
     connections.close_all()

@@ -1,0 +1,3 @@
+from .trials import main
+
+raise SystemExit(main())
