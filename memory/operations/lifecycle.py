@@ -12,6 +12,7 @@ from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_limit, check_user_id, clean_text
 from . import clearing, health, transfer
 from .consolidation import consolidate_after_run, run_consolidation
+from .observation import run_observe
 from .promotion import run_promotion
 
 
@@ -34,6 +35,23 @@ class Lifecycle:
         if memory_settings.PROMOTION["AFTER_CONSOLIDATION"]:
             report.promotion = self.promote(extractor=kwargs.get("extractor"))
         return report
+
+    def observe(self, messages, *, user_id, agent_id="", session_id=None, chat_model=None, episode_id=None):
+        """Extract facts from one conversation turn and reconcile them with the stored ones (add, update,
+        delete or none, each with a reason); see memory.operations.observation. Returns an ObserveReport.
+
+        Call it after the reply, outside any transaction: it asks the chat model (with structured
+        output) first and writes after. Without `chat_model`, the built-in rules propose the facts.
+        """
+        return run_observe(
+            self.service,
+            messages,
+            user_id=user_id,
+            agent_id=agent_id,
+            session_id=session_id,
+            chat_model=chat_model,
+            episode_id=episode_id,
+        )
 
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
         """Promote memories recall keeps returning into durable facts, each once; see memory.operations.promotion."""

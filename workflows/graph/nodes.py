@@ -22,6 +22,7 @@ from ..exceptions import InvalidDefinition, InvalidTrigger
 from ..language.registry import NodeType, register
 from ..language.state import last_human_text
 from .agent import build_agent_node
+from .chat_models import get_chat_model
 from .memory_access import (
     MEMORY_TYPES,
     RecallOptions,
@@ -198,6 +199,15 @@ REMEMBER_SCHEMA = {
         "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
         "overwrite": {"type": "boolean", "default": True},
         "record_episode": {"type": "boolean", "default": True},
+        "mode": {
+            "enum": ["key_value", "extract"],
+            "default": "key_value",
+            "description": (
+                "key_value: store the facts the agent hands over. extract: also, after the reply, have the "
+                "chat model read the turn and add, update or delete facts against what is stored "
+                "(MemoryService.observe); with no chat model configured, only the rule-based facts are stored."
+            ),
+        },
         "store_without_user": {
             "type": "boolean",
             "default": False,
@@ -217,6 +227,7 @@ def build_remember(config, context):
     overwrite = config.get("overwrite", True)
     record = config.get("record_episode", True)
     store_without_user = config.get("store_without_user", False)
+    extract = config.get("mode", "key_value") == "extract"
 
     def remember(state):
         service = MemoryService()
@@ -258,9 +269,57 @@ def build_remember(config, context):
                 "memory_writes": [],
                 "memory_errors": [failure],
             }
+        if extract:
+            # After the node's transaction has committed: the model is called outside it.
+            observed_writes, observed_errors = _observe_turn(service, state, context, user, episode_id)
+            writes += observed_writes
+            new_errors += observed_errors
         return {"remembered": reports, "episode_id": episode_id, "memory_writes": writes, "memory_errors": new_errors}
 
     return remember
+
+
+def _observe_turn(service, state, context, user, episode_id):
+    """The `extract` mode: the chat model's facts from this turn, reconciled with the stored ones.
+
+    (memory_writes entries, memory_errors entries). With no chat model configured there is nothing to
+    add: the rule-based facts already came in `facts_to_remember`. Failures are reported, never raised:
+    the turn stays answered.
+    """
+    model = get_chat_model()
+    if model is None:
+        return [], []
+    turn = [{"role": "user", "content": last_human_text(state)}]
+    if state.get("reply"):
+        turn.append({"role": "assistant", "content": state["reply"]})
+    try:
+        report = service.observe(
+            turn,
+            user_id=user.get("id"),
+            agent_id=context.agent_id,
+            session_id=state.get("thread_id") or "",
+            chat_model=model,
+            episode_id=episode_id,
+        )
+    except MEMORY_FAILURES as exc:
+        return [], [_failure(context.node_id, "observe", exc)]
+    errors = [_failure(context.node_id, "observe", error) for error in report.errors]
+    writes = []
+    for decision in report.decisions:
+        if decision.get("error"):
+            errors.append(_failure(context.node_id, f"observe {decision['key']!r}", decision["error"]))
+        elif decision["action"] != "none":
+            writes.append(
+                {
+                    "kind": "fact",
+                    "action": decision["write"],
+                    "id": decision["fact_id"],
+                    "key": decision["key"],
+                    "decision": decision["action"],
+                    "reason": decision["reason"],
+                }
+            )
+    return writes, errors
 
 
 def _refuse_unidentified(context, facts, default_scope):
@@ -353,7 +412,8 @@ register(
         description=(
             "Store `facts_to_remember` (key, value, fact_type, scope) for the identified user, the agent or "
             "the session, record the run's episode, and report per fact what happened; `memory_writes` lists "
-            "each row written (kind, action, id, key)."
+            "each row written (kind, action, id, key). Mode `extract`: the chat model also reads the turn "
+            "and adds, updates or deletes facts against what is stored."
         ),
         config_schema=REMEMBER_SCHEMA,
         inputs=("facts_to_remember", "user", "thread_id", "messages", "reply", "actions", "trigger"),
