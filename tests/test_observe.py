@@ -164,12 +164,12 @@ def test_an_add_and_a_delete_for_one_proposal(service, ada, turn):
     assert sorted(Fact.objects.values_list("key", flat=True)) == ["diet"]
 
 
-def test_the_model_is_shown_the_stored_facts_a_proposal_touches(service, ada, turn):
-    """Recall by meaning (here its keyword leg: the words "food") and the same key."""
+def test_the_model_is_shown_the_stored_facts_a_proposal_touches(service, ada, turn, user_factory):
+    """Recall (by meaning, and its keyword leg: the word "food") and the same key; never another person's facts."""
     episode, messages = turn
     service.set_fact("favourite_food", "steak", scope="user", user_id=ada.pk)
     service.set_fact("diet", "omnivore", scope="user", user_id=ada.pk)
-    service.set_fact("car", "red bicycle", scope="user", user_id=ada.pk)
+    service.set_fact("car", "red bicycle", scope="user", user_id=user_factory("bob").pk)
     report = service.observe(
         messages,
         user_id=ada.pk,
@@ -233,16 +233,34 @@ def test_malformed_output_writes_nothing_and_is_reported(service, ada, turn, ans
     assert snapshot() == before
 
 
-def test_a_write_the_service_refuses_is_that_decisions_error(service, ada, turn):
+def test_a_write_the_service_refuses_writes_nothing_of_the_turn(service, ada, turn):
     episode, messages = turn
+    service.set_fact("favourite_food", "steak", scope="user", user_id=ada.pk)
+    before = snapshot()
     model = scripted(
-        [proposal("", "vegetarian"), proposal("city", "Lisbon", message=0)],
-        [{"proposal": 0, "action": "add"}, {"proposal": 1, "action": "add"}],
+        [proposal("city", "Lisbon", message=0), proposal("", "vegetarian: no steak")],
+        [
+            {"proposal": 0, "action": "add"},
+            {"proposal": 1, "action": "delete", "key": "favourite_food"},
+            {"proposal": 1, "action": "add"},
+        ],
     )
     report = service.observe(messages, user_id=ada.pk, chat_model=model, episode_id=episode.pk)
-    assert not report.ok
-    assert "InvalidMemoryArgument" in report.decisions[0]["error"] and "key" in report.decisions[0]["error"]
-    assert Fact.objects.get(key="city").value == "Lisbon"
+    assert not report.ok and report.decisions == []
+    assert "decision add of proposal 1" in report.errors[0] and "InvalidMemoryArgument: key" in report.errors[0]
+    assert snapshot() == before  # neither the add before it nor the delete stayed
+
+
+ADD = [{"proposal": 0, "action": "add"}]
+
+
+def test_an_unknown_episode_or_user_writes_nothing_and_is_named(service, ada, turn):
+    _, messages = turn
+    report = service.observe(messages, user_id=ada.pk, chat_model=scripted([proposal("a", "b")], ADD), episode_id=99999)
+    assert "source_episode_id" in report.errors[0] and "99999" in report.errors[0]
+    report = service.observe(messages, user_id=99999, chat_model=scripted([proposal("a", "b")], ADD))
+    assert "user_id" in report.errors[0]
+    assert not Fact.objects.exists()
 
 
 def test_without_a_chat_model_the_rules_propose_and_the_key_decides(service, ada):
@@ -261,7 +279,9 @@ def test_bad_arguments_are_refused_before_the_model_is_asked(service, ada):
     with pytest.raises(InvalidMemoryArgument, match="messages"):
         service.observe([], user_id=ada.pk, chat_model=model)
     with pytest.raises(InvalidMemoryArgument, match="episode_id"):
-        service.observe(["hi"], user_id=ada.pk, chat_model=model, episode_id=999999)
+        service.observe(["hi"], user_id=ada.pk, chat_model=model, episode_id="twelve")
+    with pytest.raises(InvalidMemoryArgument, match="user_id"):
+        service.observe(["hi"], user_id=-1, chat_model=model)
 
 
 # ------------------------------------------------------------- the remember node's extract mode

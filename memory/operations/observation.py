@@ -13,10 +13,11 @@ add it, update a stored fact with it, delete a stored fact it makes untrue, or d
 The model calls run before any write and outside any transaction. Every decision is checked
 before the first write: an answer that does not fit the schemas, names a stored fact the model
 was not shown, or a model that raises, writes nothing and is reported (the exception's type
-named). The decisions are then applied through the service's own writes, each in its
-own transaction: add and update through `set_fact` (confidence, history, contradiction edges,
-limits, validation), delete through `forget_visible` (the fact's history keeps a `deleted`
-version). A fact written from a turn names its episode (`source_episode`) and, in its
+named). The decisions are then applied through the service's own writes, all in one
+transaction (a write the service refuses, such as an unknown episode or a bad key, rolls back the
+turn's others and is reported): add and update through `set_fact` (confidence, history,
+contradiction edges, limits, validation), delete through `forget_visible` (the fact's history
+keeps a `deleted` version). A fact written from a turn names its episode (`source_episode`) and, in its
 provenance, the message and the words it came from.
 
 Without a chat model, the built-in rules (memory.operations.consolidation.RuleExtractor:
@@ -24,14 +25,17 @@ Without a chat model, the built-in rules (memory.operations.consolidation.RuleEx
 absent is added, a different value updates it, the same value is left alone.
 """
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from ..exceptions import InvalidMemoryArgument, MemoryNotFound, MemoryServiceError
+from django.db import transaction
+
+from ..exceptions import InvalidMemoryArgument, MemoryServiceError
 from ..models import FactType, Scope
-from ..rules.validation import clean_text
+from ..rules.validation import check_user_id, clean_text
 from ..text import value_text
 from .consolidation import RuleExtractor
 
@@ -66,8 +70,9 @@ conversation; under it are the stored facts it may touch (key, value, scope). Fo
 Give a short reason for each decision. One decision per proposal."""
 
 
+@functools.cache
 def _schemas():
-    """Pydantic schemas of the two answers (built lazily: pydantic comes with langchain-core)."""
+    """Pydantic schemas of the two answers (built once, lazily: pydantic comes with langchain-core)."""
     from pydantic import BaseModel, Field
 
     class ProposedFact(BaseModel):
@@ -239,18 +244,24 @@ class Observer:
         query = f"{str(proposal['key']).replace('_', ' ')} {value_text(proposal['value'])}"
         try:
             hits = self.service.recall(
-                query[:4000], types=("facts",), limit=CANDIDATES_PER_PROPOSAL, min_confidence=0.0, **self.viewer
+                query[:4000],
+                types=("facts",),
+                limit=CANDIDATES_PER_PROPOSAL,
+                min_confidence=0.0,
+                record=False,  # looking for what to reconcile is not a use of the memory
+                **self.viewer,
             )
         except InvalidMemoryArgument:  # a query with no searchable word: the key alone still finds its fact
             hits = []
         for hit in hits:
             found.setdefault(hit.item.key, hit.item)
-        try:
-            same_key = self.service.get_fact(proposal["key"], **self.viewer)
-        except InvalidMemoryArgument:
-            same_key = None
-        if same_key is not None:
-            found[same_key.key] = same_key
+        if proposal["key"] not in found:
+            try:
+                same_key = self.service.get_fact(proposal["key"], **self.viewer)
+            except InvalidMemoryArgument:  # a key the service would refuse: the decision's write says so
+                same_key = None
+            if same_key is not None:
+                found[same_key.key] = same_key
         return found
 
     # ---- decisions
@@ -359,24 +370,28 @@ class Observer:
         return {**done, "fact_id": write.fact.pk, "write": write.action}
 
 
+class _Refused(Exception):
+    """A write the service refused: every write of the turn is rolled back."""
+
+    def __init__(self, decision, error):
+        super().__init__(f"decision {decision['action']} of proposal {decision['proposal']}: {error}")
+
+
 def run_observe(service, messages, *, user_id, agent_id="", session_id=None, chat_model=None, episode_id=None):
     """Extract facts from one turn and reconcile them with what is stored; returns an ObserveReport.
 
-    Bad arguments raise InvalidMemoryArgument (naming the field) before anything is asked or written.
-    A model that fails or answers outside the schemas writes nothing: the report's `errors` says
-    why. A decision whose write the service refuses (a limit, a bad key) carries its `error`; the
-    others still apply.
+    Bad arguments raise InvalidMemoryArgument (naming the field) before the model is asked. A
+    model that fails or answers outside the schemas writes nothing, and so does a decision the
+    service refuses (an unknown user or episode, a bad key, a limit): the turn's writes are one
+    transaction, made after the model has answered. The report's `errors` says why.
     """
     turn = _Turn.of(messages)
     agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
     session_id = clean_text("session_id", session_id or "", required=False, max_length=128)
     if user_id is not None:
-        user_id = service.resolve_user(user_id).pk  # follows merges; an unknown id is refused here
+        user_id = check_user_id("user_id", user_id, required=True)
     if episode_id is not None:
-        try:
-            episode_id = service.get_episode(episode_id).pk
-        except MemoryNotFound:
-            raise InvalidMemoryArgument("episode_id", f"no episode with id {episode_id}") from None
+        episode_id = check_user_id("episode_id", episode_id, required=True)
     observer = Observer(
         service,
         user_id=user_id,
@@ -397,19 +412,18 @@ def run_observe(service, messages, *, user_id, agent_id="", session_id=None, cha
         logger.warning("observe: nothing written: %s", exc)
         report.errors.append(str(exc))
         return report
-    for decision in decisions:
-        proposal = proposals[decision["proposal"]]
-        try:
-            report.decisions.append(observer.apply(turn, proposal, decision))
-        except MemoryServiceError as exc:  # this decision only; the others still go in
-            logger.warning("observe: decision %s not applied: %s", decision["action"], exc)
-            report.decisions.append(
-                {
-                    "proposal": decision["proposal"],
-                    "action": decision["action"],
-                    "key": proposal["key"],
-                    "reason": str(decision.get("reason") or ""),
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
-            )
+    applied = []
+    try:
+        # The model has answered: from here on, only the service's writes, all or none of them.
+        with transaction.atomic():
+            for decision in decisions:
+                try:
+                    applied.append(observer.apply(turn, proposals[decision["proposal"]], decision))
+                except MemoryServiceError as exc:
+                    raise _Refused(decision, f"{type(exc).__name__}: {exc}") from exc
+    except _Refused as exc:
+        logger.warning("observe: nothing written: %s", exc)
+        report.errors.append(str(exc))
+        return report
+    report.decisions = applied
     return report

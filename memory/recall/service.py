@@ -77,6 +77,7 @@ class Recall:
         limit=None,
         min_confidence=None,
         mode="auto",
+        record=True,
     ):
         """The memories most relevant to `query` that this viewer may see, best first.
 
@@ -94,6 +95,9 @@ class Recall:
             limit: at most this many hits (default MEMORY["RECALL_LIMIT"], at most 200).
             min_confidence: facts below it are left out (a fact it leaves out still hides others).
             mode: "auto" (hybrid with an embedder, else keyword), "hybrid", "keyword" or "vector".
+            record: False for a recall the memory makes on its own behalf (observe's look for the
+                stored facts a new one may touch): no recall events, no reference or access counts,
+                so it neither promotes nor keeps alive what it finds.
 
         Returns a RecallResult: a list of RecallHit (kind, id, text, score, item, keyword_score,
         vector_score) with `mode` (the mode used) and `embed_ms` (how long the recall waited for the
@@ -115,9 +119,10 @@ class Recall:
             raise InvalidMemoryArgument("mode", f"must be one of {', '.join(MODES)}; got {mode!r}")
         recaller = Recaller(self.backend, viewer, query, keyword_terms(query), kinds, limit, min_confidence, mode)
         used_mode, hits = recaller.run()
-        now = timezone.now()
-        recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
-        access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
+        if record:
+            now = timezone.now()
+            recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
+            access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
         return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
 
     def forget_visible(self, kind, item_id, *, agent_id="", user_id=None, session_id="", actor=""):
