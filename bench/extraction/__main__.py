@@ -91,7 +91,7 @@ def feed(service, conversation, script, observations, run, extract):
     replier = scripted_model([AIMessage(t.text) for t in [*turns[1:], turns[0]]])
     start = time.perf_counter()
     for turn in turns:
-        text = f"{turn.speaker}: {turn.text}"
+        text = turn.text  # what the speaker wrote, as a chat user would send it (no name in front)
         recalled = service.recall(text, agent_id="bench", user_id=user.pk, session_id=session, limit=10)
         memory = "\n".join(hit.text for hit in recalled)
         reply = replier.invoke([SystemMessage(f"Memory:\n{memory}"), HumanMessage(text)]).text
