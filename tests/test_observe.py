@@ -338,3 +338,12 @@ def test_the_key_value_mode_asks_no_model(settings, ada):
     chat_model_setting(settings, "BrokenModel", [])
     result = build_remember({}, CTX)(remember_state(ada))
     assert result["memory_errors"] == []
+
+
+def test_the_extract_mode_without_a_chat_model_keeps_the_rule_based_facts(ada):
+    """No chat model configured (the offline responder): the facts it read ("my X is Y") are stored as before."""
+    state = {**remember_state(ada), "facts_to_remember": [{"key": "diet", "value": "vegetarian"}]}
+    result = build_remember({"mode": "extract"}, CTX)(state)
+    assert result["memory_errors"] == []
+    assert [(r["key"], r["action"]) for r in result["remembered"]] == [("diet", "created")]
+    assert Fact.objects.get(key="diet").source_episode_id == result["episode_id"]
