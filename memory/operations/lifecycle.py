@@ -1,19 +1,22 @@
 """Memory over time: consolidation, limits and pruning, export and import, clearing, health. MemoryService delegates to it."""
 
-from datetime import UTC, timedelta
+import os
+import socket
+from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..conf import memory_settings
 from ..domain import limits
 from ..domain.facts import FactWrite, WriteAction
 from ..exceptions import InvalidMemoryArgument
-from ..models import ConsolidationRun, Episode, Fact, HealthSnapshot, Procedure, Scope
+from ..models import ConsolidationRun, Episode, Fact, HealthSnapshot, PeriodicRun, Procedure, Scope
 from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_int, check_limit, check_user_id, clean_text
-from . import clearing, health, periodic, transfer
+from . import clearing, health, transfer
 from .consolidation import consolidate_after_run, run_consolidation
+from .observation import run_observe
 from .promotion import run_promotion
 
 
@@ -37,6 +40,23 @@ class Lifecycle:
             report.promotion = self.promote(extractor=kwargs.get("extractor"))
         return report
 
+    def observe(self, messages, *, user_id, agent_id="", session_id=None, chat_model=None, episode_id=None):
+        """Extract facts from one conversation turn and reconcile them with the stored ones (add, update,
+        delete or none, each with a reason); see memory.operations.observation. Returns an ObserveReport.
+
+        Call it after the reply, outside any transaction: it asks the chat model (with structured
+        output) first and writes after. Without `chat_model`, the built-in rules propose the facts.
+        """
+        return run_observe(
+            self.service,
+            messages,
+            user_id=user_id,
+            agent_id=agent_id,
+            session_id=session_id,
+            chat_model=chat_model,
+            episode_id=episode_id,
+        )
+
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
         """Promote memories recall keeps returning into durable facts, each once; see memory.operations.promotion."""
         return run_promotion(
@@ -45,8 +65,8 @@ class Lifecycle:
 
     def once_per_period(self, name, seconds):
         """True for the first run of the periodic job `name` in this period of `seconds`, across every
-        process and machine (memory/operations/periodic.py); False for the others."""
-        return periodic.once_per_period(name, seconds)
+        process and machine (once_per_period below); False for the others."""
+        return once_per_period(name, seconds)
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].
@@ -220,3 +240,36 @@ class Lifecycle:
             days = check_int("days", days, minimum=1, maximum=36500)
             snapshots = snapshots.filter(day__gt=timezone.now().astimezone(UTC).date() - timedelta(days=days))
         return list(snapshots)
+
+
+# Once per period across machines: the guard of the beat's periodic jobs (memory/tasks.py). Two beats
+# (a second machine started with one, a deploy that overlaps) each send every job of the schedule; the
+# first run of a job in a period inserts its PeriodicRun row and runs, every other finds the row (a
+# unique constraint) and skips. A run that dies is not repeated within its period: the jobs are
+# sweeps, and the next period's run takes up what was left.
+
+# Rows of periods older than this are deleted by each run (a record, not a ledger).
+KEEP_PERIODIC_RUNS = timedelta(days=7)
+
+
+def period_start(seconds, now=None):
+    """The start of the period of `seconds` that `now` falls in (periods counted from the epoch, UTC)."""
+    now = now or timezone.now()
+    stamp = now.timestamp()
+    return datetime.fromtimestamp(stamp - stamp % seconds, tz=UTC)
+
+
+def once_per_period(name, seconds, *, now=None):
+    """True for the first caller of `name` in the current period of `seconds`; False for every other."""
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise InvalidMemoryArgument("seconds", f"must be a positive number of seconds, got {seconds!r}")
+    start = period_start(float(seconds), now)
+    try:
+        with transaction.atomic():
+            PeriodicRun.objects.create(
+                name=name, period_start=start, started_by=f"{socket.gethostname()}:{os.getpid()}"
+            )
+    except IntegrityError:
+        return False
+    PeriodicRun.objects.filter(name=name, period_start__lt=start - KEEP_PERIODIC_RUNS).delete()
+    return True

@@ -80,6 +80,7 @@ class Recall:
         mode="auto",
         as_of=None,
         valid_at=None,
+        record=True,
     ):
         """The memories most relevant to `query` that this viewer may see, best first.
 
@@ -102,6 +103,9 @@ class Recall:
                 value; one that held nothing then is left out); with `as_of`, episodes begun
                 after it are left out. Without either, a fact that does not hold now (closed, or
                 dated to start later) is shown as what holds now, or left out.
+            record: False for a recall the memory makes on its own behalf (observe's look for the
+                stored facts a new one may touch): no recall events, no reference or access counts,
+                so it neither promotes nor keeps alive what it finds.
 
         Returns a RecallResult: a list of RecallHit (kind, id, text, score, item, keyword_score,
         vector_score) with `mode` (the mode used) and `embed_ms` (how long the recall waited for the
@@ -125,9 +129,10 @@ class Recall:
         recaller = Recaller(self.backend, viewer, query, keyword_terms(query), kinds, limit, min_confidence, mode)
         used_mode, hits = recaller.run()
         hits = self._at_times(hits, viewer, times)
-        now = timezone.now()
-        recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
-        access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
+        if record:
+            now = timezone.now()
+            recall_log.record(recall_events(hits, viewer, query, used_mode, now), recaller.doc_ids, now)
+            access_counter.record([h.id for h in hits if h.kind == RecallKind.FACT])
         return RecallResult(hits=hits, mode=used_mode, embed_ms=recaller.embed_ms, timings=recaller.timings)
 
     def _at_times(self, hits, viewer, times):

@@ -51,12 +51,15 @@ from langchain_core.messages import (
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from memory.exceptions import LimitReached, PersonForgotten
+from memory.models import FactType
 
 from ..conf import workflow_settings
 from ..conversations import threads, turns
 from ..conversations.checkpointer import get_checkpointer
+from ..exceptions import InvalidDefinition
 from ..language.state import AgentContext, last_human_text
 from .chat_models import get_chat_model
+from .memory_access import MEMORY_TYPES
 from .offline import FALLBACK_MESSAGE_ID, OfflineResponder, facts_in
 from .summaries import summarize_with, summary_block
 from .tools import MEMORY_WRITE_TOOLS, tools_for
@@ -378,3 +381,124 @@ def episode_actions(messages):
 
 def _error(context, operation, exc):
     return {"node": context.node_id, "operation": operation, "error": str(exc)}
+
+
+# The agent node's config: its JSON Schema (the builder's form) and the check the schema cannot make.
+AGENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "system_prompt": {"type": "string", "maxLength": 20000},
+        "conversation_memory": {"type": "boolean", "default": True},
+        "history_limit": {"type": "integer", "minimum": 2, "maximum": 1000, "default": 20},
+        "summarize_history": {
+            "type": "boolean",
+            "default": True,
+            "description": (
+                "Fold the turns that fall out of history_limit into the thread's running summary (shown to the "
+                "model as memory, stored on the turn's episode) instead of dropping them."
+            ),
+        },
+        "nudge_after_turns": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": 1000,
+            "description": (
+                "After this many turns of the conversation without a memory write, the next turn's system "
+                "prompt reminds the agent to store what is worth keeping (null: WORKFLOWS['NUDGE_AFTER_TURNS'])."
+            ),
+        },
+        "system_prompt_fallback": {
+            "type": "boolean",
+            "default": False,
+            "description": "Also send the system prompt as a stable-id human message (providers that ignore the system role).",
+        },
+        "memory_types": {
+            "type": "object",
+            "properties": {t: {"type": "boolean", "default": True} for t in MEMORY_TYPES},
+            "additionalProperties": False,
+            "description": (
+                "Per-type switches (facts, episodes, procedures): a type switched off loses the tool that "
+                "writes it (remember, record_episode, learn_procedure), and recall, list_memories and forget "
+                "leave it out."
+            ),
+        },
+        "tools": {
+            "type": "object",
+            "properties": {
+                "recall": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "memory_type": {"enum": [*MEMORY_TYPES, "all"], "default": "facts"},
+                        "memory_types": {
+                            "type": "array",
+                            "items": {"enum": [*MEMORY_TYPES, "all"]},
+                            "minItems": 1,
+                            "uniqueItems": True,
+                            "description": "The types a call may ask for (its `memory_types`); replaces memory_type.",
+                        },
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                        "max_top_k": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 100,
+                            "default": 20,
+                            "description": "The largest `top_k` a call may ask for; `limit` is a call's default.",
+                        },
+                        "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+                    },
+                    "additionalProperties": False,
+                },
+                "remember": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
+                        "overwrite": {"type": "boolean", "default": True},
+                        "agent_scope_without_user": {
+                            "type": "boolean",
+                            "default": False,
+                            "description": (
+                                "With no identified user, store facts as the agent's own (seen by every "
+                                "user of the agent). Off: the tool refuses, so one person's words never "
+                                "reach another."
+                            ),
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+                "forget": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
+                "list_memories": {
+                    "type": ["object", "null"],
+                    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 20}},
+                    "additionalProperties": False,
+                },
+                "learn_procedure": {
+                    "type": ["object", "null"],
+                    "properties": {
+                        "activate": {
+                            "type": "boolean",
+                            "default": False,
+                            "description": (
+                                "Use what the agent learns at once. Off: it is stored inactive until an operator "
+                                "activates it, since an active procedure steers every later run, with every user."
+                            ),
+                        }
+                    },
+                    "additionalProperties": False,
+                },
+                "record_episode": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
+                "remind": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+def check_agent_config(config):
+    """What the schema cannot say: a fallback prompt needs a thread to keep it across turns."""
+    if config.get("system_prompt_fallback") and not config.get("conversation_memory", True):
+        # Without a thread there is nothing to keep it stable across; it would only repeat the prompt.
+        raise InvalidDefinition(
+            "config.system_prompt_fallback needs conversation_memory", field="config.system_prompt_fallback"
+        )

@@ -19,10 +19,11 @@ from memory.service import MemoryService
 
 from ..conf import workflow_settings
 from ..conversations import threads
-from ..exceptions import InvalidDefinition, InvalidTrigger
+from ..exceptions import InvalidTrigger
 from ..language.registry import NodeType, register
 from ..language.state import last_human_text
-from .agent import build_agent_node
+from .agent import AGENT_SCHEMA, build_agent_node, check_agent_config
+from .chat_models import get_chat_model
 from .memory_access import (
     MEMORY_TYPES,
     RecallOptions,
@@ -215,6 +216,15 @@ REMEMBER_SCHEMA = {
         "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
         "overwrite": {"type": "boolean", "default": True},
         "record_episode": {"type": "boolean", "default": True},
+        "mode": {
+            "enum": ["key_value", "extract"],
+            "default": "key_value",
+            "description": (
+                "key_value: store the facts the agent hands over. extract: also, after the reply, have the "
+                "chat model read the turn and add, update or delete facts against what is stored "
+                "(MemoryService.observe); with no chat model configured, only the rule-based facts are stored."
+            ),
+        },
         "store_without_user": {
             "type": "boolean",
             "default": False,
@@ -234,6 +244,7 @@ def build_remember(config, context):
     overwrite = config.get("overwrite", True)
     record = config.get("record_episode", True)
     store_without_user = config.get("store_without_user", False)
+    extract = config.get("mode", "key_value") == "extract"
 
     def remember(state):
         service = MemoryService()
@@ -275,9 +286,57 @@ def build_remember(config, context):
                 "memory_writes": [],
                 "memory_errors": [failure],
             }
+        if extract:
+            # After the node's transaction has committed: the model is called outside it.
+            observed_writes, observed_errors = _observe_turn(service, state, context, user, episode_id)
+            writes += observed_writes
+            new_errors += observed_errors
         return {"remembered": reports, "episode_id": episode_id, "memory_writes": writes, "memory_errors": new_errors}
 
     return remember
+
+
+def _observe_turn(service, state, context, user, episode_id):
+    """The `extract` mode: the chat model's facts from this turn, reconciled with the stored ones.
+
+    (memory_writes entries, memory_errors entries). With no chat model configured there is nothing to
+    add: the rule-based facts already came in `facts_to_remember`. Failures are reported, never raised:
+    the turn stays answered.
+    """
+    model = get_chat_model()
+    if model is None:
+        return [], []
+    turn = [{"role": "user", "content": last_human_text(state)}]
+    if state.get("reply"):
+        turn.append({"role": "assistant", "content": state["reply"]})
+    try:
+        report = service.observe(
+            turn,
+            user_id=user.get("id"),
+            agent_id=context.agent_id,
+            session_id=state.get("thread_id") or "",
+            chat_model=model,
+            episode_id=episode_id,
+        )
+    except MEMORY_FAILURES as exc:
+        return [], [_failure(context.node_id, "observe", exc)]
+    errors = [_failure(context.node_id, "observe", error) for error in report.errors]
+    writes = []
+    for decision in report.decisions:
+        if decision.get("error"):
+            errors.append(_failure(context.node_id, f"observe {decision['key']!r}", decision["error"]))
+        elif decision["action"] != "none":
+            writes.append(
+                {
+                    "kind": "fact",
+                    "action": decision["write"],
+                    "id": decision["fact_id"],
+                    "key": decision["key"],
+                    "decision": decision["action"],
+                    "reason": decision["reason"],
+                }
+            )
+    return writes, errors
 
 
 def _refuse_unidentified(context, facts, default_scope):
@@ -374,7 +433,8 @@ register(
         description=(
             "Store `facts_to_remember` (key, value, fact_type, scope) for the identified user, the agent or "
             "the session, record the run's episode, and report per fact what happened; `memory_writes` lists "
-            "each row written (kind, action, id, key)."
+            "each row written (kind, action, id, key). Mode `extract`: the chat model also reads the turn "
+            "and adds, updates or deletes facts against what is stored."
         ),
         config_schema=REMEMBER_SCHEMA,
         inputs=(
@@ -395,125 +455,6 @@ register(
 
 
 # ------------------------------------------------------------------------ agent
-
-AGENT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "system_prompt": {"type": "string", "maxLength": 20000},
-        "conversation_memory": {"type": "boolean", "default": True},
-        "history_limit": {"type": "integer", "minimum": 2, "maximum": 1000, "default": 20},
-        "summarize_history": {
-            "type": "boolean",
-            "default": True,
-            "description": (
-                "Fold the turns that fall out of history_limit into the thread's running summary (shown to the "
-                "model as memory, stored on the turn's episode) instead of dropping them."
-            ),
-        },
-        "nudge_after_turns": {
-            "type": ["integer", "null"],
-            "minimum": 1,
-            "maximum": 1000,
-            "description": (
-                "After this many turns of the conversation without a memory write, the next turn's system "
-                "prompt reminds the agent to store what is worth keeping (null: WORKFLOWS['NUDGE_AFTER_TURNS'])."
-            ),
-        },
-        "system_prompt_fallback": {
-            "type": "boolean",
-            "default": False,
-            "description": "Also send the system prompt as a stable-id human message (providers that ignore the system role).",
-        },
-        "memory_types": {
-            "type": "object",
-            "properties": {t: {"type": "boolean", "default": True} for t in MEMORY_TYPES},
-            "additionalProperties": False,
-            "description": (
-                "Per-type switches (facts, episodes, procedures): a type switched off loses the tool that "
-                "writes it (remember, record_episode, learn_procedure), and recall, list_memories and forget "
-                "leave it out."
-            ),
-        },
-        "tools": {
-            "type": "object",
-            "properties": {
-                "recall": {
-                    "type": ["object", "null"],
-                    "properties": {
-                        "memory_type": {"enum": [*MEMORY_TYPES, "all"], "default": "facts"},
-                        "memory_types": {
-                            "type": "array",
-                            "items": {"enum": [*MEMORY_TYPES, "all"]},
-                            "minItems": 1,
-                            "uniqueItems": True,
-                            "description": "The types a call may ask for (its `memory_types`); replaces memory_type.",
-                        },
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
-                        "max_top_k": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": 100,
-                            "default": 20,
-                            "description": "The largest `top_k` a call may ask for; `limit` is a call's default.",
-                        },
-                        "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
-                    },
-                    "additionalProperties": False,
-                },
-                "remember": {
-                    "type": ["object", "null"],
-                    "properties": {
-                        "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
-                        "overwrite": {"type": "boolean", "default": True},
-                        "agent_scope_without_user": {
-                            "type": "boolean",
-                            "default": False,
-                            "description": (
-                                "With no identified user, store facts as the agent's own (seen by every "
-                                "user of the agent). Off: the tool refuses, so one person's words never "
-                                "reach another."
-                            ),
-                        },
-                    },
-                    "additionalProperties": False,
-                },
-                "forget": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
-                "list_memories": {
-                    "type": ["object", "null"],
-                    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 20}},
-                    "additionalProperties": False,
-                },
-                "learn_procedure": {
-                    "type": ["object", "null"],
-                    "properties": {
-                        "activate": {
-                            "type": "boolean",
-                            "default": False,
-                            "description": (
-                                "Use what the agent learns at once. Off: it is stored inactive until an operator "
-                                "activates it, since an active procedure steers every later run, with every user."
-                            ),
-                        }
-                    },
-                    "additionalProperties": False,
-                },
-                "record_episode": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
-                "remind": {"type": ["object", "null"], "properties": {}, "additionalProperties": False},
-            },
-            "additionalProperties": False,
-        },
-    },
-    "additionalProperties": False,
-}
-
-
-def _check_agent(config):
-    if config.get("system_prompt_fallback") and not config.get("conversation_memory", True):
-        # Without a thread there is nothing to keep it stable across; it would only repeat the prompt.
-        raise InvalidDefinition(
-            "config.system_prompt_fallback needs conversation_memory", field="config.system_prompt_fallback"
-        )
-
 
 register(
     NodeType(
@@ -536,6 +477,6 @@ register(
             "memory_errors",
         ),
         build=build_agent_node,
-        check=_check_agent,
+        check=check_agent_config,
     )
 )
