@@ -1,8 +1,11 @@
 // The canvas's node components: a step (any registered type, ports from its inputs and outputs) and
 // the definition's START and END. Both are memoised: React Flow hands a node new props only when its
-// own object changes (see canvas.ts), and a step's ports re-render only when its type does.
+// own object changes (see canvas.ts), and a step's ports re-render only when its type does. Their rows
+// have the fixed heights of geometry.ts (one line each, cut with an ellipsis), where React Flow takes
+// each node's size and handles from instead of measuring them.
 import { Handle, Position, type NodeProps } from "@xyflow/react";
 import { memo } from "react";
+import { HEAD, NOTE, PORT_ROW, PORTS_MARGIN } from "./geometry";
 import { END, GENERIC_IN, GENERIC_OUT, inputHandles, outputHandles, type StepData } from "./graph";
 import type { NodeMemory, NodeTypeSpec } from "./types";
 
@@ -15,22 +18,26 @@ export interface NodeRunState {
   error?: string;
 }
 
+const ROW_CENTRE = { top: PORT_ROW / 2 };
+const HEAD_STYLE = { height: HEAD };
+const NOTE_STYLE = { height: NOTE, lineHeight: `${NOTE}px` };
+
 const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
   const inputs = inputHandles(spec);
   const outputs = outputHandles(spec);
   const rows = Math.max(inputs.length, outputs.length);
   return (
-    <div className="ports" style={{ height: rows * 18 }}>
+    <div className="ports" style={{ height: rows * PORT_ROW, margin: `${PORTS_MARGIN}px 0` }}>
       {inputs.map((port, i) => (
-        <div key={`in-${port}`} className="port port-in" style={{ top: i * 18 }}>
-          <Handle type="target" position={Position.Left} id={port} style={{ top: 9 }} />
-          <span>{port === GENERIC_IN ? "" : port}</span>
+        <div key={`in-${port}`} className="port port-in" style={{ top: i * PORT_ROW }}>
+          <Handle type="target" position={Position.Left} id={port} style={ROW_CENTRE} />
+          {port === GENERIC_IN ? "" : port}
         </div>
       ))}
       {outputs.map((port, i) => (
-        <div key={`out-${port}`} className="port port-out" style={{ top: i * 18 }}>
-          <span>{port === GENERIC_OUT ? "" : port}</span>
-          <Handle type="source" position={Position.Right} id={port} style={{ top: 9 }} />
+        <div key={`out-${port}`} className="port port-out" style={{ top: i * PORT_ROW }}>
+          {port === GENERIC_OUT ? "" : port}
+          <Handle type="source" position={Position.Right} id={port} style={ROW_CENTRE} />
         </div>
       ))}
     </div>
@@ -44,20 +51,20 @@ export const StepNode = memo(function StepNode({ id, data, selected }: NodeProps
   const classes = ["step", selected ? "selected" : "", run ? `run-${run.status}` : "", errors.length ? "invalid" : "", spec ? "" : "unknown"];
   return (
     <div className={classes.filter(Boolean).join(" ")} data-node-id={id} data-status={run?.status ?? ""} title={errors.join("\n") || spec?.description}>
-      <div className="step-head">
-        <span className="step-label">{node.label || node.id}</span>
+      <div className="step-head" style={HEAD_STYLE}>
+        <span className="step-label" title={node.label || node.id}>{node.label || node.id}</span>
         <span className="step-type">{node.type}</span>
       </div>
-      {spec ? null : <div className="step-error">unknown node type</div>}
+      {spec ? null : <div className="step-error" style={NOTE_STYLE}>unknown node type</div>}
       <Ports spec={spec} />
       {errors.length ? (
-        <div className="step-error" role="alert">
+        <div className="step-error" role="alert" style={NOTE_STYLE}>
           {errors[0]}
           {errors.length > 1 ? ` (+${errors.length - 1})` : ""}
         </div>
       ) : null}
       {run ? (
-        <div className="step-run">
+        <div className="step-run" style={NOTE_STYLE}>
           {run.status}
           {run.durationMs !== undefined ? ` · ${Math.round(run.durationMs)} ms` : ""}
         </div>
