@@ -3,7 +3,7 @@
 // own object changes (see canvas.ts), and a step's ports re-render only when its type does. Their rows
 // have the fixed heights of geometry.ts (one line each, cut with an ellipsis), where React Flow takes
 // each node's size and handles from instead of measuring them.
-import { Handle, Position, type NodeProps } from "@xyflow/react";
+import { Handle, Position, useStore, type NodeProps, type ReactFlowState } from "@xyflow/react";
 import { memo } from "react";
 import { HEAD, NOTE, PORT_ROW, PORTS_MARGIN } from "./geometry";
 import { END, GENERIC_IN, GENERIC_OUT, inputHandles, outputHandles, type StepData } from "./graph";
@@ -22,7 +22,21 @@ const ROW_CENTRE = { top: PORT_ROW / 2 };
 const HEAD_STYLE = { height: HEAD };
 const NOTE_STYLE = { height: NOTE, lineHeight: `${NOTE}px` };
 
+// Below this zoom a port is a few pixels wide: too small to drag a connection from, so its handle is
+// drawn as a plain dot with React Flow's handle markup (where React Flow finds and measures handles, so
+// edges meet it) but none of its connection logic. A live handle subscribes twice to React Flow's store,
+// and a large workflow, opened to fit, shows thousands of them at once.
+export const LIVE_HANDLES_ZOOM = 0.5;
+const liveHandles = (s: ReactFlowState) => s.transform[2] >= LIVE_HANDLES_ZOOM;
+
+function Port({ type, id, live }: { type: "source" | "target"; id: string; live: boolean }) {
+  const position = type === "target" ? Position.Left : Position.Right;
+  if (live) return <Handle type={type} position={position} id={id} style={ROW_CENTRE} />;
+  return <div className={`react-flow__handle react-flow__handle-${position} ${type}`} data-handleid={id} data-handlepos={position} style={ROW_CENTRE} />;
+}
+
 const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
+  const live = useStore(liveHandles);
   const inputs = inputHandles(spec);
   const outputs = outputHandles(spec);
   const rows = Math.max(inputs.length, outputs.length);
@@ -30,14 +44,14 @@ const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
     <div className="ports" style={{ height: rows * PORT_ROW, margin: `${PORTS_MARGIN}px 0` }}>
       {inputs.map((port, i) => (
         <div key={`in-${port}`} className="port port-in" style={{ top: i * PORT_ROW }}>
-          <Handle type="target" position={Position.Left} id={port} style={ROW_CENTRE} />
+          <Port type="target" id={port} live={live} />
           {port === GENERIC_IN ? "" : port}
         </div>
       ))}
       {outputs.map((port, i) => (
         <div key={`out-${port}`} className="port port-out" style={{ top: i * PORT_ROW }}>
           {port === GENERIC_OUT ? "" : port}
-          <Handle type="source" position={Position.Right} id={port} style={ROW_CENTRE} />
+          <Port type="source" id={port} live={live} />
         </div>
       ))}
     </div>
