@@ -18,7 +18,6 @@ export interface NodeRunState {
   error?: string;
 }
 
-const ROW_CENTRE = { top: PORT_ROW / 2 };
 const HEAD_STYLE = { height: HEAD };
 const NOTE_STYLE = { height: NOTE, lineHeight: `${NOTE}px` };
 
@@ -29,30 +28,29 @@ const NOTE_STYLE = { height: NOTE, lineHeight: `${NOTE}px` };
 export const LIVE_HANDLES_ZOOM = 0.5;
 const liveHandles = (s: ReactFlowState) => s.transform[2] >= LIVE_HANDLES_ZOOM;
 
-function Port({ type, id, live }: { type: "source" | "target"; id: string; live: boolean }) {
+function Port({ type, id, row, live }: { type: "source" | "target"; id: string; row: number; live: boolean }) {
   const position = type === "target" ? Position.Left : Position.Right;
-  if (live) return <Handle type={type} position={position} id={id} style={ROW_CENTRE} />;
-  return <div className={`react-flow__handle react-flow__handle-${position} ${type}`} data-handleid={id} data-handlepos={position} style={ROW_CENTRE} />;
+  const style = { top: row * PORT_ROW + PORT_ROW / 2 };
+  if (live) return <Handle type={type} position={position} id={id} style={style} />;
+  return <div className={`react-flow__handle react-flow__handle-${position} ${type}`} data-handleid={id} data-handlepos={position} style={style} />;
 }
 
+// A step's ports: each side's names as one block of lines beside its handles (one element per side, not
+// one per port: a large workflow draws a few thousand ports).
 const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
   const live = useStore(liveHandles);
   const inputs = inputHandles(spec);
   const outputs = outputHandles(spec);
   const rows = Math.max(inputs.length, outputs.length);
   return (
-    <div className="ports" style={{ height: rows * PORT_ROW, margin: `${PORTS_MARGIN}px 0` }}>
+    <div className="ports" style={{ height: rows * PORT_ROW, margin: `${PORTS_MARGIN}px 0`, lineHeight: `${PORT_ROW}px` }}>
+      <div className="port-names port-in">{inputs.map((port) => (port === GENERIC_IN ? "" : port)).join("\n")}</div>
+      <div className="port-names port-out">{outputs.map((port) => (port === GENERIC_OUT ? "" : port)).join("\n")}</div>
       {inputs.map((port, i) => (
-        <div key={`in-${port}`} className="port port-in" style={{ top: i * PORT_ROW }}>
-          <Port type="target" id={port} live={live} />
-          {port === GENERIC_IN ? "" : port}
-        </div>
+        <Port key={`in-${port}`} type="target" id={port} row={i} live={live} />
       ))}
       {outputs.map((port, i) => (
-        <div key={`out-${port}`} className="port port-out" style={{ top: i * PORT_ROW }}>
-          {port === GENERIC_OUT ? "" : port}
-          <Port type="source" id={port} live={live} />
-        </div>
+        <Port key={`out-${port}`} type="source" id={port} row={i} live={live} />
       ))}
     </div>
   );
