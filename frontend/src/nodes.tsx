@@ -1,8 +1,8 @@
 // The canvas's node components: a step (any registered type, ports from its inputs and outputs) and
 // the definition's START and END. Both are memoised: React Flow hands a node new props only when its
-// own object changes (see canvas.ts), and a step's ports re-render only when its type does. Their rows
-// have the fixed heights of geometry.ts (one line each, cut with an ellipsis), where React Flow takes
-// each node's size and handles from instead of measuring them.
+// own object changes (see canvas.ts), and a step's ports re-render only when its type does (or the zoom
+// crosses LIVE_HANDLES_ZOOM). Their rows have the fixed heights of geometry.ts (one line each, cut with
+// an ellipsis): React Flow is given each node's size and handles from there before it draws it.
 import { Handle, Position, useStore, type NodeProps, type ReactFlowState } from "@xyflow/react";
 import { memo } from "react";
 import { HEAD, NOTE, PORT_ROW, PORTS_MARGIN } from "./geometry";
