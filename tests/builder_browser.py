@@ -113,3 +113,26 @@ async def run_message(page, message, timeout=60_000):
         timeout=timeout,
     )
     return await result.inner_text()
+
+
+# The largest distance, in screen pixels, from an edge's end to the side of the handle it meets: the
+# node sizes and handle places the canvas gives React Flow up front must match what the page draws.
+# Ends outside the canvas are skipped (their nodes, off screen, are not drawn).
+EDGE_PORT_GAP = """() => {
+  const pane = document.querySelector('.react-flow').getBoundingClientRect();
+  const shown = p => p.x > pane.left + 2 && p.x < pane.right - 2 && p.y > pane.top + 2 && p.y < pane.bottom - 2;
+  const handles = [...document.querySelectorAll('.react-flow__node .react-flow__handle')].map(h => h.getBoundingClientRect());
+  const gap = (point, side) => Math.min(...handles.map(r => Math.hypot((side === 'right' ? r.right : r.left) - point.x, r.top + r.height / 2 - point.y)));
+  let worst = 0;
+  for (const path of document.querySelectorAll('.react-flow__edge path.react-flow__edge-path')) {
+    const matrix = path.getScreenCTM();
+    const [start, end] = [0, path.getTotalLength()].map(at => { const p = path.getPointAtLength(at); return new DOMPoint(p.x, p.y).matrixTransform(matrix); });
+    if (shown(start)) worst = Math.max(worst, gap(start, 'right'));
+    if (shown(end)) worst = Math.max(worst, gap(end, 'left'));
+  }
+  return worst;
+}"""
+
+
+async def edge_port_gap(page):
+    return await page.evaluate(EDGE_PORT_GAP)

@@ -15,6 +15,7 @@ from tests.builder_browser import (
     connect,
     drag_from_palette,
     drive,
+    edge_port_gap,
     log_in,
     missing,
     node,
@@ -88,6 +89,19 @@ def test_build_from_an_empty_canvas_save_reload_and_run_twice(live_server, opera
         after = {n: await node_position(page, n) for n in before}
         assert after == before
         assert await page.locator(".react-flow__edge").count() == 5
+        # Drawn without being measured, the edges still meet the ports; zoomed far out the ports are
+        # plain dots (nothing to connect from), which the edges meet too.
+        assert await edge_port_gap(page) < 1.5
+        assert await page.locator(f"{node('recall')} .react-flow__handle.connectable").count() == 8
+        for _ in range(6):
+            await page.click(".react-flow__controls-zoomout")
+        await page.wait_for_function(
+            "!document.querySelector('.react-flow__node-step .react-flow__handle.connectable')"
+        )
+        assert await page.locator(f"{node('recall')} .react-flow__handle").count() == 8
+        assert await edge_port_gap(page) < 1.5
+        await page.click(".react-flow__controls-fitview")
+        await page.wait_for_selector(f"{node('recall')} .react-flow__handle.connectable")
         await select_node(page, "recall")
         assert await page.input_value("#cfg-recall_limit") == "3"
 

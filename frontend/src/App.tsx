@@ -45,7 +45,7 @@ import {
 } from "./graph";
 import { History } from "./history";
 import { nodeTypes } from "./nodes";
-import { keepMeasured, reconcileEdges, reconcileNodes, selectOnly, useFitting } from "./canvas";
+import { reconcileEdges, reconcileNodes, selectOnly, useFitting } from "./canvas";
 import { DRAG_MIME, Palette } from "./Palette";
 import { slugify, errorText, download } from "./util";
 import { EdgeInspector, Inspector, MemoryPanel, RunPanel, RunsList, StaleDialog, type RunForm } from "./panels";
@@ -68,7 +68,6 @@ interface Draft extends Workflow {
 
 function Builder() {
   const flow = useReactFlow();
-  const measuredOf = useCallback((id: string) => flow.getInternalNode(id)?.measured, [flow]);
   const [types, setTypes] = useState<NodeTypeSpec[]>([]);
   const specs = useMemo(() => new Map(types.map((t) => [t.name, t])), [types]);
   const [workflows, setWorkflows] = useState<Workflow[]>([]);
@@ -214,9 +213,9 @@ function Builder() {
   useEffect(() => {
     setFlowNodes((previous) => {
       const selected = new Set(previous.filter((n) => n.selected).map((n) => n.id));
-      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay), measuredOf);
+      return reconcileNodes(previous, toFlowNodes(definition, specs, terminals.current, selected, overlay));
     });
-  }, [definition, specs, overlay, measuredOf]);
+  }, [definition, specs, overlay]);
 
   const shownEdges = useRef<Edge[]>([]);
   const displayedEdges = useMemo(() => {
@@ -253,9 +252,9 @@ function Builder() {
       const id = freeNodeId(current, spec.name);
       const at = position ?? { x: 80 + current.nodes.length * 40, y: 80 + current.nodes.length * 40 };
       commit({ ...current, nodes: [...current.nodes, { id, type: spec.name, config: defaultConfig(spec.config_schema), position: at }] });
-      setFlowNodes((nodes) => selectOnly(nodes, new Set([id]), measuredOf));
+      setFlowNodes((nodes) => selectOnly(nodes, new Set([id])));
     },
-    [commit, measuredOf],
+    [commit],
   );
 
   const onDrop = useCallback(
@@ -272,10 +271,9 @@ function Builder() {
 
   const onNodesChange = useCallback(
     (changes: NodeChange[]) => {
-      // Deletions go through onDelete (undoable). Sizes stay in React Flow's store (read back when a node
-      // is replaced): applying them here would replace, and render, every node again after the first draw.
+      // Deletions go through onDelete (undoable). Sizes come with the nodes (geometry.ts), not from here.
       const kept = changes.filter((c) => c.type !== "remove" && c.type !== "dimensions");
-      if (kept.length) setFlowNodes((nodes) => keepMeasured(applyNodeChanges(kept, nodes), nodes, measuredOf));
+      if (kept.length) setFlowNodes((nodes) => applyNodeChanges(kept, nodes));
       const moved = kept.filter((c) => c.type === "position" && c.dragging === false && c.position);
       if (moved.length) {
         const current = history.current.present;
@@ -286,7 +284,7 @@ function Builder() {
         commit({ ...current, nodes: current.nodes.map((n) => (positions.has(n.id) ? { ...n, position: positions.get(n.id) } : n)) });
       }
     },
-    [commit, measuredOf],
+    [commit],
   );
 
   const onEdgesChange = useCallback((changes: EdgeChange[]) => {
@@ -435,7 +433,7 @@ function Builder() {
     }
   }, [workflow, running, dirty, save, runForm, refreshMemory]);
 
-  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => selectOnly(nodes, ids, measuredOf)) });
+  useShortcuts({ save, startRun, undo, redo, blocked, selectedNodeIds, commit, deleteElements, say, present: () => history.current.present, select: (ids) => setFlowNodes((nodes) => selectOnly(nodes, ids)) });
 
   // ------------------------------------------------------------ import / export / templates
   const onImport = async (file: File) => {

@@ -1,6 +1,6 @@
 import type { Node } from "@xyflow/react";
 import { describe, expect, it } from "vitest";
-import { fittingViewport, keepMeasured, reconcileEdges, reconcileNodes, selectOnly } from "./canvas";
+import { fittingViewport, reconcileEdges, reconcileNodes, selectOnly } from "./canvas";
 import { terminalPositions, toFlowEdges, toFlowNodes } from "./graph";
 import type { Definition, NodeTypeSpec } from "./types";
 
@@ -18,14 +18,17 @@ function chain(n: number): Definition {
 describe("the canvas keeps its node objects across changes", () => {
   const definition = chain(200);
   const terminals = terminalPositions(definition);
-  const measured = (): Node[] => toFlowNodes(definition, specs, terminals).map((n) => ({ ...n, measured: { width: 200, height: 100 } }));
+  const measured = (): Node[] => toFlowNodes(definition, specs, terminals);
 
-  it("replaces only the node a run event names, keeping its measured size", () => {
+  it("replaces only the node a run event names, sized for the run line it now shows", () => {
     const before = measured();
     const after = reconcileNodes(before, toFlowNodes(definition, specs, terminals, new Set(), { runs: { r7: { status: "running" } }, errors: {} }));
     const replaced = after.filter((n, i) => n !== before[i]).map((n) => n.id);
     expect(replaced).toEqual(["r7"]);
-    expect(after.find((n) => n.id === "r7")!.measured).toEqual({ width: 200, height: 100 });
+    const old = before.find((n) => n.id === "r7")!;
+    const now = after.find((n) => n.id === "r7")!;
+    expect(now.measured).toEqual({ width: old.width, height: old.height! + 20 });
+    expect(now.handles).toEqual(old.handles);
     expect((after.find((n) => n.id === "r7")!.data as { run: unknown }).run).toEqual({ status: "running" });
   });
 
@@ -56,14 +59,12 @@ describe("the canvas keeps its node objects across changes", () => {
     expect(after.filter((n) => !kept.has(n)).map((n) => n.id).sort()).toEqual(["END", "START", "extra", "r1"].sort());
   });
 
-  it("selecting or dragging replaces only the nodes concerned, with the size React Flow measured", () => {
+  it("selecting replaces only the nodes concerned", () => {
     const before = toFlowNodes(definition, specs, terminals);
-    const size = { width: 200, height: 110 };
-    const selected = selectOnly(before, new Set(["r4"]), () => size);
-    expect(selected.filter((n, i) => n !== before[i]).map((n) => [n.id, n.selected, n.measured])).toEqual([["r4", true, size]]);
-    const moved = before.map((n) => (n.id === "r9" ? { ...n, position: { x: 1, y: 2 } } : n));
-    const kept = keepMeasured(moved, before, () => size);
-    expect(kept.filter((n, i) => n !== before[i]).map((n) => [n.id, n.measured])).toEqual([["r9", size]]);
+    const selected = selectOnly(before, new Set(["r4"]));
+    expect(selected.filter((n, i) => n !== before[i]).map((n) => [n.id, n.selected, n.measured])).toEqual([["r4", true, before[5].measured]]);
+    const again = selectOnly(selected, new Set(["r4"]));
+    expect(again.every((n, i) => n === selected[i])).toBe(true);
   });
 
   it("keeps edge objects unless their drawing changes", () => {

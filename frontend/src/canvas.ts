@@ -1,9 +1,9 @@
 // Keeping the canvas's node and edge objects stable across edits, run events and validation answers.
-// React Flow re-renders (and, without its `measured` sizes, re-measures) every node whose object is new;
-// rebuilding all of them on each change made a large workflow slow to open and to edit. Here an object
-// is replaced only when what it draws changed, and a replaced node keeps its measured size.
+// React Flow re-renders every node whose object is new; rebuilding all of them on each change made a
+// large workflow slow to open and to edit. Here an object is replaced only when what it draws changed.
 import { getViewportForBounds, type Edge, type Node, type ReactFlowInstance } from "@xyflow/react";
 import { useCallback, useEffect, useState, type RefObject } from "react";
+import { stepGeometry, TERMINAL } from "./geometry";
 import { inputHandles, outputHandles } from "./graph";
 import type { Definition, NodeTypeSpec, Viewport } from "./types";
 
@@ -24,15 +24,12 @@ function sameData(a: Record<string, unknown>, b: Record<string, unknown>): boole
   });
 }
 
-type Measured = Node["measured"];
-
 /**
  * The next nodes, reusing each previous node object that draws the same thing. Selection and dragging
- * come from the previous object (the canvas owns them, not the definition), the measured size from
- * `measuredOf` (React Flow's own measurement) or else the previous object: a replaced node keeps it, so
- * React Flow neither re-measures it nor drops its edges meanwhile.
+ * come from the previous object (the canvas owns them, not the definition); the size comes with the
+ * node (geometry.ts), so a replaced node is drawn at once, never measured.
  */
-export function reconcileNodes(previous: Node[], next: Node[], measuredOf: (id: string) => Measured = () => undefined): Node[] {
+export function reconcileNodes(previous: Node[], next: Node[]): Node[] {
   if (!previous.length) return next;
   const before = new Map(previous.map((n) => [n.id, n]));
   let changed = previous.length !== next.length;
@@ -53,24 +50,14 @@ export function reconcileNodes(previous: Node[], next: Node[], measuredOf: (id: 
       return old;
     }
     changed = true;
-    return { ...node, selected: old.selected, dragging: old.dragging, measured: measuredOf(node.id) ?? old.measured, width: old.width, height: old.height };
+    return { ...node, selected: old.selected, dragging: old.dragging };
   });
   return changed ? result : previous;
 }
 
-/**
- * After the canvas's own changes (selection, dragging): each node object they replaced takes its
- * measured size from React Flow's store, where sizes stay; without one React Flow would drop the node's
- * handles, and its edges, until it had measured it again.
- */
-export function keepMeasured(next: Node[], previous: Node[], measuredOf: (id: string) => Measured): Node[] {
-  const before = new Set(previous);
-  return next.map((node) => (before.has(node) || node.measured ? node : { ...node, measured: measuredOf(node.id) }));
-}
-
-/** Select exactly these nodes, replacing only the objects whose selection changes (sizes kept). */
-export function selectOnly(nodes: Node[], ids: Set<string>, measuredOf: (id: string) => Measured): Node[] {
-  return nodes.map((n) => (Boolean(n.selected) === ids.has(n.id) ? n : { ...n, selected: ids.has(n.id), measured: n.measured ?? measuredOf(n.id) }));
+/** Select exactly these nodes, replacing only the objects whose selection changes. */
+export function selectOnly(nodes: Node[], ids: Set<string>): Node[] {
+  return nodes.map((n) => (Boolean(n.selected) === ids.has(n.id) ? n : { ...n, selected: ids.has(n.id) }));
 }
 
 const EDGE_KEYS = ["source", "target", "sourceHandle", "targetHandle", "label", "className", "animated", "selected"] as const;
@@ -92,15 +79,10 @@ export function reconcileEdges(previous: Edge[], next: Edge[]): Edge[] {
   return changed ? result : previous;
 }
 
-// What a step node measures before it is drawn (its CSS min-width; a head row, then one row per port).
-const STEP_WIDTH = 200;
-const STEP_HEAD = 34;
-const PORT_ROW = 18;
-
 /**
- * Where to look so the whole workflow fits the canvas, from the positions and each node's expected
- * size: the first render can then draw the nodes where they will stay, instead of drawing them at
- * scale 1, measuring them and fitting afterwards (which draws a large workflow twice).
+ * Where to look so the whole workflow fits the canvas, from the positions and each node's size
+ * (geometry.ts): the first render can then draw the nodes where they will stay, instead of drawing them
+ * at scale 1 and fitting afterwards (which draws a large workflow twice).
  */
 export function fittingViewport(
   definition: Definition,
@@ -112,16 +94,16 @@ export function fittingViewport(
   if (!definition.nodes.length || size.width <= 0 || size.height <= 0) return null;
   let x0 = Math.min(terminals.start.x, terminals.end.x);
   let y0 = Math.min(terminals.start.y, terminals.end.y);
-  let x1 = Math.max(terminals.start.x, terminals.end.x) + 60;
-  let y1 = Math.max(terminals.start.y, terminals.end.y) + 32;
+  let x1 = Math.max(terminals.start.x, terminals.end.x) + TERMINAL.width;
+  let y1 = Math.max(terminals.start.y, terminals.end.y) + TERMINAL.height;
   for (const node of definition.nodes) {
     const at = node.position ?? { x: 0, y: 0 };
     const spec = specs.get(node.type);
-    const rows = Math.max(inputHandles(spec).length, outputHandles(spec).length);
+    const { width, height } = stepGeometry({ inputs: inputHandles(spec), outputs: outputHandles(spec), unknownType: !spec });
     x0 = Math.min(x0, at.x);
     y0 = Math.min(y0, at.y);
-    x1 = Math.max(x1, at.x + STEP_WIDTH);
-    y1 = Math.max(y1, at.y + STEP_HEAD + rows * PORT_ROW);
+    x1 = Math.max(x1, at.x + width);
+    y1 = Math.max(y1, at.y + height);
   }
   return getViewportForBounds({ x: x0, y: y0, width: x1 - x0, height: y1 - y0 }, size.width, size.height, options.minZoom, options.maxZoom, options.padding);
 }

@@ -1,6 +1,7 @@
 // Between a workflow definition (what the server stores) and the canvas's nodes and edges.
 // START and END are the definition's own entry and exit, drawn as small fixed nodes.
 import type { Edge, Node } from "@xyflow/react";
+import { stepGeometry, terminalGeometry, type Geometry } from "./geometry";
 import type { NodeRunState } from "./nodes";
 import type { Definition, DefinitionEdge, DefinitionNode, NodeTypeSpec } from "./types";
 
@@ -88,6 +89,17 @@ export function withPositions(definition: Definition): Definition {
   };
 }
 
+const START_GEOMETRY = terminalGeometry({ type: "source", id: GENERIC_OUT });
+const END_GEOMETRY = terminalGeometry({ type: "target", id: GENERIC_IN });
+
+/**
+ * A canvas node's size and handles, given up front (see geometry.ts): `measured` too, as React Flow
+ * counts a node as measured (for fitting the view) only by it, and never measures a node given both.
+ */
+function sized({ width, height, handles }: Geometry): Pick<Node, "width" | "height" | "measured" | "handles"> {
+  return { width, height, measured: { width, height }, handles };
+}
+
 export function toFlowNodes(
   definition: Definition,
   specs: Map<string, NodeTypeSpec>,
@@ -96,15 +108,17 @@ export function toFlowNodes(
   overlay: Overlay = { runs: {}, errors: {} },
 ): Node[] {
   const nodes: Node[] = [
-    { id: START, type: "terminal", position: terminals.start, data: { kind: START }, deletable: false, selected: selected.has(START) },
+    { id: START, type: "terminal", position: terminals.start, data: { kind: START }, deletable: false, selected: selected.has(START), ...sized(START_GEOMETRY) },
   ];
   for (const node of definition.nodes) {
-    const data: StepData = { node, spec: specs.get(node.type) };
+    const spec = specs.get(node.type);
+    const data: StepData = { node, spec };
     if (overlay.runs[node.id]) data.run = overlay.runs[node.id];
     if (overlay.errors[node.id]?.length) data.errors = overlay.errors[node.id];
-    nodes.push({ id: node.id, type: "step", position: node.position ?? { x: 0, y: 0 }, data, selected: selected.has(node.id) });
+    const geometry = stepGeometry({ inputs: inputHandles(spec), outputs: outputHandles(spec), unknownType: !spec, error: Boolean(data.errors), run: Boolean(data.run) });
+    nodes.push({ id: node.id, type: "step", position: node.position ?? { x: 0, y: 0 }, data, selected: selected.has(node.id), ...sized(geometry) });
   }
-  nodes.push({ id: END, type: "terminal", position: terminals.end, data: { kind: END }, deletable: false, selected: selected.has(END) });
+  nodes.push({ id: END, type: "terminal", position: terminals.end, data: { kind: END }, deletable: false, selected: selected.has(END), ...sized(END_GEOMETRY) });
   return nodes;
 }
 

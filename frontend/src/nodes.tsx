@@ -1,8 +1,11 @@
 // The canvas's node components: a step (any registered type, ports from its inputs and outputs) and
 // the definition's START and END. Both are memoised: React Flow hands a node new props only when its
-// own object changes (see canvas.ts), and a step's ports re-render only when its type does.
-import { Handle, Position, type NodeProps } from "@xyflow/react";
+// own object changes (see canvas.ts), and a step's ports re-render only when its type does (or the zoom
+// crosses LIVE_HANDLES_ZOOM). Their rows have the fixed heights of geometry.ts (one line each, cut with
+// an ellipsis): React Flow is given each node's size and handles from there before it draws it.
+import { Handle, Position, useStore, type NodeProps, type ReactFlowState } from "@xyflow/react";
 import { memo } from "react";
+import { HEAD, NOTE, PORT_ROW, PORTS_MARGIN } from "./geometry";
 import { END, GENERIC_IN, GENERIC_OUT, inputHandles, outputHandles, type StepData } from "./graph";
 import type { NodeMemory, NodeTypeSpec } from "./types";
 
@@ -15,23 +18,39 @@ export interface NodeRunState {
   error?: string;
 }
 
+const HEAD_STYLE = { height: HEAD };
+const NOTE_STYLE = { height: NOTE, lineHeight: `${NOTE}px` };
+
+// Below this zoom a port is a few pixels wide: too small to drag a connection from, so its handle is
+// drawn as a plain dot with React Flow's handle markup (where React Flow finds and measures handles, so
+// edges meet it) but none of its connection logic. A live handle subscribes twice to React Flow's store,
+// and a large workflow, opened to fit, shows thousands of them at once.
+export const LIVE_HANDLES_ZOOM = 0.5;
+const liveHandles = (s: ReactFlowState) => s.transform[2] >= LIVE_HANDLES_ZOOM;
+
+function Port({ type, id, row, live }: { type: "source" | "target"; id: string; row: number; live: boolean }) {
+  const position = type === "target" ? Position.Left : Position.Right;
+  const style = { top: row * PORT_ROW + PORT_ROW / 2 };
+  if (live) return <Handle type={type} position={position} id={id} style={style} />;
+  return <div className={`react-flow__handle react-flow__handle-${position} ${type}`} data-handleid={id} data-handlepos={position} style={style} />;
+}
+
+// A step's ports: each side's names as one block of lines beside its handles (one element per side, not
+// one per port: a large workflow draws a few thousand ports).
 const Ports = memo(function Ports({ spec }: { spec?: NodeTypeSpec }) {
+  const live = useStore(liveHandles);
   const inputs = inputHandles(spec);
   const outputs = outputHandles(spec);
   const rows = Math.max(inputs.length, outputs.length);
   return (
-    <div className="ports" style={{ height: rows * 18 }}>
+    <div className="ports" style={{ height: rows * PORT_ROW, margin: `${PORTS_MARGIN}px 0`, lineHeight: `${PORT_ROW}px` }}>
+      <div className="port-names port-in">{inputs.map((port) => (port === GENERIC_IN ? "" : port)).join("\n")}</div>
+      <div className="port-names port-out">{outputs.map((port) => (port === GENERIC_OUT ? "" : port)).join("\n")}</div>
       {inputs.map((port, i) => (
-        <div key={`in-${port}`} className="port port-in" style={{ top: i * 18 }}>
-          <Handle type="target" position={Position.Left} id={port} style={{ top: 9 }} />
-          <span>{port === GENERIC_IN ? "" : port}</span>
-        </div>
+        <Port key={`in-${port}`} type="target" id={port} row={i} live={live} />
       ))}
       {outputs.map((port, i) => (
-        <div key={`out-${port}`} className="port port-out" style={{ top: i * 18 }}>
-          <span>{port === GENERIC_OUT ? "" : port}</span>
-          <Handle type="source" position={Position.Right} id={port} style={{ top: 9 }} />
-        </div>
+        <Port key={`out-${port}`} type="source" id={port} row={i} live={live} />
       ))}
     </div>
   );
@@ -44,20 +63,20 @@ export const StepNode = memo(function StepNode({ id, data, selected }: NodeProps
   const classes = ["step", selected ? "selected" : "", run ? `run-${run.status}` : "", errors.length ? "invalid" : "", spec ? "" : "unknown"];
   return (
     <div className={classes.filter(Boolean).join(" ")} data-node-id={id} data-status={run?.status ?? ""} title={errors.join("\n") || spec?.description}>
-      <div className="step-head">
-        <span className="step-label">{node.label || node.id}</span>
+      <div className="step-head" style={HEAD_STYLE}>
+        <span className="step-label" title={node.label || node.id}>{node.label || node.id}</span>
         <span className="step-type">{node.type}</span>
       </div>
-      {spec ? null : <div className="step-error">unknown node type</div>}
+      {spec ? null : <div className="step-error" style={NOTE_STYLE}>unknown node type</div>}
       <Ports spec={spec} />
       {errors.length ? (
-        <div className="step-error" role="alert">
+        <div className="step-error" role="alert" style={NOTE_STYLE}>
           {errors[0]}
           {errors.length > 1 ? ` (+${errors.length - 1})` : ""}
         </div>
       ) : null}
       {run ? (
-        <div className="step-run">
+        <div className="step-run" style={NOTE_STYLE}>
           {run.status}
           {run.durationMs !== undefined ? ` · ${Math.round(run.durationMs)} ms` : ""}
         </div>

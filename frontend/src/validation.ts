@@ -95,7 +95,11 @@ export function useValidation(definition: Definition, specs: Map<string, NodeTyp
       controller.abort();
     };
     pending.current = { definition, cancel };
-    const timer = setTimeout(async () => {
+    // After the pause in editing, and once the page is idle: a workflow just opened is drawn first (the
+    // server's check of a large one takes the CPU a 2-core machine is drawing it with).
+    const timer = setTimeout(() => idle(check), VALIDATE_DEBOUNCE_MS);
+    const check = async () => {
+      if (controller.signal.aborted) return;
       try {
         const result = await validateDefinition(definition, controller.signal);
         if (pending.current?.definition === definition) pending.current = null;
@@ -107,7 +111,7 @@ export function useValidation(definition: Definition, specs: Map<string, NodeTyp
         setServerErrors((previous) => (previous.length ? [] : previous));
         setValidationNote(`The server could not check this definition (${(error as Error).message}); config forms are still checked here.`);
       }
-    }, VALIDATE_DEBOUNCE_MS);
+    };
     return cancel;
   }, [definition, ready, recheckTick]);
 
