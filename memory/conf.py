@@ -48,6 +48,24 @@ DEFAULTS = {
         # Read by workflows: consolidate the run's episode when a run ends.
         "AFTER_EACH_RUN": False,
     },
+    # Procedures that learn (memory/operations/procedure_learning.py): proposed from repeated successful
+    # runs, evolved when their success rate falls; every one written inactive, for a person to approve.
+    "PROCEDURE_LEARNING": {
+        "ENABLED": True,
+        # Run by MemoryService.consolidate (`memory consolidate`) after the facts.
+        "AFTER_CONSOLIDATION": True,
+        # Successful runs of one kind (agent, workflow, tool sequence) before a procedure is proposed.
+        "MIN_EPISODES": 3,
+        # Episodes looked at: finished in the last LOOKBACK_DAYS, at most MAX_EPISODES, newest first.
+        "LOOKBACK_DAYS": 30,
+        "MAX_EPISODES": 500,
+        # Words of the runs' first messages kept as a proposal's goal_contains condition.
+        "MAX_TRIGGER_WORDS": 3,
+        # An active procedure used at least EVOLVE_MIN_USES times with a success rate below
+        # EVOLVE_BELOW gets an evolved child.
+        "EVOLVE_MIN_USES": 5,
+        "EVOLVE_BELOW": 0.5,
+    },
     # The memory graph (memory/recall/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
     # closest memories of the same owner with a cosine of at least SIMILAR_MIN_COSINE (for the local
     # model, 0.8 is a paraphrase or the same topic in other words, not just a shared subject).

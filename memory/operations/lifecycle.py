@@ -12,6 +12,7 @@ from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_limit, check_user_id, clean_text
 from . import clearing, health, transfer
 from .consolidation import consolidate_after_run, run_consolidation
+from .procedure_learning import ProcedureLearning
 from .promotion import run_promotion
 
 
@@ -28,11 +29,15 @@ class Lifecycle:
         """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation.
 
         Then, with PROMOTION["AFTER_CONSOLIDATION"], a promotion sweep with the same extractor (its
-        report is the consolidation report's `promotion`).
+        report is the consolidation report's `promotion`), and with PROCEDURE_LEARNING["AFTER_CONSOLIDATION"]
+        a pass of procedure learning (`procedures`; its failures join the report's errors).
         """
         report = run_consolidation(self.service, **kwargs)
         if memory_settings.PROMOTION["AFTER_CONSOLIDATION"]:
             report.promotion = self.promote(extractor=kwargs.get("extractor"))
+        if memory_settings.PROCEDURE_LEARNING["AFTER_CONSOLIDATION"] and memory_settings.PROCEDURE_LEARNING["ENABLED"]:
+            report.procedures = self.learn_procedures(agent_id=kwargs.get("agent_id"))
+            report.errors += [f"procedure learning: {e}" for e in report.procedures.errors]
         return report
 
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
@@ -40,6 +45,10 @@ class Lifecycle:
         return run_promotion(
             self.service, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
         )
+
+    def learn_procedures(self, *, agent_id=None):
+        """Propose procedures from repeated successful runs, evolve failing ones; see memory.operations.procedure_learning."""
+        return ProcedureLearning(self.service).learn_procedures(agent_id=agent_id)
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].

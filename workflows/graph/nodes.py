@@ -136,6 +136,13 @@ RECALL_SCHEMA = {
         },
         "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
         "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+        "latest_procedures": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 20,
+            "default": 0,
+            "description": "Also show the latest N active procedures on every run, whatever the message.",
+        },
     },
     "additionalProperties": False,
 }

@@ -5,6 +5,7 @@ import sys
 import tempfile
 
 from django.core.management.base import CommandError
+from rich.markup import escape
 from rich.table import Table
 
 from ...exceptions import ImportRejected
@@ -142,6 +143,13 @@ class ConsolidateSubcommand(Subcommand):
                 f"consolidation ({report.extractor}): {data['episodes_processed']} of {data['episodes_seen']} episodes "
                 f"processed; facts: {facts}"
             )
+            if report.procedures is not None:
+                for kind, found in (("proposed", report.procedures.proposed), ("evolved", report.procedures.evolved)):
+                    for p in found:
+                        steps = ", ".join(p["steps"]) or "steps kept"
+                        command.console.print(
+                            f"procedure {kind} (inactive until approved): {escape(p['name'])}: {escape(steps)}"
+                        )
             for pk, error in report.failed.items():
                 command.console.print(f"[red]episode {pk}[/red]: {error}")
             for error in report.errors:
