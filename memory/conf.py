@@ -66,6 +66,17 @@ DEFAULTS = {
         "EVOLVE_MIN_USES": 5,
         "EVOLVE_BELOW": 0.5,
     },
+    # Compaction (memory/operations/compaction.py, `memory compact`): episodes that started more than
+    # AFTER_DAYS ago are folded, per owner, into one summary episode once there are MIN_EPISODES of
+    # them; the originals are archived (kept, out of recall).
+    "COMPACTION": {
+        "AFTER_DAYS": 90,
+        "MIN_EPISODES": 5,
+        # Characters of a summary (one line per original; the newest lines are kept).
+        "MAX_SUMMARY_CHARS": 4000,
+        # Old episodes read per run, oldest first.
+        "MAX_EPISODES_PER_RUN": 5_000,
+    },
     # The memory graph (memory/recall/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
     # closest memories of the same owner with a cosine of at least SIMILAR_MIN_COSINE (for the local
     # model, 0.8 is a paraphrase or the same topic in other words, not just a shared subject).

@@ -176,6 +176,7 @@ class MemoryService:
     consolidate = _delegate("lifecycle", Lifecycle.consolidate)
     promote = _delegate("lifecycle", Lifecycle.promote)
     learn_procedures = _delegate("lifecycle", Lifecycle.learn_procedures)
+    compact_episodes = _delegate("lifecycle", Lifecycle.compact_episodes)
     consolidate_after_run = _delegate("lifecycle", Lifecycle.consolidate_after_run)
     unconsolidated_episodes = _delegate("lifecycle", Lifecycle.unconsolidated_episodes)
     store_consolidated_facts = _delegate("lifecycle", Lifecycle.store_consolidated_facts)

@@ -33,6 +33,7 @@ from .recall import (
     Relation,
 )
 from .records import (
+    ArchivedEpisode,
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
@@ -40,6 +41,7 @@ from .records import (
 )
 
 __all__ = [
+    "ArchivedEpisode",
     "ChannelIdentity",
     "ConsolidationRun",
     "DeletionKind",

@@ -11,6 +11,7 @@ from ..models import ConsolidationRun, Episode, Scope
 from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_limit, check_user_id, clean_text
 from . import clearing, health, transfer
+from .compaction import compact_episodes
 from .consolidation import consolidate_after_run, run_consolidation
 from .procedure_learning import ProcedureLearning
 from .promotion import run_promotion
@@ -49,6 +50,16 @@ class Lifecycle:
     def learn_procedures(self, *, agent_id=None):
         """Propose procedures from repeated successful runs, evolve failing ones; see memory.operations.procedure_learning."""
         return ProcedureLearning(self.service).learn_procedures(agent_id=agent_id)
+
+    def compact_episodes(self, *, agent_id=None, older_than_days=None, min_episodes=None, dry_run=False):
+        """Fold old episodes into summary episodes, archiving the originals; see memory.operations.compaction."""
+        return compact_episodes(
+            self.service,
+            agent_id=agent_id,
+            older_than_days=older_than_days,
+            min_episodes=min_episodes,
+            dry_run=dry_run,
+        )
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].
