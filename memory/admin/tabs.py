@@ -16,6 +16,7 @@ from ..models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser,
 from ..service import MemoryService
 from . import actions
 from .actions import owner_label
+from .concepts import ConceptFilter
 from .site import (
     FactForm,
     MemoriesTab,
@@ -66,7 +67,7 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "updated_at",
     ]
     list_display_links = ["key"]
-    list_filter = ["scope", "fact_type"]
+    list_filter = ["scope", "fact_type", ConceptFilter]
     list_select_related = ["user"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
     # Key and owner are what the fact is: an edit changes only what it says (through the service).
@@ -184,7 +185,7 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Episodes", 20
     list_display = ["id", "owner", "agent_id", "trigger_type", "success", "short_summary", "started_at", "duration"]
     list_select_related = ["user"]
-    list_filter = ["success", "trigger_type", "processed_for_facts"]
+    list_filter = ["success", "trigger_type", "processed_for_facts", ConceptFilter]
     search_fields = ["agent_id", "summary", "workflow", "session_id"]
     readonly_fields = ["started_at", "ended_at", "duration_ms", "relations"]
     raw_id_fields = ["user"]
