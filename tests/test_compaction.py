@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from memory.exceptions import InvalidMemoryArgument
-from memory.models import ArchivedEpisode, Episode, Fact
+from memory.models import ArchivedEpisode, DeletionRecord, Episode, Fact, RecallEvent, RecallKind
 
 TOPICS = ["dentist appointment moved", "invoice for march paid", "flight to lisbon booked", "gym membership", "tax"]
 
@@ -40,6 +40,8 @@ def test_old_episodes_are_folded_into_one_summary_that_recall_finds(service, use
     fact = service.set_fact("trip", "lisbon", scope="user", user_id=ada.pk, source_episode_id=originals[2].pk).fact
     before = service.recall("dentist appointment", agent_id="helper", user_id=ada.pk, types=["episodes"])
     assert [h.id for h in before] == [originals[0].pk]
+    service.flush_recall_log()
+    assert RecallEvent.objects.filter(kind=RecallKind.EPISODE, item_id=originals[0].pk).exists()
 
     report = service.compact_episodes()
     assert report.ok and report.archived == 5
@@ -64,6 +66,11 @@ def test_old_episodes_are_folded_into_one_summary_that_recall_finds(service, use
     assert [h.id for h in after] == [summary.pk]
     fact.refresh_from_db()
     assert fact.source_episode_id is None  # the fact stays
+    record = DeletionRecord.objects.get()
+    assert (record.actor, record.count) == ("compaction", 5)
+    service.flush_recall_log()
+    gone = [e.pk for e in originals]
+    assert not RecallEvent.objects.filter(kind=RecallKind.EPISODE, item_id__in=gone).exists()
 
     # A summary is not compacted again; nothing old is left to fold.
     assert service.compact_episodes(older_than_days=0, min_episodes=2).groups == []

@@ -11,7 +11,8 @@ first, within MAX_SUMMARY_CHARS (the newest lines are kept when it runs out), an
 names the originals and counts their outcomes. The originals move to `ArchivedEpisode` (their columns
 as JSON, the summary they went into) and leave the episode table, so recall's index (kept by the
 database's triggers) drops them and finds the summary instead; facts consolidated from them stay,
-their `source_episode` cleared. Summaries are never compacted again. Deterministic, no model needed.
+their `source_episode` cleared; their recall events go, and the deletions audit trail records the move
+(actor "compaction"). Summaries are never compacted again. Deterministic, no model needed.
 """
 
 import json
@@ -159,5 +160,7 @@ def _compact_group(service, agent, user_id, session, episodes, conf):
                 for e in episodes
             ]
         )
-        Episode.objects.filter(pk__in=[e.pk for e in episodes]).delete()
+        # As any delete of episodes: their recall events and admin log entries go too, and the audit
+        # trail says "compaction" moved them out.
+        service.delete_episodes([e.pk for e in episodes], actor=TRIGGER)
     return summary.pk
