@@ -1,6 +1,7 @@
 """Compaction: an agent's old episodes folded into one summary episode, the originals archived and out of
 recall, recall finding what the summary holds (memory/operations/compaction.py)."""
 
+import io
 import json
 from datetime import timedelta
 
@@ -91,10 +92,17 @@ def test_groups_keep_their_owners_and_small_groups_wait(service, user_factory, k
     assert [h.id for h in hits] == [report.groups[1]["summary_id"]]
 
 
-def test_forgetting_a_person_takes_their_archive(service, user_factory):
+def test_a_persons_archive_is_in_their_export_and_footprint_and_goes_when_they_are_forgotten(service, user_factory):
     ada = user_factory("ada")
-    old_runs(service, ada)
-    service.compact_episodes()
+    originals = old_runs(service, ada)
+    summary_id = service.compact_episodes().groups[0]["summary_id"]
+    out = io.StringIO()
+    service.export_person(ada.pk, out)
+    archived = [json.loads(line) for line in out.getvalue().splitlines() if '"archived_episode"' in line]
+    assert [a["id"] for a in archived] == [e.pk for e in originals]
+    assert archived[0]["summary_episode"] == summary_id
+    assert archived[0]["conversation"][0]["content"] == "about the dentist appointment moved"
+    assert service.user_footprint([ada.pk])["archived_episodes"] == 5
     service.delete_users([ada.pk], cascade=True)
     assert not ArchivedEpisode.objects.exists() and not Episode.objects.exists()
 
