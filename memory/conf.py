@@ -50,11 +50,40 @@ DEFAULTS = {
         # Read by workflows: consolidate the run's episode when a run ends.
         "AFTER_EACH_RUN": False,
     },
+    # Procedures that learn (memory/learning/procedure_learning.py): proposed from repeated successful
+    # runs, evolved when their success rate falls; every one written inactive, for a person to approve.
+    "PROCEDURE_LEARNING": {
+        "ENABLED": True,
+        # Run by MemoryService.consolidate (`memory consolidate`) after the facts.
+        "AFTER_CONSOLIDATION": True,
+        # Successful runs of one kind (agent, workflow, tool sequence) before a procedure is proposed.
+        "MIN_EPISODES": 3,
+        # Episodes looked at: finished in the last LOOKBACK_DAYS, at most MAX_EPISODES, newest first.
+        "LOOKBACK_DAYS": 30,
+        "MAX_EPISODES": 500,
+        # Words of the runs' first messages kept as a proposal's goal_contains condition.
+        "MAX_TRIGGER_WORDS": 3,
+        # An active procedure used at least EVOLVE_MIN_USES times with a success rate below
+        # EVOLVE_BELOW gets an evolved child.
+        "EVOLVE_MIN_USES": 5,
+        "EVOLVE_BELOW": 0.5,
+    },
+    # Compaction (memory/learning/compaction.py, `memory compact`): episodes that started more than
+    # AFTER_DAYS ago are folded, per owner, into one summary episode once there are MIN_EPISODES of
+    # them; the originals are archived (kept, out of recall).
+    "COMPACTION": {
+        "AFTER_DAYS": 90,
+        "MIN_EPISODES": 5,
+        # Characters of a summary (one line per original; the newest lines are kept).
+        "MAX_SUMMARY_CHARS": 4000,
+        # Old episodes read per run, oldest first.
+        "MAX_EPISODES_PER_RUN": 5_000,
+    },
     # The memory graph (memory/recall/relations.py): a newly embedded memory is linked to its SIMILAR_TOP
     # closest memories of the same owner with a cosine of at least SIMILAR_MIN_COSINE (for the local
     # model, 0.8 is a paraphrase or the same topic in other words, not just a shared subject).
     "RELATIONS": {"SIMILAR": True, "SIMILAR_TOP": 3, "SIMILAR_MIN_COSINE": 0.8},
-    # Promotion (memory/operations/promotion.py): memories recalled often become durable ones, each once.
+    # Promotion (memory/learning/promotion.py): memories recalled often become durable ones, each once.
     "PROMOTION": {
         # Recall hits a memory needs before it is promoted.
         "MIN_RECALLS": 3,

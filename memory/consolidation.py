@@ -1,8 +1,8 @@
 """Public path of the consolidation extractors: `MEMORY["CONSOLIDATION"]["EXTRACTOR"]` names
 `memory.consolidation.RuleExtractor` or `memory.consolidation.LLMExtractor`, and projects import them
-from here. The code lives in memory.operations.consolidation.
+from here. The code lives in memory.learning.consolidation.
 """
 
-from .operations.consolidation import BaseExtractor, ExtractedFact, LLMExtractor, RuleExtractor, consolidate_after_run
+from .learning.consolidation import BaseExtractor, ExtractedFact, LLMExtractor, RuleExtractor, consolidate_after_run
 
 __all__ = ["BaseExtractor", "ExtractedFact", "LLMExtractor", "RuleExtractor", "consolidate_after_run"]

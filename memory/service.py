@@ -130,6 +130,7 @@ class MemoryService:
     record_procedure_use = _delegate("procedures", Procedures.record_procedure_use)
     deactivate_procedure = _delegate("procedures", Procedures.deactivate_procedure)
     list_procedures = _delegate("procedures", Procedures.list_procedures)
+    latest_procedures = _delegate("procedures", Procedures.latest_procedures)
 
     # ---- items of LangGraph stores (memory/domain/store_items.py (the LangGraph store: workflows.store.EngramStore))
     store_owner = _delegate("store_items", StoreItems.store_owner)
@@ -179,6 +180,8 @@ class MemoryService:
     consolidate = _delegate("lifecycle", Lifecycle.consolidate)
     promote = _delegate("lifecycle", Lifecycle.promote)
     observe = _delegate("lifecycle", Lifecycle.observe)
+    learn_procedures = _delegate("lifecycle", Lifecycle.learn_procedures)
+    compact_episodes = _delegate("lifecycle", Lifecycle.compact_episodes)
     consolidate_after_run = _delegate("lifecycle", Lifecycle.consolidate_after_run)
     unconsolidated_episodes = _delegate("lifecycle", Lifecycle.unconsolidated_episodes)
     store_consolidated_facts = _delegate("lifecycle", Lifecycle.store_consolidated_facts)

@@ -8,6 +8,8 @@ letters and digits) that keyword recall, content words and fact keys are made of
 import json
 import re
 
+from django.db.models import Q
+
 _SEPARATORS = re.compile(r"[\s_\-]+")
 # A word: a run of letters and digits; underscores and everything else separate words.
 _WORD = r"[^\W_]+"
@@ -142,3 +144,43 @@ def keyword_terms(query, limit=32):
 def clip(text, size):
     """`text` cut to at most `size` characters, ending with "…" where it was cut."""
     return text if len(text) <= size else text[: size - 1] + "…"
+
+
+MAX_CONCEPTS = 5
+MAX_CONCEPT_LENGTH = 40
+CONCEPT_TEXT_CHARS = 4000  # of each text: a long conversation's first part names its subject
+
+
+def concept_tags(*texts, limit=MAX_CONCEPTS):
+    """Concept tags of some texts, deterministic: their content words of at least three characters
+    (not numbers), the most frequent first, ties in order of first use; at most `limit`."""
+    counts, first = {}, {}
+    for text in texts:
+        for word in content_words(str(text or "")[:CONCEPT_TEXT_CHARS]):
+            if len(word) < 3 or len(word) > MAX_CONCEPT_LENGTH or word.isdigit():
+                continue
+            counts[word] = counts.get(word, 0) + 1
+            first.setdefault(word, len(first))
+    return sorted(counts, key=lambda w: (-counts[w], first[w]))[:limit]
+
+
+def fact_concepts(key, value):
+    """A fact's concept tags, space-separated (its key's words count as much as its value's)."""
+    return " ".join(concept_tags(" ".join(words(key)), value_text(value)))
+
+
+def episode_concepts(summary, conversation):
+    """An episode's concept tags, space-separated: from its summary and its messages."""
+    messages = [m.get("content", "") if isinstance(m, dict) else m for m in conversation or []]
+    return " ".join(concept_tags(summary or "", *(value_text(m) for m in messages)))
+
+
+def concept_match(value, field="concepts"):
+    """Rows whose space-separated concept tags hold the tag `value` (case-insensitive), as a Q."""
+    tag = " ".join(str(value or "").lower().split())
+    return (
+        Q(**{field: tag})
+        | Q(**{f"{field}__startswith": f"{tag} "})
+        | Q(**{f"{field}__endswith": f" {tag}"})
+        | Q(**{f"{field}__contains": f" {tag} "})
+    )

@@ -259,6 +259,7 @@ def test_no_endpoint_returns_another_kinds_data(api, memories):
         "provenance",
         "access_count",
         "last_accessed",
+        "concepts",
         "created_at",
         "updated_at",
         "valid_from",

@@ -7,8 +7,8 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from memory.learning.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, FactHistory, FactVersion, MemoryRelation, Promotion, Scope
-from memory.operations.consolidation import BaseExtractor, ExtractedFact
 from memory.recall.upkeep import flush_buffers
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel, G
 from langchain_core.messages import AIMessage
 
 from memory.exceptions import ConsolidationFailed
+from memory.learning.consolidation import LLMExtractor, RuleExtractor
 from memory.models import ConsolidationRun, Episode, Fact
-from memory.operations.consolidation import LLMExtractor, RuleExtractor
 from memory.service import MemoryService
 
 pytestmark = pytest.mark.django_db

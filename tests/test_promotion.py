@@ -1,4 +1,4 @@
-"""Promotion: memories recall keeps returning become durable facts, each once (memory/operations/promotion.py)."""
+"""Promotion: memories recall keeps returning become durable facts, each once (memory/learning/promotion.py)."""
 
 import json
 from datetime import timedelta
@@ -9,8 +9,8 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.exceptions import InvalidMemoryArgument
+from memory.learning.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, Promotion, RecallEvent, Scope
-from memory.operations.consolidation import BaseExtractor, ExtractedFact
 
 
 def ask(service, query, user, session, times):

@@ -8,8 +8,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from langchain_core.embeddings import Embeddings
 
+from memory.learning.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, MemoryRelation, RecallDocument
-from memory.operations.consolidation import BaseExtractor, ExtractedFact
 from memory.recall.relations import contradictions, link_contradictions
 from memory.recall.upkeep import flush_buffers
 from memory.recall.vectors import reset_vector_index

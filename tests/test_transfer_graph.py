@@ -8,8 +8,8 @@ from django.utils import timezone
 from test_relations import words  # noqa: F401  (the fixture: a bag-of-words embedder, no model)
 
 from memory.exceptions import ImportRejected
+from memory.learning.consolidation import BaseExtractor, ExtractedFact
 from memory.models import Fact, FactVersion, MemoryRelation, MemoryUser, Promotion, Scope
-from memory.operations.consolidation import BaseExtractor, ExtractedFact
 from memory.recall.upkeep import flush_buffers
 
 pytestmark = pytest.mark.django_db

@@ -81,7 +81,7 @@ def test_as_a_chat_model_it_answers_the_last_human_message():
 )
 def test_fact_types_follow_what_was_said(text, fact_type):
     """One rule for the offline responder and consolidation: a relation named is a relationship."""
-    from memory.operations.consolidation import RuleExtractor
+    from memory.learning.consolidation import RuleExtractor
 
     assert [f["fact_type"] for f in facts_in(text)] == [fact_type]
     episode = type("E", (), {"conversation": [{"role": "user", "content": text}], "summary": ""})()

@@ -79,6 +79,11 @@ DEFAULTS = {
     # Seconds a worker holds the reminders it claimed; a crashed worker's claims are taken again after
     # it. Must be well above TELEGRAM_TIMEOUT: a worker sends nothing once less than that remains.
     "REMINDER_LEASE_SECONDS": 120,
+    # Reminders POSTed to a workflow's triggers.webhook.reminder_url: seconds to wait for an answer (the
+    # lease must exceed it too), and a secret that signs each body (X-Engram-Signature: sha256=<HMAC
+    # of the body>, hex) so the receiver can tell Engram sent it; "" sends unsigned.
+    "REMINDER_WEBHOOK_TIMEOUT": 10.0,
+    "REMINDER_WEBHOOK_SECRET": "",
     # Reminders one claim takes (each is sent and recorded on its own).
     "REMINDER_BATCH_SIZE": 20,
     # Attempts before a reminder is marked failed; the wait after the n-th failure is

@@ -183,9 +183,10 @@ class Reminder(models.Model):
     """A message an agent promised to send its user later (the `remind` tool), and how its delivery went.
 
     Delivery (workflows.channels.delivery) claims due rows with a lease (`claimed_by`, `claimed_until`), sends
-    them through the channel the user last used, and records the outcome: `delivered`, or a retry at
-    `next_attempt_at` after a failure, or `failed` with `last_error` once the attempts are used up.
-    `channel` and `destination` are filled when it is sent (the channel the person used last, then).
+    them through the channel of the conversation they were set in (else the one the user last used), and
+    records the outcome: `delivered`, or a retry at `next_attempt_at` after a failure, or `failed` with
+    `last_error` once the attempts are used up. `channel` and `destination` are filled when it is sent.
+    `thread_id`: the conversation thread the reminder was set in; a sent reminder is written into it.
     """
 
     user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="reminders")
@@ -203,6 +204,7 @@ class Reminder(models.Model):
     destination = models.CharField(max_length=255, blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    thread_id = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         ordering = ["due_at", "id"]

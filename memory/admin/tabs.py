@@ -16,6 +16,7 @@ from ..models import ChannelIdentity, DeletionRecord, Episode, Fact, MemoryUser,
 from ..service import MemoryService
 from . import actions
 from .actions import owner_label
+from .concepts import ConceptFilter
 from .site import (
     FactForm,
     MemoriesTab,
@@ -67,7 +68,7 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "updated_at",
     ]
     list_display_links = ["key"]
-    list_filter = ["scope", "fact_type", "pinned"]
+    list_filter = ["scope", "fact_type", "pinned", ConceptFilter]
     actions = [actions.delete_memories, actions.pin_memories, actions.unpin_memories]
     list_select_related = ["user"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
@@ -190,7 +191,7 @@ class EpisodeAdmin(MemoriesTab, admin.ModelAdmin):
     tab_label, tab_position = "Episodes", 20
     list_display = ["id", "owner", "agent_id", "trigger_type", "success", "short_summary", "started_at", "duration"]
     list_select_related = ["user"]
-    list_filter = ["success", "trigger_type", "processed_for_facts"]
+    list_filter = ["success", "trigger_type", "processed_for_facts", ConceptFilter]
     search_fields = ["agent_id", "summary", "workflow", "session_id"]
     readonly_fields = ["started_at", "ended_at", "duration_ms", "relations"]
     raw_id_fields = ["user"]
@@ -494,7 +495,7 @@ class MemoryUserAdmin(MemoriesTab, admin.ModelAdmin):
 
 @admin.register(Promotion, site=memories_site)
 class PromotionAdmin(MemoriesTab, admin.ModelAdmin):
-    """The promotion ledger (memory/operations/promotion.py): what recall made durable, once each. Read only;
+    """The promotion ledger (memory/learning/promotion.py): what recall made durable, once each. Read only;
     a person's rows go with the person."""
 
     tab_label, tab_position = "Promotions", 85

@@ -33,7 +33,7 @@ from ..models import (
 )
 from ..rules import validation
 from ..service import MAX_ID
-from ..text import search_tokens
+from ..text import concept_match, search_tokens
 
 # Parameters every list and detail endpoint understands besides its filters.
 COMMON_PARAMETERS = frozenset({"page", "page_size", "ordering", "format"})
@@ -147,12 +147,24 @@ def _every_word(queryset, fields, value):
     return queryset
 
 
+class ConceptFilter(django_filters.CharFilter):
+    """`?concept=invoice`: rows tagged with that concept (memory.text.concept_tags derives the tags)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("help_text", "A concept tag the row carries (derived from its text), e.g. invoice.")
+        super().__init__(**kwargs)
+
+    def filter(self, qs, value):
+        return qs.filter(concept_match(value)) if value else qs
+
+
 class FactFilter(django_filters.FilterSet):
     scope = django_filters.ChoiceFilter(choices=Scope.choices)
     fact_type = django_filters.ChoiceFilter(choices=FactType.choices)
     agent_id = django_filters.CharFilter()
     session_id = django_filters.CharFilter()
     user = IdFilter(field_name="user_id", help_text="Memory user id (user-scoped facts).")
+    concept = ConceptFilter()
     search = django_filters.CharFilter(
         method="search_text",
         help_text="Every word must occur in the key or value; spaces, '_' and '-' are equivalent.",
@@ -176,6 +188,7 @@ class EpisodeFilter(django_filters.FilterSet):
     workflow = django_filters.CharFilter()
     trigger_type = django_filters.CharFilter()
     success = StrictBooleanFilter()
+    concept = ConceptFilter()
     search = django_filters.CharFilter(method="search_text", help_text="Words in the summary, agent or workflow.")
 
     class Meta:

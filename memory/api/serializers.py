@@ -37,7 +37,14 @@ class MemorySerializer(serializers.ModelSerializer):
     }
 
 
-class FactSerializer(MemorySerializer):
+class ConceptsMixin(serializers.Serializer):
+    concepts = serializers.SerializerMethodField(help_text="Concept tags derived from the text (filter: ?concept=).")
+
+    def get_concepts(self, obj) -> list[str]:
+        return obj.concepts.split()
+
+
+class FactSerializer(ConceptsMixin, MemorySerializer):
     class Meta:
         model = Fact
         fields = [
@@ -59,6 +66,7 @@ class FactSerializer(MemorySerializer):
             "provenance",
             "access_count",
             "last_accessed",
+            "concepts",
             "created_at",
             "updated_at",
             "valid_from",
@@ -67,7 +75,7 @@ class FactSerializer(MemorySerializer):
         read_only_fields = fields
 
 
-class EpisodeSerializer(MemorySerializer):
+class EpisodeSerializer(ConceptsMixin, MemorySerializer):
     class Meta:
         model = Episode
         fields = [
@@ -90,6 +98,7 @@ class EpisodeSerializer(MemorySerializer):
             "duration_ms",
             "summary",
             "processed_for_facts",
+            "concepts",
         ]
         read_only_fields = fields
 

@@ -224,7 +224,7 @@ class FactVersionViewSet(MemoryReadViewSet):
 
 
 class PromotionViewSet(MemoryReadViewSet):
-    """The promotion ledger (memory/operations/promotion.py): memories the sweep made durable.
+    """The promotion ledger (memory/learning/promotion.py): memories the sweep made durable.
 
     Read only: the ledger is what keeps a source from being promoted twice; deleting a row would let
     the next sweep promote it again. Rows go with their person (forget a person).

@@ -9,6 +9,7 @@ from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Episode, RecallKind
 from ..rules.validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
+from ..text import episode_concepts
 from . import limits
 
 # duration_ms is a positive integer column (at most 2**31 - 1 on PostgreSQL, about 24.8 days): a run
@@ -89,7 +90,10 @@ class Episodes:
             episode.final_output = final_output
             episode.error = clean_text("error", error, required=False)
             episode.summary = clean_text("summary", summary, required=False)
-            episode.save(update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary"])
+            episode.concepts = episode_concepts(episode.summary, episode.conversation)
+            episode.save(
+                update_fields=["ended_at", "duration_ms", "success", "final_output", "error", "summary", "concepts"]
+            )
             self.recall_index.embed_for_recall(RecallKind.EPISODE, [episode.pk])
         return episode
 
@@ -155,6 +159,7 @@ class Episodes:
             summary=clean_text("summary", summary, required=False),
             started_at=started_at,
         )
+        episode.concepts = episode_concepts(episode.summary, episode.conversation)
         replaced = clean_text("replaces_summary", replaces_summary, required=False)
         ended_at = timezone.now()
         episode.ended_at = ended_at

@@ -29,7 +29,7 @@ from ..rules.validation import (
     clean_text,
     make_viewer,
 )
-from ..text import fact_search_text, search_tokens
+from ..text import fact_concepts, fact_search_text, search_tokens
 from . import history, limits
 
 # The longest text a fact search or a procedure match takes (a whole message is fine; a book is not).
@@ -212,6 +212,7 @@ class Facts:
             source_episode_id=source_episode_id,
             provenance=clean_text("provenance", provenance, required=False),
             search_text=fact_search_text(key, value),
+            concepts=fact_concepts(key, value),
         )
         fact.keeps_type = keep_type  # an update without a fact_type keeps the stored one
         return fact
@@ -248,7 +249,7 @@ class Facts:
             action = WriteAction.UPDATED
             closing = self._closing(existing, incoming, now)
             changes = self._given_valid_time(existing, incoming, replace=True)
-            replaced = ["value", "search_text", "confidence", "source_episode_id", "provenance"]
+            replaced = ["value", "search_text", "concepts", "confidence", "source_episode_id", "provenance"]
             if not incoming.keeps_type:
                 replaced.append("fact_type")
             changes["times_contradicted"] = ("times_contradicted + 1", [])
@@ -337,12 +338,22 @@ class Facts:
             history.supersede([fact.pk])
             fact.value, fact.confidence, fact.fact_type = value, confidence, fact_type
             fact.search_text = fact_search_text(fact.key, value)
+            fact.concepts = fact_concepts(fact.key, value)
             fact.provenance = "edited by an operator"
             changed = history.change_columns(FactAction.UPDATED)
             for column, change in changed.items():
                 setattr(fact, column, change)
             fact.save(
-                update_fields=["value", "confidence", "fact_type", "search_text", "provenance", "updated_at", *changed]
+                update_fields=[
+                    "value",
+                    "confidence",
+                    "fact_type",
+                    "search_text",
+                    "concepts",
+                    "provenance",
+                    "updated_at",
+                    *changed,
+                ]
             )
             limit = limits.limit_for(limits.VERSIONS, fact.agent_id)
             if limit is not None:  # edits bump no counter, so enforce_versions could not tell

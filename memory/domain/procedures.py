@@ -122,6 +122,12 @@ class Procedures:
             qs = qs.filter(is_active=True)
         return list(qs.order_by("name", "agent_id"))
 
+    def latest_procedures(self, *, agent_id="", limit=3):
+        """The `limit` active procedures of the agent (and shared ones) changed last, newest first."""
+        agent_id = clean_text("agent_id", agent_id, required=False, max_length=128)
+        qs = Procedure.objects.filter(is_active=True, agent_id__in={agent_id, ""})
+        return list(qs.order_by("-updated_at", "-id")[: check_limit(limit, 3)])
+
 
 def check_trigger_conditions(conditions):
     """{"goal_contains": [words], "context_has": [keys]}; empty lists are dropped (no condition)."""

@@ -34,6 +34,7 @@ from .recall import (
     Relation,
 )
 from .records import (
+    ArchivedEpisode,
     ConsolidationRun,
     DeletionKind,
     DeletionRecord,
@@ -44,6 +45,7 @@ from .records import (
 )
 
 __all__ = [
+    "ArchivedEpisode",
     "ChannelIdentity",
     "ConsolidationRun",
     "DeletionKind",

@@ -97,6 +97,8 @@ class Episode(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     summary = models.TextField(blank=True, default="")
     processed_for_facts = models.BooleanField(default=False)
+    # Concept tags derived from the summary and messages (memory.text.episode_concepts), space-separated.
+    concepts = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         ordering = ["-started_at", "-id"]
@@ -158,6 +160,8 @@ class Fact(models.Model):
     last_accessed = models.DateTimeField(null=True, blank=True)
     # Key and value, lower-cased, with "_" and "-" read as spaces: what search matches against.
     search_text = models.TextField(blank=True, default="", editable=False)
+    # Concept tags derived from the key and value (memory.text.fact_concepts), space-separated.
+    concepts = models.CharField(max_length=300, blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # The change that gave the fact its current state, from updated_at on: its current version

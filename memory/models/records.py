@@ -143,3 +143,30 @@ class PeriodicRun(models.Model):
     class Meta:
         db_table = "memory_periodic_run"
         constraints = [models.UniqueConstraint(fields=["name", "period_start"], name="one_run_per_period")]
+
+
+class ArchivedEpisode(models.Model):
+    """An episode compaction folded into a summary episode (memory/learning/compaction.py): kept, out of recall.
+
+    `episode_id` is the id it had; `record` holds its columns as they were (JSON). The summary it went
+    into is `summary_episode` (cleared if that is deleted). A person forgotten takes theirs with them.
+    """
+
+    episode_id = models.BigIntegerField(unique=True)
+    agent_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    user = models.ForeignKey(
+        "memory.MemoryUser", null=True, blank=True, on_delete=models.CASCADE, related_name="archived_episodes"
+    )
+    summary_episode = models.ForeignKey(
+        "memory.Episode", null=True, blank=True, on_delete=models.SET_NULL, related_name="archived"
+    )
+    started_at = models.DateTimeField()
+    record = models.JSONField(default=dict)
+    archived_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "memory_archived_episode"
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self):
+        return f"archived episode {self.episode_id}"

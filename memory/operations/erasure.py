@@ -34,6 +34,7 @@ from django.db import transaction
 from ..backends import get_backend
 from ..backends.space import truncate_wal  # noqa: F401  (other apps' SQLite files use it from here)
 from ..models import (
+    ArchivedEpisode,
     ChannelIdentity,
     Episode,
     Fact,
@@ -301,6 +302,9 @@ def export_person(user, out):
         write("fact_version", {**model_to_dict(version), "valid_from": version.valid_from})
     for episode in Episode.objects.filter(user_id__in=user_ids).order_by("pk"):
         write("episode", {**model_to_dict(episode), "started_at": episode.started_at, "ended_at": episode.ended_at})
+    for archived in ArchivedEpisode.objects.filter(user_id__in=user_ids).order_by("started_at", "pk"):
+        # An episode compaction folded into a summary: the columns it had, as they were.
+        write("archived_episode", {**archived.record, "summary_episode": archived.summary_episode_id})
     for event in RecallEvent.objects.filter(user_id__in=user_ids).order_by("pk"):
         row = model_to_dict(event)
         row["item_kind"] = row.pop("kind")

@@ -11,13 +11,15 @@ from ..conf import memory_settings
 from ..domain import limits
 from ..domain.facts import FactWrite, WriteAction
 from ..exceptions import InvalidMemoryArgument
+from ..learning.compaction import compact_episodes
+from ..learning.consolidation import consolidate_after_run, run_consolidation
+from ..learning.observation import run_observe
+from ..learning.procedure_learning import ProcedureLearning
+from ..learning.promotion import run_promotion
 from ..models import ConsolidationRun, Episode, Fact, HealthSnapshot, PeriodicRun, Procedure, Scope
 from ..recall.relations import link_supports
 from ..rules.validation import check_choice, check_int, check_limit, check_user_id, clean_text
 from . import clearing, health, transfer
-from .consolidation import consolidate_after_run, run_consolidation
-from .observation import run_observe
-from .promotion import run_promotion
 
 
 class Lifecycle:
@@ -33,16 +35,20 @@ class Lifecycle:
         """Distil unprocessed episodes into facts; see memory.consolidation.run_consolidation.
 
         Then, with PROMOTION["AFTER_CONSOLIDATION"], a promotion sweep with the same extractor (its
-        report is the consolidation report's `promotion`).
+        report is the consolidation report's `promotion`), and with PROCEDURE_LEARNING["AFTER_CONSOLIDATION"]
+        a pass of procedure learning (`procedures`; its failures join the report's errors).
         """
         report = run_consolidation(self.service, **kwargs)
         if memory_settings.PROMOTION["AFTER_CONSOLIDATION"]:
             report.promotion = self.promote(extractor=kwargs.get("extractor"))
+        if memory_settings.PROCEDURE_LEARNING["AFTER_CONSOLIDATION"] and memory_settings.PROCEDURE_LEARNING["ENABLED"]:
+            report.procedures = self.learn_procedures(agent_id=kwargs.get("agent_id"))
+            report.errors += [f"procedure learning: {e}" for e in report.procedures.errors]
         return report
 
     def observe(self, messages, *, user_id, agent_id="", session_id=None, chat_model=None, episode_id=None):
         """Extract facts from one conversation turn and reconcile them with the stored ones (add, update,
-        delete or none, each with a reason); see memory.operations.observation. Returns an ObserveReport.
+        delete or none, each with a reason); see memory.learning.observation. Returns an ObserveReport.
 
         Call it after the reply, outside any transaction: it asks the chat model (with structured
         output) first and writes after. Without `chat_model`, the built-in rules propose the facts.
@@ -58,7 +64,7 @@ class Lifecycle:
         )
 
     def promote(self, *, min_recalls=None, min_sessions=None, extractor=None, dry_run=False):
-        """Promote memories recall keeps returning into durable facts, each once; see memory.operations.promotion."""
+        """Promote memories recall keeps returning into durable facts, each once; see memory.learning.promotion."""
         return run_promotion(
             self.service, min_recalls=min_recalls, min_sessions=min_sessions, extractor=extractor, dry_run=bool(dry_run)
         )
@@ -67,6 +73,20 @@ class Lifecycle:
         """True for the first run of the periodic job `name` in this period of `seconds`, across every
         process and machine (once_per_period below); False for the others."""
         return once_per_period(name, seconds)
+
+    def learn_procedures(self, *, agent_id=None):
+        """Propose procedures from repeated successful runs, evolve failing ones; see memory.learning.procedure_learning."""
+        return ProcedureLearning(self.service).learn_procedures(agent_id=agent_id)
+
+    def compact_episodes(self, *, agent_id=None, older_than_days=None, min_episodes=None, dry_run=False):
+        """Fold old episodes into summary episodes, archiving the originals; see memory.learning.compaction."""
+        return compact_episodes(
+            self.service,
+            agent_id=agent_id,
+            older_than_days=older_than_days,
+            min_episodes=min_episodes,
+            dry_run=dry_run,
+        )
 
     def consolidate_after_run(self, episode_id):
         """For workflows, when a run ends: consolidate its episode if CONSOLIDATION["AFTER_EACH_RUN"].

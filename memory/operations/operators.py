@@ -12,6 +12,7 @@ from ..domain import history
 from ..domain.deletions import MEMORY_HELD, BatchDelete, existing_ids, write_deletion_record
 from ..exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
 from ..models import (
+    ArchivedEpisode,
     ChannelIdentity,
     DeletionKind,
     Episode,
@@ -63,7 +64,7 @@ class Operators:
         return FactHistory.objects.all()
 
     def promotion_list(self):
-        """The promotion ledger (memory/operations/promotion.py)."""
+        """The promotion ledger (memory/learning/promotion.py)."""
         return Promotion.objects.all()
 
     def relation_list(self):
@@ -172,6 +173,7 @@ class Operators:
             "merged_users": 0,
             "recall_events": 0,
             "store_items": 0,
+            "archived_episodes": 0,
         }
         for chunk in chunks(ids):
             totals["facts"] += Fact.objects.filter(user__in=chunk).count()
@@ -181,6 +183,7 @@ class Operators:
             totals["merged_users"] += MemoryUser.objects.filter(merged_into__in=chunk).count()
             totals["recall_events"] += RecallEvent.objects.filter(user_id__in=chunk).count()
             totals["store_items"] += StoreItem.objects.filter(user__in=chunk).count()
+            totals["archived_episodes"] += ArchivedEpisode.objects.filter(user__in=chunk).count()
         for _, counts in users_footprint.send(sender=MemoryUser, user_ids=ids):
             for what, n in (counts or {}).items():
                 totals[what] = totals.get(what, 0) + n

@@ -33,7 +33,7 @@ from ..models import (
 )
 from ..models.owners import owner_key
 from ..rules import validation
-from ..text import fact_search_text
+from ..text import episode_concepts, fact_concepts, fact_search_text
 
 FORMAT, VERSION = "engram-memory", 1
 
@@ -132,6 +132,11 @@ def _check_stored_tags(tags):
 
 def _prepare_fact(row):
     row["search_text"] = fact_search_text(row["key"], row["value"])
+    row["concepts"] = fact_concepts(row["key"], row["value"])
+
+
+def _prepare_episode(row):
+    row["concepts"] = episode_concepts(row["summary"], row["conversation"])
 
 
 def _check_version(row):
@@ -280,7 +285,7 @@ KINDS = [
             NaturalKey("channel, external_id", ("channel", "external_id"), lambda r: (r["channel"], r["external_id"])),
         ),
     ),
-    TransferKind("episode", Episode),
+    TransferKind("episode", Episode, derived=("concepts",), prepare=_prepare_episode),
     TransferKind(
         "procedure",
         Procedure,
@@ -290,7 +295,7 @@ KINDS = [
     TransferKind(
         "fact",
         Fact,
-        derived=("search_text",),
+        derived=("search_text", "concepts"),
         check=_check_fact,
         prepare=_prepare_fact,
         natural_keys=(NaturalKey("scope, owner, key", ("scope_key", "key"), lambda r: (_fact_owner(r), r["key"])),),

@@ -10,20 +10,25 @@ One round (`deliver_due`) is three steps, and only the first and last touch the 
    waiting; SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE) and marked
    with this claim's token and a lease (`claimed_until`) by an UPDATE that repeats the conditions, so
    a row is claimed by one worker even where the select locks nothing.
-2. **Send** each claimed reminder outside any transaction, through the channel the person used last
-   (see `destinations`): Telegram `sendMessage` at TELEGRAM_API_BASE today.
+2. **Send** each claimed reminder outside any transaction, through a channel of
+   workflows.channels.sending (see `routes`): the channel of the conversation it was set in (Telegram;
+   the workflow's webhook URL for a conversation whose channel has no push API), else the one the
+   person used last.
 3. **Record** each outcome at once, in its own statement, guarded by the claim token: delivered; or,
    on failure, a retry at `now + REMINDER_BACKOFF_SECONDS * 2 ** (attempts - 1)` (capped), or `failed`
-   with `last_error` once REMINDER_MAX_ATTEMPTS are used.
+   with `last_error` once REMINDER_MAX_ATTEMPTS are used. A delivered reminder is then written into
+   its conversation's thread as an AI message (id `reminder-<id>`), so the next turn sees it; a
+   reminder sent twice replaces its own message there rather than adding another.
 
 A worker that crashes leaves its claims behind; they are taken again once the lease passes. A worker
-never starts a send with less than TELEGRAM_TIMEOUT (+ 1 s) left on its lease, so a live worker's
+never starts a send with less than the channels' timeout (+ 1 s) left on its lease, so a live worker's
 claim does not expire under a send and no two workers send one reminder while both hold it. Leases
 are set and compared with each worker's own clock: keep the hosts' clocks in sync (NTP), since skew
 between workers eats into that margin.
 
 Delivery is at least once, not exactly once, and this is the window: the Bot API has no idempotency
-key and no way to ask whether a message went out, so a worker killed after Telegram accepted a
+key and no way to ask whether a message went out (a webhook receiver gets one, `Idempotency-Key`,
+to drop the repeat itself), so a worker killed after the channel accepted a
 message and before its "delivered" UPDATE committed (one reminder per worker: the send's response,
 then one short statement) leaves that reminder pending, and it is sent again after the lease. The
 reverse order (mark, then send) would lose a message in the same window instead; a duplicate reminder
@@ -37,45 +42,35 @@ import os
 import socket
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from langchain_core.messages import AIMessage
 
 from memory.service import MemoryService
 
 from ..conf import workflow_settings
-from ..exceptions import TelegramError
+from ..graph.agent import write_to_thread
 from ..models import Reminder, ReminderStatus, Thread
-from . import outbox
+from . import outbox, sending
 from .telegram import get_bot_api
 
 logger = logging.getLogger("engram.workflows")
 
 # The lease margin on top of the send timeout: a worker sends only while this much is left.
 LEASE_MARGIN = timedelta(seconds=1)
-
-
-def _send_telegram(destination, text):
-    get_bot_api().send_message(int(destination) if destination.lstrip("-").isdigit() else destination, text)
-
-
-# Channels reminders can be delivered through: channel name -> send(destination, text). A channel
-# without a push API (chat, webhook, email here) is skipped for the next one the person used.
-DELIVERY_CHANNELS = {"telegram": _send_telegram}
-
-
-class DeliveryError(Exception):
-    """A reminder could not be sent; the message says why (and never holds a token)."""
+# Threads looked at per person when a reminder's own conversation cannot be reached.
+RECENT_THREADS = 20
 
 
 def reminder_text(reminder):
     return f"Reminder: {reminder.message}"
 
 
-COUNTS = ("claimed", "delivered", "retried", "failed", "lost", "released")
+COUNTS = ("claimed", "delivered", "retried", "failed", "lost", "released", "threaded")
 REPLY_COUNTS = ("replies_claimed", "replies_sent", "replies_retried", "replies_failed")
 
 
@@ -90,6 +85,7 @@ class RoundReport:
     failed: int = 0
     lost: int = 0
     released: int = 0
+    threaded: int = 0  # delivered reminders written into their conversation's thread
     replies_claimed: int = 0
     replies_sent: int = 0
     replies_retried: int = 0
@@ -134,31 +130,46 @@ def claim(token, *, batch, lease, now=None):
     )
 
 
-def destinations(user_ids):
-    """{user id: (channel, destination)} for reminders: the deliverable channel each person used last.
+def routes(reminders):
+    """{reminder id: (channel, Address)} for these reminders; one missing has no channel that reaches it.
 
-    "Last" is the channel of their most recently active conversation thread; a person whose latest
-    channel has no push API (chat, webhook) gets the deliverable one they used before that, else the
-    deliverable identity they linked last. Two queries for any number of people.
+    A reminder goes back to the conversation it was set in when a channel reaches it there (its
+    Telegram chat; the workflow's webhook URL for a conversation on a channel without a push API);
+    else to the latest of the person's conversations one reaches; else to a channel that reaches the
+    person anywhere (their Telegram id). Two queries for any number of reminders.
     """
-    user_ids = list(user_ids)
+    reminders = list(reminders)
+    user_ids = {r.user_id for r in reminders}
     identities = {}
-    for user_id, channel, external_id in MemoryService().channel_identities(user_ids, DELIVERY_CHANNELS):
+    for user_id, channel, external_id in MemoryService().channel_identities(user_ids):
         identities.setdefault(user_id, {}).setdefault(channel, external_id)
-    found = {}
-    recent = (
-        Thread.objects.filter(user_id__in=[u for u in user_ids if u in identities], channel__in=list(DELIVERY_CHANNELS))
+    threads_of = {}
+    rows = (
+        Thread.objects.filter(user_id__in=user_ids)
+        .select_related("workflow")
         .order_by("user_id", "-last_activity", "-pk")
-        .values_list("user_id", "channel")
     )
-    for user_id, channel in recent:
-        if user_id not in found and channel in identities[user_id]:
-            found[user_id] = (channel, identities[user_id][channel])
-    for user_id, channels in identities.items():
-        if user_id not in found:
-            channel, external_id = next(iter(channels.items()))
-            found[user_id] = (channel, external_id)
+    for thread in rows:
+        threads_of.setdefault(thread.user_id, []).append(thread)
+    found = {}
+    for reminder in reminders:
+        person = sending.Person(reminder.user_id, identities.get(reminder.user_id, {}))
+        theirs = threads_of.get(reminder.user_id, [])
+        own = [t for t in theirs if reminder.thread_id and t.thread_id == reminder.thread_id]
+        for thread in [*own, *theirs[:RECENT_THREADS], None]:
+            found_route = sending.route(person, thread)
+            if found_route is not None:
+                channel, address = found_route
+                found[reminder.pk] = (channel, replace(address, reference=f"reminder:{reminder.pk}"))
+                break
     return found
+
+
+def destinations(user_ids):
+    """{user id: (channel, destination)}: where a reminder without a conversation would reach each person."""
+    people = [Reminder(pk=-n - 1, user_id=u) for n, u in enumerate(user_ids)]
+    found = routes(people)
+    return {r.user_id: (found[r.pk][0].name, found[r.pk][1].to) for r in people if r.pk in found}
 
 
 def _record(reminder, token, **changes):
@@ -208,10 +219,11 @@ def deliver_due(*, worker=None, batch=None, lease=None, stop=None):
         raise RuntimeError("deliver_due() must run outside a transaction")
     batch = batch or workflow_settings.REMINDER_BATCH_SIZE
     lease = lease or workflow_settings.REMINDER_LEASE_SECONDS
-    send_time = timedelta(seconds=float(workflow_settings.TELEGRAM_TIMEOUT)) + LEASE_MARGIN
+    send_time = timedelta(seconds=sending.send_timeout()) + LEASE_MARGIN
     if timedelta(seconds=lease) <= send_time:
         raise ValueError(
-            f"lease: {lease:g} s is too short; it must exceed TELEGRAM_TIMEOUT + 1 s ({send_time.total_seconds():g} s)"
+            f"lease: {lease:g} s is too short; it must exceed the channels' timeout + 1 s "
+            f"({send_time.total_seconds():g} s: TELEGRAM_TIMEOUT, REMINDER_WEBHOOK_TIMEOUT)"
         )
     token = f"{worker or worker_name()}#{uuid.uuid4().hex[:8]}"
     report = RoundReport()
@@ -219,26 +231,35 @@ def deliver_due(*, worker=None, batch=None, lease=None, stop=None):
     report.claimed = len(claimed)
     if not claimed:
         return report
-    where = destinations({r.user_id for r in claimed})
+    where = routes(claimed)
     with _outcomes_without_flush_wait():
-        _send_claimed(claimed, where, token, send_time, stop, report)
+        delivered = _send_claimed(claimed, where, token, send_time, stop, report)
+    # After the outcomes: a thread waits for a turn in progress, and must not hold up the records.
+    for reminder, text in delivered:
+        _write_to_thread(reminder, text, report)
     return report
 
 
 def _send_claimed(claimed, where, token, send_time, stop, report):
+    """Send and record each claimed reminder; returns [(reminder, text)] of those delivered."""
+    delivered = []
     for index, reminder in enumerate(claimed):
         if (stop is not None and stop.is_set()) or timezone.now() + send_time > reminder.claimed_until:
             report.released += _release(token, [r.pk for r in claimed[index:]])
             break
-        channel, destination = where.get(reminder.user_id, ("", ""))
+        text = reminder_text(reminder)
+        if reminder.pk not in where:
+            names = ", ".join(c.name for c in sending.channels())
+            _failed(reminder, token, f"no channel to deliver to: none of {names} reaches the person", report)
+            continue
+        channel, address = where[reminder.pk]
         try:
-            if not channel:
-                raise DeliveryError(
-                    "no channel to deliver to: the person has no identity on " + ", ".join(DELIVERY_CHANNELS)
-                )
-            DELIVERY_CHANNELS[channel](destination, reminder_text(reminder))
-        except (TelegramError, DeliveryError) as exc:
-            _failed(reminder, token, str(exc), report)
+            result = channel.send(text, address)
+        except Exception as exc:  # noqa: BLE001  (a registered channel's bug must not stop the round)
+            logger.exception("reminder %s: channel %s raised", reminder.pk, channel.name)
+            result = sending.DeliveryResult(False, f"{channel.name}: {type(exc).__name__}: {exc}")
+        if not result.ok:
+            _failed(reminder, token, result.error or f"{channel.name}: not delivered", report)
             continue
         now = timezone.now()
         if _record(
@@ -246,14 +267,35 @@ def _send_claimed(claimed, where, token, send_time, stop, report):
             token,
             status=ReminderStatus.DELIVERED,
             delivered_at=now,
-            channel=channel,
-            destination=destination,
+            channel=channel.name,
+            destination=address.to[:255],
             last_error="",
         ):
             report.delivered += 1
+            delivered.append((reminder, text))
         else:
             report.lost += 1
             logger.warning("reminder %s was sent, but another worker had taken it: it may arrive twice", reminder.pk)
+    return delivered
+
+
+def _write_to_thread(reminder, text, report):
+    """The sent reminder as the agent's message in the conversation it was set in; logged on failure.
+
+    Only conversations of a workflow's agent (tracked threads with a workflow): another graph's thread
+    has a state of its own that this message's shape may not fit.
+    """
+    if not reminder.thread_id:
+        return
+    try:
+        if not Thread.objects.filter(thread_id=reminder.thread_id, workflow__isnull=False).exists():
+            return
+        write_to_thread(reminder.thread_id, AIMessage(content=text, id=f"reminder-{reminder.pk}"))
+    except Exception as exc:  # noqa: BLE001  (the checkpointer's errors have no common base class)
+        logger.error("reminder %s was sent but not written into its thread: %s", reminder.pk, exc)
+        report.errors = (report.errors + [f"reminder {reminder.pk}: not written into its thread: {exc}"])[-10:]
+        return
+    report.threaded += 1
 
 
 def _failed(reminder, token, error, report):

@@ -129,8 +129,11 @@ def clean_message(message):
     return text
 
 
-def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
-    """A pending reminder for the memory user `user_id`; bad input raises InvalidMemoryArgument and writes nothing."""
+def schedule_reminder(*, user_id, when, message, agent_id="", thread_id="", now=None):
+    """A pending reminder for the memory user `user_id`; bad input raises InvalidMemoryArgument and writes nothing.
+
+    `thread_id`: the conversation it was set in; it goes out on that conversation's channel and is
+    written into its history when sent."""
     if user_id is None:
         raise InvalidMemoryArgument("user", "nobody is identified in this conversation, so there is no one to remind")
     if isinstance(when, datetime):
@@ -140,6 +143,9 @@ def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
     else:
         due = parse_when(when, now=now)
     text = clean_message(message)
+    thread_id = str(thread_id or "")
+    if len(thread_id) > 300:
+        raise InvalidMemoryArgument("thread_id", "must be at most 300 characters")
     limit = workflow_settings.REMINDER_MAX_PENDING_PER_USER
     with transaction.atomic():
         # The person's row, locked (PostgreSQL): concurrent reminders of one person count one at a time.
@@ -151,7 +157,7 @@ def schedule_reminder(*, user_id, when, message, agent_id="", now=None):
         if limit is not None and pending >= limit:
             raise InvalidMemoryArgument("reminders", f"this person already has {pending} pending reminders (the limit)")
         return Reminder.objects.create(
-            user_id=user_id, agent_id=agent_id, message=text, due_at=due, next_attempt_at=due
+            user_id=user_id, agent_id=agent_id, message=text, due_at=due, next_attempt_at=due, thread_id=thread_id
         )
 
 

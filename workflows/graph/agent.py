@@ -232,6 +232,22 @@ def build_agent_graph(config, model, checkpointer=None):
     )
 
 
+# The agent graph's last node: a state written as if by it leaves nothing to run next.
+LAST_NODE = f"{EngramAgentMiddleware.__name__}.after_agent"
+
+
+def write_to_thread(thread_id, message):
+    """Add `message` to a conversation thread's checkpointed history, so the next turn sees it.
+
+    Written as the agent graph's last node, under the thread's turn lock (a turn in progress finishes
+    first, and its checkpoint does not drop the message). A message whose id is in the history
+    already replaces it (LangGraph's add_messages), so writing one twice adds it once.
+    """
+    graph = build_agent_graph({}, None, get_checkpointer())  # every agent's threads share this state's shape
+    with turns.one_turn_at_a_time(thread_id):
+        graph.update_state({"configurable": {"thread_id": thread_id}}, {"messages": [message]}, as_node=LAST_NODE)
+
+
 def build_agent_node(config, context):
     """The node callable for an `agent` node (its graphs are built on first use, then reused)."""
     memory_on = config.get("conversation_memory", True)

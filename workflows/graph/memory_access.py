@@ -33,6 +33,8 @@ class RecallOptions:
     memory_types: tuple[str, ...] = MEMORY_TYPES
     limit: int = 10
     min_confidence: float = 0.5
+    # The latest N active procedures shown on every run, whatever the query (after the matching ones).
+    latest_procedures: int = 0
 
     @classmethod
     def from_config(cls, config):
@@ -44,6 +46,7 @@ class RecallOptions:
             memory_types=types,
             limit=int(config.get("limit", 10)),
             min_confidence=float(config.get("min_confidence", 0.5)),
+            latest_procedures=int(config.get("latest_procedures", 0)),
         )
 
 
@@ -126,21 +129,32 @@ def recall_for(query, scope: RecallScope, options: RecallOptions, service=None) 
                 agent_id=scope.agent_id, user_id=scope.user_id, limit=min(options.limit, 5)
             )
         ]
-    if "procedures" in options.memory_types and (query or "").strip():
-        context = {"channel": scope.channel} if scope.channel else {}
-        recalled.procedures = [
-            {
-                "id": p.pk,
-                "name": p.name,
-                "description": p.description,
-                "procedure_type": p.procedure_type,
-                "content": p.content,
-            }
-            for p in service.matching_procedures(
-                query, context, agent_id=scope.agent_id, limit=min(options.limit, workflow_settings.PROMPT_PROCEDURES)
-            )
-        ]
+    if "procedures" in options.memory_types:
+        recalled.procedures = _procedures(service, query, scope, options)
     return recalled
+
+
+def _procedures(service, query, scope, options):
+    """Active procedures whose conditions hold for the query, then the latest `latest_procedures` ones."""
+    found = []
+    if (query or "").strip():
+        context = {"channel": scope.channel} if scope.channel else {}
+        limit = min(options.limit, workflow_settings.PROMPT_PROCEDURES)
+        found = service.matching_procedures(query, context, agent_id=scope.agent_id, limit=limit)
+    if options.latest_procedures:
+        seen = {p.pk for p in found}
+        latest = service.latest_procedures(agent_id=scope.agent_id, limit=options.latest_procedures)
+        found += [p for p in latest if p.pk not in seen]
+    return [
+        {
+            "id": p.pk,
+            "name": p.name,
+            "description": p.description,
+            "procedure_type": p.procedure_type,
+            "content": p.content,
+        }
+        for p in found
+    ]
 
 
 def _facts(service, query, scope, options):

@@ -150,6 +150,13 @@ RECALL_SCHEMA = {
                 "(null: WORKFLOWS['MAX_MEMORY_CHARS'])."
             ),
         },
+        "latest_procedures": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 20,
+            "default": 0,
+            "description": "Also show the latest N active procedures on every run, whatever the message.",
+        },
     },
     "additionalProperties": False,
 }

@@ -464,7 +464,13 @@ def make_remind_tool(config, *, bound=None):
     def remind(runtime: ToolRuntime[AgentContext], when: str, message: str) -> str:
         """Remind the user of something later."""
         scope = _scope(runtime, bound)
-        reminder = schedule_reminder(user_id=scope.user_id, when=when, message=message, agent_id=scope.agent_id)
+        reminder = schedule_reminder(
+            user_id=scope.user_id,
+            when=when,
+            message=message,
+            agent_id=scope.agent_id,
+            thread_id=scope.session_id,  # the conversation's thread: the reminder goes back into it
+        )
         due = timezone.localtime(reminder.due_at).isoformat(timespec="minutes")
         return f"Reminder:{reminder.pk} set for {due}."
 

@@ -14,6 +14,10 @@ every cycle needs an exit (a routing node in it that can leave it).
 The visual builder keeps its layout in the definition too: each node may carry `position` ({"x", "y"},
 numbers) and `label` (a string), and the definition `layout` ({"viewport": {"x", "y", "zoom"}}). The
 compiler ignores them; validation checks their types like the rest.
+
+`triggers` configures the workflow's triggers beyond the graph: {"webhook": {"reminder_url": "https://..."}}
+is where reminders set in this workflow's conversations are POSTed when their channel has no push API
+of its own (workflows.channels.sending).
 """
 
 import math
@@ -78,10 +82,10 @@ def check_definition(data) -> tuple[Definition | None, list[InvalidDefinition]]:
     """
     if not isinstance(data, dict):
         return None, [InvalidDefinition("definition must be a JSON object with 'nodes' and 'edges'")]
-    unknown = set(data) - {"nodes", "edges", "layout"}
+    unknown = set(data) - {"nodes", "edges", "layout", "triggers"}
     if unknown:
         return None, [InvalidDefinition(f"definition has unknown key(s) {sorted(unknown)}", field=sorted(unknown)[0])]
-    errors = _check_layout(data.get("layout"))
+    errors = _check_layout(data.get("layout")) + _check_triggers(data.get("triggers"))
     raw_nodes, raw_edges = data.get("nodes"), data.get("edges", [])
     if not isinstance(raw_nodes, list) or not raw_nodes:
         errors.append(InvalidDefinition("definition.nodes must be a non-empty list", field="nodes"))
@@ -120,6 +124,50 @@ def check_definition(data) -> tuple[Definition | None, list[InvalidDefinition]]:
 
 def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_URL_LENGTH = 255  # a reminder's `destination` holds it
+
+
+def _check_triggers(triggers):
+    """{"webhook": {"reminder_url": an http(s) URL}}; every part optional."""
+    if triggers is None:
+        return []
+    if not isinstance(triggers, dict) or set(triggers) - {"webhook"}:
+        return [InvalidDefinition("definition.triggers must be an object with only 'webhook'", field="triggers")]
+    webhook = triggers.get("webhook")
+    if webhook is None:
+        return []
+    if not isinstance(webhook, dict) or set(webhook) - {"reminder_url"}:
+        return [
+            InvalidDefinition(
+                "definition.triggers.webhook must be an object with only 'reminder_url'", field="triggers.webhook"
+            )
+        ]
+    url = webhook.get("reminder_url")
+    if url is None:
+        return []
+    if (
+        not isinstance(url, str)
+        or not re.match(r"^https?://[^\s/]+", url)
+        or len(url) > MAX_URL_LENGTH
+        or any(c.isspace() for c in url)
+    ):
+        return [
+            InvalidDefinition(
+                f"definition.triggers.webhook.reminder_url must be an http(s) URL of at most {MAX_URL_LENGTH} characters",
+                field="triggers.webhook.reminder_url",
+            )
+        ]
+    return []
+
+
+def reminder_url(definition):
+    """The URL a workflow's reminders are POSTed to ("" when none is configured)."""
+    triggers = definition.get("triggers") if isinstance(definition, dict) else None
+    webhook = triggers.get("webhook") if isinstance(triggers, dict) else None
+    url = webhook.get("reminder_url") if isinstance(webhook, dict) else None
+    return url if isinstance(url, str) else ""
 
 
 def _check_layout(layout):

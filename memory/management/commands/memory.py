@@ -24,6 +24,7 @@ from memory.service import MemoryService
 from ..subcommands.base import Subcommand  # noqa: F401  (other apps subclass it from here)
 from ..subcommands.maintenance import (
     ClearSubcommand,
+    CompactSubcommand,
     ConsolidateSubcommand,
     ExportSubcommand,
     ImportSubcommand,
@@ -48,6 +49,7 @@ SUBCOMMANDS = [
     ImportSubcommand(),
     ClearSubcommand(),
     ConsolidateSubcommand(),
+    CompactSubcommand(),
     PromoteSubcommand(),
     PruneSubcommand(),
     HistorySubcommand(),

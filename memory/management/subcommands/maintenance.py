@@ -5,6 +5,7 @@ import sys
 import tempfile
 
 from django.core.management.base import CommandError
+from rich.markup import escape
 from rich.table import Table
 
 from ...exceptions import ImportRejected
@@ -157,12 +158,52 @@ class ConsolidateSubcommand(Subcommand):
                 f"consolidation ({report.extractor}): {data['episodes_processed']} of {data['episodes_seen']} episodes "
                 f"processed; facts: {facts}"
             )
+            if report.procedures is not None:
+                for kind, found in (("proposed", report.procedures.proposed), ("evolved", report.procedures.evolved)):
+                    for p in found:
+                        steps = ", ".join(p["steps"]) or "steps kept"
+                        command.console.print(
+                            f"procedure {kind} (inactive until approved): {escape(p['name'])}: {escape(steps)}"
+                        )
             for pk, error in report.failed.items():
                 command.console.print(f"[red]episode {pk}[/red]: {error}")
             for error in report.errors:
                 command.console.print(f"[red]{error}[/red]")
         if not report.ok:
             raise CommandError("consolidation finished with failures", returncode=1)
+
+
+class CompactSubcommand(Subcommand):
+    name = "compact"
+    help = "Fold old episodes into summary episodes, archiving the originals (exit status 1 on failures)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", dest="agent_id")
+        parser.add_argument("--older-than-days", type=float, help="default COMPACTION['AFTER_DAYS']")
+        parser.add_argument("--min-episodes", type=int, help="default COMPACTION['MIN_EPISODES']")
+        parser.add_argument("--dry-run", action="store_true", help="show what would be compacted, write nothing")
+        json_flag(parser)
+
+    def handle(self, command, options):
+        report = command.service.compact_episodes(
+            agent_id=options["agent_id"],
+            older_than_days=options["older_than_days"],
+            min_episodes=options["min_episodes"],
+            dry_run=options["dry_run"],
+        )
+        if options["json"]:
+            command.print_json(report.as_dict())
+        else:
+            verb = "would fold" if report.dry_run else "folded"
+            for group in report.groups:
+                who = f"agent {group['agent_id'] or '–'}, user {group['user_id'] or '–'}"
+                into = f" into episode {group['summary_id']}" if group["summary_id"] else ""
+                command.console.print(f"{who}: {verb} {len(group['episodes'])} episodes{into}")
+            command.console.print(f"{report.archived} episodes archived" + (" (dry run)" if report.dry_run else ""))
+            for error in report.errors:
+                command.console.print(f"[red]{escape(error)}[/red]")
+        if not report.ok:
+            raise CommandError("compaction finished with failures", returncode=1)
 
 
 class PromoteSubcommand(Subcommand):

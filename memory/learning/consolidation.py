@@ -65,7 +65,8 @@ class ConsolidationReport:
     actions: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     run_id: int | None = None
-    promotion: Any = None  # the promotion sweep that followed (memory.operations.promotion.PromotionReport), if any
+    promotion: Any = None  # the promotion sweep that followed (memory.learning.promotion.PromotionReport), if any
+    procedures: Any = None  # the procedure learning that followed (memory.learning.procedure_learning), if any
 
     @property
     def ok(self):
@@ -87,6 +88,7 @@ class ConsolidationReport:
             "facts": {a: self.actions.get(a, 0) for a in ("created", "confirmed", "updated", "skipped")},
             "errors": list(self.errors),
             "promotion": self.promotion.as_dict() if self.promotion is not None else None,
+            "procedures": self.procedures.as_dict() if self.procedures is not None else None,
         }
 
 

@@ -20,7 +20,7 @@ contradiction edges, limits, validation), delete through `forget_visible` (the f
 keeps a `deleted` version). A fact written from a turn names its episode (`source_episode`) and, in its
 provenance, the message and the words it came from.
 
-Without a chat model, the built-in rules (memory.operations.consolidation.RuleExtractor:
+Without a chat model, the built-in rules (memory.learning.consolidation.RuleExtractor:
 "my X is Y", "remember that ...", decisions) propose the facts and the decision follows the key:
 absent is added, a different value updates it, the same value is left alone.
 """

@@ -30,7 +30,7 @@ from ..exceptions import InvalidMemoryArgument, MemoryServiceError
 from ..models import Episode, Fact, Promotion, RecallEvent, RecallKind, Scope
 from .consolidation import fact_owner, get_extractor
 
-logger = logging.getLogger("engram.memory.operations.promotion")
+logger = logging.getLogger("engram.memory.learning.promotion")
 
 PROVENANCE = "promotion"
 
