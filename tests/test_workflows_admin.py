@@ -34,6 +34,7 @@ def test_the_tab_sits_between_episodes_and_procedures(staff_client):
         "users",
         "promotions",
         "deletions",
+        "health",
     ]
     html = staff_client.get(CHECKPOINTS).content.decode()
     assert f'id="tab-checkpoints" href="{CHECKPOINTS}" class="active"' in html
