@@ -76,3 +76,15 @@ def forgotten_rows(user_rows, identity_rows):
             )
         )
     return errors
+
+
+def is_forgotten(user_id):
+    """Whether memory user `user_id` was forgotten: a tombstone holds the id and no user has it (again). One query.
+
+    Asked by writers outside the memory's transactions (a checkpoint store's), where a user row made in
+    a transaction not yet committed is not visible but a committed forget's tombstone is.
+    """
+    from django.db.models import Exists, OuterRef
+
+    alive = MemoryUser.objects.filter(pk=OuterRef("forgotten_id"))
+    return Tombstone.objects.filter(forgotten_id=user_id).filter(~Exists(alive)).exists()

@@ -3,9 +3,16 @@
 SQLite (`SqliteSaver`, a file at WORKFLOWS["CHECKPOINT_PATH"]) unless the Django database is
 PostgreSQL, then `PostgresSaver` on the same database through a small connection pool. The savers
 serialise their own calls with a lock; use them only through `BaseCheckpointSaver` methods.
+
+Every checkpoint write of a person's thread (an Engram thread id, `<memory user id>:...`) checks,
+before and after, that the person was not forgotten, on any server (`unless_forgotten`): after a
+forget commits nothing more is written for them, and a write that raced the commit deletes its
+thread itself. The forget deletes every thread under the person's id prefix once it commits,
+tracked or not (`person_thread_ids`), so checkpoints written before it go too.
 """
 
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -14,7 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import connection, connections
 
 from ..conf import on_workflow_settings_changed, workflow_settings
 
@@ -63,8 +70,85 @@ def get_checkpointer():
     return _saver
 
 
+_PERSON_THREAD = re.compile(r"(\d{1,18}):[^:]+:.")
+
+
+def thread_owner(config):
+    """The memory user id an Engram thread id starts with (`<user>:<conversation>:<workflow>`), else None."""
+    match = _PERSON_THREAD.match(str(((config or {}).get("configurable") or {}).get("thread_id") or ""))
+    return int(match.group(1)) if match else None
+
+
+@contextmanager
+def unless_forgotten(config):
+    """Run a checkpoint write of a person's thread unless the person was forgotten (PersonForgotten).
+
+    Checked before the write (after a forget commits, nothing is written) and again after it: a forget
+    that committed while the write ran may have deleted the person's threads before this one landed,
+    so the thread is deleted here and the write refused. The forget's tombstone is what is read
+    (MemoryService.was_forgotten): committed with the forget, seen from any connection.
+    """
+    from memory.exceptions import PersonForgotten
+    from memory.operations.erasure import scrub_after_commit
+    from memory.service import MemoryService
+
+    user_id = thread_owner(config)
+    if user_id is None:
+        yield
+        return
+    service = MemoryService()
+    # LangGraph writes checkpoints from short-lived threads of its own: a connection opened here for
+    # the check is closed again, not left to the thread's end.
+    opened = connection.connection is None and not connection.in_atomic_block
+    try:
+        if service.was_forgotten(user_id):
+            raise PersonForgotten(user_id)
+        yield
+        if service.was_forgotten(user_id):
+            get_checkpointer().delete_thread(config["configurable"]["thread_id"])
+            scrub_after_commit([user_id])  # the forget's own scrub may have come before this write
+            raise PersonForgotten(user_id)
+    finally:
+        if opened:
+            connection.close()
+
+
+class _PersonGuard:
+    """Checkpoint writes refused for a forgotten person (see the module's docstring)."""
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        with unless_forgotten(config):
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        with unless_forgotten(config):
+            return super().put_writes(config, writes, task_id, task_path)
+
+
+def _guarded(saver_class):
+    return type(saver_class.__name__, (_PersonGuard, saver_class), {})
+
+
+def person_thread_ids(user_ids):
+    """The ids of every checkpoint thread of these memory users (by the id prefix), tracked or not."""
+    saver = get_checkpointer()
+    prefixes = [f"{int(u)}:%" for u in user_ids]
+    if not prefixes:
+        return set()
+    where = " OR ".join(["thread_id LIKE %s"] * len(prefixes))
+    sql = f"SELECT DISTINCT thread_id FROM checkpoints WHERE {where}"
+    if checkpointer_kind() == "sqlite":
+        with saver.lock:
+            rows = saver.conn.execute(sql.replace("%s", "?"), prefixes).fetchall()
+        return {row[0] for row in rows}
+    with saver.conn.connection() as conn:
+        return {row["thread_id"] for row in conn.execute(sql, prefixes).fetchall()}
+
+
 def _sqlite_saver():
     from langgraph.checkpoint.sqlite import SqliteSaver
+
+    SqliteSaver = _guarded(SqliteSaver)  # noqa: N806  (the saver, guarded)
 
     path = checkpoint_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +172,8 @@ SETUP_WAIT_S = 60
 
 def _postgres_saver():
     from langgraph.checkpoint.postgres import PostgresSaver
+
+    PostgresSaver = _guarded(PostgresSaver)  # noqa: N806  (the saver, guarded)
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 
