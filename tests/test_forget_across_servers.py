@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from langchain_core.messages import AIMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
@@ -191,3 +191,17 @@ def test_recall_for_a_forgotten_user_is_not_found_everywhere_and_logs_nothing(se
     service.flush_recall_log()
     assert not RecallEvent.objects.filter(user_id=person.pk).exists()
     assert not RecallEvent.objects.filter(user_id=987654).exists()
+
+
+def test_a_reply_of_a_person_forgotten_mid_run_is_not_queued(service, demo_workflow):
+    from workflows.channels.claims import claim_update
+    from workflows.channels.outbox import queue_reply
+    from workflows.models import TelegramReply
+
+    person, _ = service.get_or_create_user("telegram", "5151", display_name="Replied")
+    claim = claim_update(demo_workflow, 5151001)
+    service.delete_users([person.pk], cascade=True)  # on server A, while B's run for them finishes
+    with transaction.atomic():  # the transaction that records the run as finished
+        assert queue_reply(claim.row, claim.token, user_id=person.pk, chat_id="5151", text=f"noted {SECRET}") is None
+    assert not TelegramReply.objects.exists()
+    assert find_traces([SECRET, "5151"], [person.pk]) == []
