@@ -7,6 +7,7 @@ once it has committed nothing more is written under the person (checkpoints, rec
 recalls for their id answer not-found (404 over REST, an error result over MCP) and log nothing.
 """
 
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -205,3 +206,40 @@ def test_a_reply_of_a_person_forgotten_mid_run_is_not_queued(service, demo_workf
         assert queue_reply(claim.row, claim.token, user_id=person.pk, chat_id="5151", text=f"noted {SECRET}") is None
     assert not TelegramReply.objects.exists()
     assert find_traces([SECRET, "5151"], [person.pk]) == []
+
+
+def test_a_forget_that_deadlocks_with_a_writer_is_tried_again(service, caplog):
+    """PostgreSQL: another server holds one of the person's facts and then asks for the person's lock,
+    while the forget holds the person and waits for the fact: a real deadlock. Whichever side the
+    database aborts, the forget succeeds (tried again if it was the one), never a database error."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has one writer at a time: no deadlock between two")
+    person, _ = service.get_or_create_user("chat", "deadlocked", display_name="Deadlocked")
+    fact = service.set_fact("pin", SECRET, scope="user", user_id=person.pk).fact
+    holding, outcome = threading.Event(), {}
+
+    def other_server():
+        try:
+            with transaction.atomic():
+                list(Fact.objects.select_for_update().filter(pk=fact.pk))
+                holding.set()
+                time.sleep(0.5)  # the forget now holds the person and waits for this fact
+                service.hold_person(person.pk)
+            outcome["writer"] = "kept"
+        except Exception as exc:  # noqa: BLE001  (the victim of the deadlock, or the person gone)
+            outcome["writer"] = type(exc).__name__
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=other_server)
+    worker.start()
+    assert holding.wait(30)
+    with caplog.at_level(logging.WARNING, logger="engram.memory"):
+        result = service.delete_users([person.pk], cascade=True)
+    worker.join(60)
+    assert result.deleted == 1
+    # The deadlock happened: the database aborted the writer, or the forget, which was tried again.
+    forget_retried = "deadlock detected" in caplog.text and "try 1 of 4 met a conflict" in caplog.text
+    assert outcome["writer"] == "OperationalError" or forget_retried, (outcome, caplog.text)
+    assert not MemoryUser.objects.filter(pk=person.pk).exists()
+    assert find_traces([SECRET], [person.pk]) == []
