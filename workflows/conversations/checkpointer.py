@@ -80,48 +80,83 @@ def thread_owner(config):
 
 
 @contextmanager
-def unless_forgotten(config):
+def unless_forgotten(saver, config):
     """Run a checkpoint write of a person's thread unless the person was forgotten (PersonForgotten).
 
     Checked before the write (after a forget commits, nothing is written) and again after it: a forget
     that committed while the write ran may have deleted the person's threads before this one landed,
     so the thread is deleted here and the write refused. The forget's tombstone is what is read
-    (MemoryService.was_forgotten): committed with the forget, seen from any connection.
+    (MemoryService.was_forgotten, as SQL on the saver's own connection): committed with the forget,
+    seen from any connection.
     """
     from memory.exceptions import PersonForgotten
-    from memory.operations.erasure import scrub_after_commit
-    from memory.service import MemoryService
 
     user_id = thread_owner(config)
     if user_id is None:
         yield
         return
-    service = MemoryService()
-    # LangGraph writes checkpoints from short-lived threads of its own: a connection opened here for
-    # the check is closed again, not left to the thread's end.
+    if saver.was_forgotten(user_id):
+        raise PersonForgotten(user_id)
+    yield
+    if saver.was_forgotten(user_id):
+        _forget_late_thread(saver, config["configurable"]["thread_id"], user_id)
+        raise PersonForgotten(user_id)
+
+
+def _forget_late_thread(saver, thread_id, user_id):
+    from memory.operations.erasure import scrub_after_commit
+
+    saver.delete_thread(thread_id)
     opened = connection.connection is None and not connection.in_atomic_block
     try:
-        if service.was_forgotten(user_id):
-            raise PersonForgotten(user_id)
-        yield
-        if service.was_forgotten(user_id):
-            get_checkpointer().delete_thread(config["configurable"]["thread_id"])
-            scrub_after_commit([user_id])  # the forget's own scrub may have come before this write
-            raise PersonForgotten(user_id)
+        scrub_after_commit([user_id])  # the forget's own scrub may have come before this write
     finally:
-        if opened:
+        if opened:  # LangGraph's own short-lived thread: not left open to the thread's end
             connection.close()
 
 
 class _PersonGuard:
-    """Checkpoint writes refused for a forgotten person (see the module's docstring)."""
+    """Checkpoint writes refused for a forgotten person (see the module's docstring).
+
+    The check runs on the saver's own connection: LangGraph writes checkpoints from short-lived
+    threads of its own, where a Django connection would be opened (and set up) for every write.
+    PostgreSQL: a connection of the saver's pool, on the memory's database. SQLite: a plain connection
+    to the memory's database file (`memory_conn`), read only; without one (checkpoints in SQLite beside
+    a PostgreSQL memory) Django's connection is used.
+    """
+
+    memory_conn = None
+    _memory_lock = threading.Lock()
+
+    def was_forgotten(self, user_id):
+        from memory.service import MemoryService
+
+        if isinstance(self.conn, sqlite3.Connection):
+            if self.memory_conn is None:
+                return self._was_forgotten_by_django(user_id)
+            sql = MemoryService().forgotten_sql("?")
+            # Every row read: a statement left open would keep a read of the memory's file (and its WAL).
+            with self._memory_lock:
+                return bool(self.memory_conn.execute(sql, (user_id, user_id)).fetchall())
+        with self.conn.connection() as conn:
+            return conn.execute(MemoryService().forgotten_sql(), (user_id, user_id)).fetchone() is not None
+
+    def _was_forgotten_by_django(self, user_id):
+        from memory.service import MemoryService
+
+        opened = connection.connection is None and not connection.in_atomic_block
+        try:
+            return MemoryService().was_forgotten(user_id)
+        finally:
+            if opened:
+                connection.close()
 
     def put(self, config, checkpoint, metadata, new_versions):
-        with unless_forgotten(config):
+        with unless_forgotten(self, config):
             return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(self, config, writes, task_id, task_path=""):
-        with unless_forgotten(config):
+        with unless_forgotten(self, config):
             return super().put_writes(config, writes, task_id, task_path)
 
 
@@ -162,6 +197,17 @@ def _sqlite_saver():
     conn.execute("PRAGMA secure_delete=ON")
     saver = SqliteSaver(conn)
     saver.setup()
+    memory = connections["default"]
+    if memory.vendor == "sqlite" and not memory.is_in_memory_db():
+        # The forgotten-person check of every checkpoint write (_PersonGuard) reads the memory's file on
+        # a plain connection of its own (a Django connection's setup costs more than the write).
+        saver.memory_conn = sqlite3.connect(str(memory.settings_dict["NAME"]), check_same_thread=False, timeout=30)
+
+        def close():
+            saver.memory_conn.close()
+            conn.close()
+
+        return saver, close
     return saver, conn.close
 
 
