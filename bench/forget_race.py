@@ -22,11 +22,13 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -272,6 +274,10 @@ def run(
     log = "\n".join(logs)
     results["server_errors_logged"] = len(errors_logged)
     results["first_errors_logged"] = errors_logged[:5]
+    # What the errors were, by kind (ids and times taken out): refused writes of a person forgotten
+    # mid-run are expected; anything else is worth a look.
+    kinds = Counter(re.sub(r"\d+", "N", line.split(" ERROR ", 1)[1])[:90] for line in errors_logged)
+    results["errors_logged_by_kind"] = dict(kinds.most_common(8))
     results["internal_server_errors"] = log.count("Internal Server Error")
     return results
 

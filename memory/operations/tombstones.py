@@ -93,8 +93,8 @@ def is_forgotten(user_id):
 def forgotten_sql(placeholder="%s", schema=""):
     """is_forgotten as one SQL statement for a connection of another library on the same database (a
     checkpoint store's), where opening a Django connection per check would cost more than the write:
-    a row when the user id (given twice) was forgotten. `schema` prefixes the tables (an ATTACHed
-    SQLite database's name and a dot)."""
+    a row when the user id (given twice) was forgotten. `schema` prefixes the table names (a schema
+    or an attached database's name, with its dot)."""
     tombstones, users = f"{schema}{Tombstone._meta.db_table}", f"{schema}{MemoryUser._meta.db_table}"
     return (
         f"SELECT 1 FROM {tombstones} WHERE forgotten_id = {placeholder} "

@@ -202,6 +202,7 @@ def _sqlite_saver():
         # The forgotten-person check of every checkpoint write (_PersonGuard) reads the memory's file on
         # a plain connection of its own (a Django connection's setup costs more than the write).
         saver.memory_conn = sqlite3.connect(str(memory.settings_dict["NAME"]), check_same_thread=False, timeout=30)
+        saver.memory_conn.execute("PRAGMA query_only = ON")
 
         def close():
             saver.memory_conn.close()
