@@ -170,6 +170,8 @@ class MemoryService:
     delete_procedures = _delegate("operators", Operators.delete_procedures)
     delete_users = _delegate("operators", Operators.delete_users)
     hold_person = _delegate("operators", Operators.hold_person)
+    was_forgotten = _delegate("operators", Operators.was_forgotten)
+    forgotten_sql = _delegate("operators", Operators.forgotten_sql)
     user_footprint = _delegate("operators", Operators.user_footprint)
     record_deletion = _delegate("operators", Operators.record_deletion)
     export_person = _delegate("operators", Operators.export_person)

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from memory.backends import get_backend
 from memory.embedding.embedder import EmbeddingModelChanged, to_blob
-from memory.exceptions import InvalidMemoryArgument
+from memory.exceptions import InvalidMemoryArgument, MemoryNotFound
 from memory.models import (
     EmbeddingModelRecord,
     Episode,
@@ -274,7 +274,9 @@ def test_deleting_items_removes_them_from_both_indexes(service, user_factory, fa
     assert fts_rows("espresso") == []
     assert RecallScope.objects.get(owner="agent:bot").removed == removed_before + 1
     for mode in MODES:
-        assert service.recall("espresso", agent_id="bot", user_id=u.pk, mode=mode).hits == []
+        assert service.recall("espresso", agent_id="bot", mode=mode).hits == []
+        with pytest.raises(MemoryNotFound):  # the deleted user recalls nothing, and logs nothing
+            service.recall("espresso", agent_id="bot", user_id=u.pk, mode=mode)
 
 
 def test_episode_and_procedure_edits_update_both_indexes(service, fake_embedder):

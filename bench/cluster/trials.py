@@ -18,7 +18,7 @@ worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
   through; delivered and duplicated sends are counted at the fake Bot API;
 - RSS of each process (with its children: the embedding model's process) at the end.
 
-The forget trials of the issue live in bench/forget_race.py (when present: see FORGET HOOK below).
+The forget trials are bench/cluster/forget.py's (also runnable alone: python -m bench.cluster.forget).
 """
 
 import argparse
@@ -352,17 +352,12 @@ def model_calls(data):
 
 
 def forget_trials(cluster, args):
-    """FORGET HOOK: bench/forget_race.py (its own module) runs the forget trials when it is there."""
-    try:
-        from . import forget_race
-    except ImportError:
-        return {"skipped": "bench/forget_race.py is not there"}
-    try:
-        return forget_race.run(
-            servers=[cluster.url("A"), cluster.url("B")], database_url=cluster.env["DATABASE_URL"], trials=args.forget
-        )
-    except TypeError as exc:  # its signature is its own: say so rather than guess further
-        return {"skipped": f"forget_race.run(...) did not take these arguments: {exc}"}
+    """Forgetting a person on one server while another runs their workflows (bench/cluster/forget.py):
+    two more servers of its own (with a slow fake chat model, so runs stay in flight) on the same
+    database, beside the cluster's servers and workers."""
+    from .forget import run
+
+    return run(cluster.env["DATABASE_URL"], trials=args.forget)
 
 
 def main(argv=None):
@@ -374,7 +369,7 @@ def main(argv=None):
     parser.add_argument("--reminder-timeout", type=float, default=180, help="seconds to wait for the reminders")
     parser.add_argument("--lease", type=float, default=15, help="the reminders' lease in seconds (default 15)")
     parser.add_argument("--settle", type=float, default=30, help="seconds after the load before counting pending")
-    parser.add_argument("--forget", type=int, default=20, help="forget trials (bench/forget_race.py)")
+    parser.add_argument("--forget", type=int, default=20, help="forget trials (bench/cluster/forget.py)")
     parser.add_argument("--server-workers", type=int, default=1, help="gunicorn processes per server (4 threads)")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/0")

@@ -6,7 +6,8 @@ PostgreSQL full-text search.
 
 from django.db import connection
 
-from ..models import Episode, RecallDocument, Scope
+from ..exceptions import MemoryNotFound
+from ..models import Episode, MemoryUser, RecallDocument, Scope
 from ..models.owners import agent_suffix, owner_prefix
 
 DOC_TABLE = RecallDocument._meta.db_table
@@ -48,7 +49,8 @@ class RecallSQL:
         The user's owner follows merges inside the query. Besides the fact owners (session, user,
         agent, global) a viewer with a user and an agent sees "user:<id>/agent:<id>": the episodes
         that agent had with that user. Recall asks this first, so the same query also says whether
-        the keyword index is behind, and it is caught up before anything reads it.
+        the keyword index is behind, and it is caught up before anything reads it, and whether the
+        viewer's user exists: MemoryNotFound if not (forgotten, or never there).
         """
         terms = list(owner_terms(viewer))
         if viewer.user_id is not None and viewer.agent_id:
@@ -57,17 +59,21 @@ class RecallSQL:
             )
         values = ", ".join(f"({sql}, {rank})" for sql, _, rank in terms)
         params = [p for _, term_params, _ in terms for p in term_params]
+        # Whether the viewer's user exists, in the same query: a forgotten (or unknown) id recalls nothing.
+        person = f"EXISTS (SELECT 1 FROM {MemoryUser._meta.db_table} WHERE id = %s)" if viewer.user_id else "1 = 1"
         sql = (
             f"WITH o(k, r) AS (VALUES {values}) "
-            f"SELECT o.k, o.r, s.generation, s.removed, {self.recall_index_behind_sql} "
+            f"SELECT o.k, o.r, s.generation, s.removed, {self.recall_index_behind_sql}, {person} "
             f"FROM o LEFT JOIN {SCOPE_TABLE} s ON s.owner = o.k"
         )
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, [*params, *([viewer.user_id] if viewer.user_id else [])])
             rows = cursor.fetchall()
+        if rows and not rows[0][5]:
+            raise MemoryNotFound("memory user", viewer.user_id)
         if rows and rows[0][4]:
             self.catch_up_recall_index()
-        return [(k, int(r), g, rm) for k, r, g, rm, _ in rows]
+        return [(k, int(r), g, rm) for k, r, g, rm, _, _ in rows]
 
     def recall_documents(self, doc_ids, owners, kinds, min_confidence, *, for_person=False):
         """The candidates a viewer may be shown, with what ranking needs. One query.

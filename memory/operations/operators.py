@@ -4,13 +4,16 @@ Querysets for the /memories/ admin and the REST API (read only: filter, order, p
 deletes by id that are all-or-nothing and report the ids that did not exist.
 """
 
-from django.db import transaction
+import logging
+import time
+
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from ..domain import history
 from ..domain.deletions import MEMORY_HELD, BatchDelete, existing_ids, write_deletion_record
-from ..exceptions import InvalidMemoryArgument, MemoryInUse, PersonForgotten
+from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryInUse, PersonForgotten
 from ..models import (
     ArchivedEpisode,
     ChannelIdentity,
@@ -33,6 +36,14 @@ from ..rules import persons
 from ..rules.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
 from ..signals import users_deleting, users_footprint
 from . import erasure, tombstones
+
+logger = logging.getLogger("engram.memory")
+
+# A forget that collides with a person's concurrent work elsewhere (a deadlock, a serialization
+# failure, a row another process inserted for them meanwhile failing the foreign keys at commit) is
+# tried again this many times in all, with a short growing pause; then it answers MemoryConflict (409).
+FORGET_ATTEMPTS = 4
+FORGET_PAUSE_S = 0.1
 
 
 def count_by_user(model):
@@ -108,6 +119,27 @@ class Operators:
         if not isinstance(cascade, bool):
             raise InvalidMemoryArgument("cascade", f"must be true or false, got {cascade!r}")
         ids = check_id_list(ids, max_ids)
+        # Inside a caller's transaction a failed try cannot be repeated (the caller's snapshot and locks
+        # stay): one try, its conflict answered as such.
+        attempts = 1 if connection.in_atomic_block else FORGET_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._delete_users_once(ids, cascade, actor, tombstone)
+            except (OperationalError, IntegrityError) as exc:
+                logger.warning(
+                    "forget of memory users %s: try %d of %d met a conflict: %s", ids, attempt, attempts, exc
+                )
+                problem = exc
+            if attempt < attempts:
+                time.sleep(FORGET_PAUSE_S * attempt)
+        raise MemoryConflict(
+            "ids",
+            f"the users' memories kept changing while they were being forgotten ({type(problem).__name__}, "
+            f"{attempts} tries); nothing was deleted, try again",
+        ) from problem
+
+    def _delete_users_once(self, ids, cascade, actor, tombstone):
+        """One try of delete_users, in one transaction (raises the database's conflict errors as they come)."""
         with transaction.atomic():
             found = existing_ids(MemoryUser, ids)
             not_found = [i for i in ids if i not in found]
@@ -157,6 +189,15 @@ class Operators:
         user_id = check_user_id("user_id", user_id, required=True)
         if user_id not in persons.hold_people([user_id]):
             raise PersonForgotten(user_id)
+
+    def was_forgotten(self, user_id):
+        """Whether this memory user was forgotten (a tombstone, no user with the id): for writers that
+        cannot take the person's lock (a checkpoint store on another connection) and check before and after."""
+        return tombstones.is_forgotten(check_user_id("user_id", user_id, required=True))
+
+    def forgotten_sql(self, placeholder="%s", schema=""):
+        """`was_forgotten` as SQL for another library's connection to this database (memory/operations/tombstones.py)."""
+        return tombstones.forgotten_sql(placeholder, schema)
 
     def user_footprint(self, ids):
         """How much these users (and users merged into them) hold, by kind, threads and checkpoints included.

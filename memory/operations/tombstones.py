@@ -76,3 +76,27 @@ def forgotten_rows(user_rows, identity_rows):
             )
         )
     return errors
+
+
+def is_forgotten(user_id):
+    """Whether memory user `user_id` was forgotten: a tombstone holds the id and no user has it (again). One query.
+
+    Asked by writers outside the memory's transactions (a checkpoint store's), where a user row made in
+    a transaction not yet committed is not visible but a committed forget's tombstone is.
+    """
+    from django.db.models import Exists, OuterRef
+
+    alive = MemoryUser.objects.filter(pk=OuterRef("forgotten_id"))
+    return Tombstone.objects.filter(forgotten_id=user_id).filter(~Exists(alive)).exists()
+
+
+def forgotten_sql(placeholder="%s", schema=""):
+    """is_forgotten as one SQL statement for a connection of another library on the same database (a
+    checkpoint store's), where opening a Django connection per check would cost more than the write:
+    a row when the user id (given twice) was forgotten. `schema` prefixes the table names (a schema
+    or an attached database's name, with its dot)."""
+    tombstones, users = f"{schema}{Tombstone._meta.db_table}", f"{schema}{MemoryUser._meta.db_table}"
+    return (
+        f"SELECT 1 FROM {tombstones} WHERE forgotten_id = {placeholder} "
+        f"AND NOT EXISTS (SELECT 1 FROM {users} WHERE id = {placeholder}) LIMIT 1"
+    )

@@ -112,7 +112,8 @@ class Recall:
         query's embedding, which runs alongside its database work).
         Records one RecallEvent per hit and bumps the hits' reference counts, buffered (see
         memory/recall/events.py): a recall never commits. Raises InvalidMemoryArgument for bad
-        arguments and EmbeddingModelChanged when stored vectors are from another model.
+        arguments, MemoryNotFound when `user_id` names no memory user (forgotten, or never there:
+        nothing is recalled or logged) and EmbeddingModelChanged when stored vectors are from another model.
         """
         # Free text (a whole message): any number of words, but clean and at most MAX_QUERY_LENGTH.
         query = clean_text("query", query, max_length=MAX_QUERY_LENGTH)

@@ -28,6 +28,8 @@ from django.db.models import Q
 from django.dispatch import receiver
 from django.utils import timezone
 
+from memory.exceptions import PersonForgotten
+from memory.service import MemoryService
 from memory.signals import users_deleting
 
 from ..conf import on_workflow_settings_changed, workflow_settings
@@ -62,7 +64,15 @@ def claim_token(holder):
 
 def queue_reply(update, holder, *, user_id, chat_id, text, callback_query_id=""):
     """The reply of a finished run, claimed by `holder` for an immediate send (`send_now`); call inside
-    the transaction that records the finish."""
+    the transaction that records the finish. None if its person was forgotten while the run went on
+    (on any server): checked under the person's lock (memory/rules/persons.py), so no reply row naming
+    them is written after their forget commits, and none is sent."""
+    if user_id is not None:
+        try:
+            MemoryService().hold_person(user_id)
+        except PersonForgotten:
+            logger.warning("reply to update %s not kept: memory user %s was forgotten meanwhile", update.pk, user_id)
+            return None
     now = timezone.now()
     return TelegramReply.objects.create(
         update=update,

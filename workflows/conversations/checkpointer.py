@@ -3,9 +3,16 @@
 SQLite (`SqliteSaver`, a file at WORKFLOWS["CHECKPOINT_PATH"]) unless the Django database is
 PostgreSQL, then `PostgresSaver` on the same database through a small connection pool. The savers
 serialise their own calls with a lock; use them only through `BaseCheckpointSaver` methods.
+
+Every checkpoint write of a person's thread (an Engram thread id, `<memory user id>:...`) checks,
+before and after, that the person was not forgotten, on any server (`unless_forgotten`): after a
+forget commits nothing more is written for them, and a write that raced the commit deletes its
+thread itself. The forget deletes every thread under the person's id prefix once it commits,
+tracked or not (`person_thread_ids`), so checkpoints written before it go too.
 """
 
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -14,7 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import connection, connections
 
 from ..conf import on_workflow_settings_changed, workflow_settings
 
@@ -63,8 +70,120 @@ def get_checkpointer():
     return _saver
 
 
+_PERSON_THREAD = re.compile(r"(\d{1,18}):[^:]+:.")
+
+
+def thread_owner(config):
+    """The memory user id an Engram thread id starts with (`<user>:<conversation>:<workflow>`), else None."""
+    match = _PERSON_THREAD.match(str(((config or {}).get("configurable") or {}).get("thread_id") or ""))
+    return int(match.group(1)) if match else None
+
+
+@contextmanager
+def unless_forgotten(saver, config):
+    """Run a checkpoint write of a person's thread unless the person was forgotten (PersonForgotten).
+
+    Checked before the write (after a forget commits, nothing is written) and again after it: a forget
+    that committed while the write ran may have deleted the person's threads before this one landed,
+    so the thread is deleted here and the write refused. The forget's tombstone is what is read
+    (MemoryService.was_forgotten, as SQL on the saver's own connection): committed with the forget,
+    seen from any connection.
+    """
+    from memory.exceptions import PersonForgotten
+
+    user_id = thread_owner(config)
+    if user_id is None:
+        yield
+        return
+    if saver.was_forgotten(user_id):
+        raise PersonForgotten(user_id)
+    yield
+    if saver.was_forgotten(user_id):
+        _forget_late_thread(saver, config["configurable"]["thread_id"], user_id)
+        raise PersonForgotten(user_id)
+
+
+def _forget_late_thread(saver, thread_id, user_id):
+    from memory.operations.erasure import scrub_after_commit
+
+    saver.delete_thread(thread_id)
+    opened = connection.connection is None and not connection.in_atomic_block
+    try:
+        scrub_after_commit([user_id])  # the forget's own scrub may have come before this write
+    finally:
+        if opened:  # LangGraph's own short-lived thread: not left open to the thread's end
+            connection.close()
+
+
+class _PersonGuard:
+    """Checkpoint writes refused for a forgotten person (see the module's docstring).
+
+    The check runs on the saver's own connection: LangGraph writes checkpoints from short-lived
+    threads of its own, where a Django connection would be opened (and set up) for every write.
+    PostgreSQL: a connection of the saver's pool, on the memory's database. SQLite: a plain connection
+    to the memory's database file (`memory_conn`), read only; without one (checkpoints in SQLite beside
+    a PostgreSQL memory) Django's connection is used.
+    """
+
+    memory_conn = None
+    _memory_lock = threading.Lock()
+
+    def was_forgotten(self, user_id):
+        from memory.service import MemoryService
+
+        if isinstance(self.conn, sqlite3.Connection):
+            if self.memory_conn is None:
+                return self._was_forgotten_by_django(user_id)
+            sql = MemoryService().forgotten_sql("?")
+            # Every row read: a statement left open would keep a read of the memory's file (and its WAL).
+            with self._memory_lock:
+                return bool(self.memory_conn.execute(sql, (user_id, user_id)).fetchall())
+        with self.conn.connection() as conn:
+            return conn.execute(MemoryService().forgotten_sql(), (user_id, user_id)).fetchone() is not None
+
+    def _was_forgotten_by_django(self, user_id):
+        from memory.service import MemoryService
+
+        opened = connection.connection is None and not connection.in_atomic_block
+        try:
+            return MemoryService().was_forgotten(user_id)
+        finally:
+            if opened:
+                connection.close()
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        with unless_forgotten(self, config):
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        with unless_forgotten(self, config):
+            return super().put_writes(config, writes, task_id, task_path)
+
+
+def _guarded(saver_class):
+    return type(saver_class.__name__, (_PersonGuard, saver_class), {})
+
+
+def person_thread_ids(user_ids):
+    """The ids of every checkpoint thread of these memory users (by the id prefix), tracked or not."""
+    saver = get_checkpointer()
+    prefixes = [f"{int(u)}:%" for u in user_ids]
+    if not prefixes:
+        return set()
+    where = " OR ".join(["thread_id LIKE %s"] * len(prefixes))
+    sql = f"SELECT DISTINCT thread_id FROM checkpoints WHERE {where}"
+    if checkpointer_kind() == "sqlite":
+        with saver.lock:
+            rows = saver.conn.execute(sql.replace("%s", "?"), prefixes).fetchall()
+        return {row[0] for row in rows}
+    with saver.conn.connection() as conn:
+        return {row["thread_id"] for row in conn.execute(sql, prefixes).fetchall()}
+
+
 def _sqlite_saver():
     from langgraph.checkpoint.sqlite import SqliteSaver
+
+    SqliteSaver = _guarded(SqliteSaver)  # noqa: N806  (the saver, guarded)
 
     path = checkpoint_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +197,18 @@ def _sqlite_saver():
     conn.execute("PRAGMA secure_delete=ON")
     saver = SqliteSaver(conn)
     saver.setup()
+    memory = connections["default"]
+    if memory.vendor == "sqlite" and not memory.is_in_memory_db():
+        # The forgotten-person check of every checkpoint write (_PersonGuard) reads the memory's file on
+        # a plain connection of its own (a Django connection's setup costs more than the write).
+        saver.memory_conn = sqlite3.connect(str(memory.settings_dict["NAME"]), check_same_thread=False, timeout=30)
+        saver.memory_conn.execute("PRAGMA query_only = ON")
+
+        def close():
+            saver.memory_conn.close()
+            conn.close()
+
+        return saver, close
     return saver, conn.close
 
 
@@ -88,6 +219,8 @@ SETUP_WAIT_S = 60
 
 def _postgres_saver():
     from langgraph.checkpoint.postgres import PostgresSaver
+
+    PostgresSaver = _guarded(PostgresSaver)  # noqa: N806  (the saver, guarded)
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 

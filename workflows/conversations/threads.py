@@ -33,7 +33,7 @@ from memory.signals import (
 
 from ..conf import workflow_settings
 from ..models import Thread
-from .checkpointer import get_checkpointer
+from .checkpointer import get_checkpointer, person_thread_ids
 
 logger = logging.getLogger("engram.workflows")
 
@@ -283,6 +283,16 @@ def _thread_deleted(sender, instance, **kwargs):
 @receiver(users_deleting, dispatch_uid="workflows_threads_of_deleted_users")
 def _users_deleting(sender, user_ids, **kwargs):
     delete_user_threads(user_ids)
+    user_ids = list(user_ids)
+
+    def delete_untracked():
+        # Threads no row tracks yet (a first turn in flight on another server when the forget took
+        # the person's lock): their checkpoints were written before it, none can be written after
+        # it (checkpointer.person_held), so once it commits this finds them all.
+        for thread_id in person_thread_ids(user_ids):
+            get_checkpointer().delete_thread(thread_id)
+
+    transaction.on_commit(delete_untracked, robust=True)
     # The checkpoint file's WAL is truncated by the erasure's scrub after the commit (registered
     # below), after these threads' checkpoints are deleted (their on-commit deletes come first).
 

@@ -304,6 +304,11 @@ def build_agent_node(config, context):
                             context=run_context,
                             durability=workflow_settings.CHECKPOINT_DURABILITY,
                         )
+                    except PersonForgotten as exc:
+                        # Forgotten on some server while this turn ran: its checkpoint writes were refused
+                        # from then on, and the forget deleted the ones before. Answered without memory.
+                        logger.warning("agent %s: %s; answering without conversation memory", context.node_id, exc)
+                        update["memory_errors"].append(_error(context, "conversation memory", exc))
                     except CHECKPOINT_ERRORS as exc:
                         # Conversation memory is out of order: say so, and answer this turn without it.
                         logger.error(

@@ -8,22 +8,26 @@ their runs (by memory user, and by the identity they came from when nobody was i
 """
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Q, Subquery
+from django.db import transaction
+from django.db.models import Count, Q
 from django.dispatch import receiver
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from memory.admin.site import memories_site
-from memory.models import MemoryUser
+from memory.exceptions import PersonForgotten
 from memory.rules.validation import storable
 from memory.service import BatchDelete, MemoryService
 from memory.signals import person_exporting, prune_requested, users_deleting, users_footprint, users_merged
 
 from ..conf import workflow_settings
 from ..models import Workflow, WorkflowRun
+
+logger = logging.getLogger("engram.workflows")
 
 
 class EventType:
@@ -105,12 +109,25 @@ def start_run(workflow, info, trigger):
 
 
 def finish_run(run, *, state, events, errors, status, duration_ms):
-    """Write what the run did onto its record, in one statement. The memory user is the one
-    identify_user found if they still exist (someone forgotten meanwhile is not written back)."""
+    """Write what the run did onto its record, in one statement, under the person's lock
+    (memory/rules/persons.py). The memory user is the one identify_user found; if they were forgotten
+    meanwhile, on any server, the record goes instead: it holds their words and their channel id."""
     state = state or {}
     user_id = (state.get("user") or {}).get("id")
+    with transaction.atomic():
+        if user_id is not None:
+            try:
+                MemoryService().hold_person(user_id)
+            except PersonForgotten:
+                WorkflowRun.objects.filter(pk=run.pk).delete()
+                logger.warning("run %s not kept: memory user %s was forgotten while it ran", run.pk, user_id)
+                return
+        _write_finished(run, state, user_id, events, errors, status, duration_ms)
+
+
+def _write_finished(run, state, user_id, events, errors, status, duration_ms):
     WorkflowRun.objects.filter(pk=run.pk).update(
-        user_id=Subquery(MemoryUser.objects.filter(pk=user_id).values("pk")) if user_id is not None else None,
+        user_id=user_id,
         thread_id=(state.get("thread_id") or "")[:300],
         reply=storable(state.get("reply") or ""),
         events=[e.as_dict() for e in events],
