@@ -3,11 +3,11 @@
 A filtered search (EngramStore.search(prefix, filter=...)) reads every item under the prefix to test
 the filter (json_extract on `value`) and sort them by updated_at. Through the (namespace, key) unique
 index each of those items cost a lookup of its table row, and a row that holds a vector (1.5 KB with
-the local model) sits on a page of its own: 1,000 searches over 100 items each read 100,000 scattered
-pages. This index holds every column such a search reads (the rowid is the id), in namespace order, so
-the items under a prefix are a few adjacent index pages: about 3x the statement's rate in
-`python -m bench.store`'s workload. Values are stored twice (the index's share of the file); the
-vectors and the search text are not in it. Deleted entries are overwritten like rows (secure_delete).
+the local model) shares its page with one other row: 1,000 searches over 100 items each looked up
+100,000 rows scattered over the file. This index holds every column such a search reads (the rowid is
+the id), in namespace order, so the items under a prefix are a few adjacent index pages: 2.5-3x the
+statement's rate in `python -m bench.store`'s workload. Values are stored twice (the index's share
+of the file); the vectors and the search text are not in it. Deleted entries are overwritten like rows (secure_delete).
 
 PostgreSQL is left alone: a btree entry cannot exceed about 2.7 KB, which a value may, and its
 filtered search goes through jsonb containment on the table.
