@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from langchain.agents import create_agent
 from langchain_core.embeddings import Embeddings
@@ -91,6 +91,26 @@ def test_a_filter_value_is_data_never_sql_nul_and_quotes_included(store):
     # A NUL no item can hold (PostgreSQL's jsonb refuses it) matches nothing; the rest still filters.
     assert store.search(("docs",), filter={"access": "public\x00"}) == []
     assert [i.key for i in store.search(("docs",), filter={"title": "O'Brien's"})] == ["public"]
+
+
+def test_on_sqlite_a_filtered_search_reads_the_namespace_index_not_the_table(store):
+    """Graphs search their store on every step: items under a namespace come from one covering index
+    (migration 0022), not a table row each (a row holding a vector fills half a page)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL filters by jsonb containment on the table")
+    for n in range(30):
+        store.put(("bench", f"ns{n % 3}", "memories"), f"k{n}", {"tag": "tea" if n % 2 else "chess", "n": n})
+    raw, statements = connection.connection, []
+    raw.set_trace_callback(statements.append)
+    try:
+        found = store.search(("bench", "ns1"), filter={"tag": "tea"}, limit=3)
+    finally:
+        raw.set_trace_callback(None)
+    assert [i.key for i in found] == ["k25", "k19", "k13"]  # newest first, ordered by updated_at
+    (search,) = [sql for sql in statements if "json_extract" in sql]
+    plan = [row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + search).fetchall()]
+    reads = [step for step in plan if step.startswith(("SCAN", "SEARCH"))]
+    assert reads and all("COVERING INDEX memory_store_item_under" in step for step in reads), plan
 
 
 def test_query_search_ranks_by_meaning_with_an_index(db):
