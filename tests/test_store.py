@@ -95,7 +95,7 @@ def test_a_filter_value_is_data_never_sql_nul_and_quotes_included(store):
 
 def test_on_sqlite_a_filtered_search_reads_the_namespace_index_not_the_table(store):
     """Graphs search their store on every step: items under a namespace come from one covering index
-    (migration 0022), not a table row each (a row holding a vector fills half a page)."""
+    (migration 0028), not a table row each (a row holding a vector fills half a page)."""
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL filters by jsonb containment on the table")
     for n in range(30):

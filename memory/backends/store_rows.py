@@ -203,7 +203,7 @@ class SQLiteStoreReads:
     Django's cursor wrapper, placeholder rewrite and per-value converters were most of a get by key;
     this path builds the same rows (JSON decoded, aware datetimes) itself. Filtered searches take the
     same path: Django's converters were a large share of one (three datetimes per row). Both read
-    migration 0022's covering index (namespace, key, ..., value) alone, never a table row.
+    migration 0028's covering index (namespace, key, ..., value) alone, never a table row.
     """
 
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
@@ -260,7 +260,7 @@ _SQLITE_SELECT = (
     )
     + f" FROM {_TABLE} s"
 )
-# By the covering index of migration 0022 (the planner prefers the unique index, which then reads the
+# By the covering index of migration 0028 (the planner prefers the unique index, which then reads the
 # table row, half a page when it holds a vector).
 _SQLITE_BY_KEY = (
     f"{_SQLITE_SELECT} INDEXED BY memory_store_item_under"
