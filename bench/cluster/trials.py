@@ -390,7 +390,7 @@ def main(argv=None):
             TELEGRAM_WEBHOOK_SECRET=SECRET,
             ENGRAM_TASK_BROKER=args.broker,
             ENGRAM_TASK_QUEUE=f"engram-bench-{uuid.uuid4().hex[:8]}",
-            ENGRAM_EMBEDDINGS="bench.cluster.CountingEmbeddings",
+            ENGRAM_EMBEDDINGS="bench.cluster.trials.CountingEmbeddings",
             ENGRAM_BENCH_EMBED_LOG=str(data / "embed.log"),
         )
         os.environ.pop("ENGRAM_CHAT_MODEL", None)
