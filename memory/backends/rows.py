@@ -49,6 +49,10 @@ def fetch_rows(sql, params, columns):
     for row in rows:
         values = list(row)
         for i, col, funcs in converters:
+            # NULL stays None through every converter Django and these models have; skipping them
+            # matters now that a fact row has several columns that are mostly NULL (valid time).
+            if values[i] is None:
+                continue
             for func in funcs:
                 values[i] = func(values[i], col, conn)
         result.append(values)
