@@ -3,6 +3,7 @@
 SELECTs come back with the ORM's value conversions; counters are bumped in one UPDATE per distinct step.
 """
 
+import json
 from collections import defaultdict
 from functools import cache, cached_property
 
@@ -25,11 +26,35 @@ class Columns:
             found = []
             for i, field in enumerate(self.fields):
                 col = field.get_col(field.model._meta.db_table)
-                funcs = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+                funcs = [
+                    _load_json if f == getattr(field, "from_db_value", None) and _plain_json(field) else f
+                    for f in conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+                ]
                 if funcs:
                     found.append((i, col, funcs))
             self._converters[conn.vendor] = found
         return found
+
+
+def _plain_json(field):
+    """A JSONField decoded as Django's own JSONField decodes it (no custom decoder or override)."""
+    return (
+        isinstance(field, models.JSONField)
+        and field.decoder is None
+        and type(field).from_db_value is models.JSONField.from_db_value
+    )
+
+
+def _load_json(value, expression, connection):
+    """JSONField.from_db_value for a whole column (what a SELECT of select_columns returns): the
+    same decoding without its checks for key lookups, and the empty list (most facts' tags) without
+    the parser: a fact row has two JSON columns, read on every get."""
+    if value == "[]":
+        return []
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 @cache
@@ -49,6 +74,10 @@ def fetch_rows(sql, params, columns):
     for row in rows:
         values = list(row)
         for i, col, funcs in converters:
+            # NULL stays None through every converter Django and these models have; skipping them
+            # matters now that a fact row has several columns that are mostly NULL (valid time).
+            if values[i] is None:
+                continue
             for func in funcs:
                 values[i] = func(values[i], col, conn)
         result.append(values)

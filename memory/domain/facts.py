@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
-from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds
+from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds, holds_now
 from ..models.owners import fact_owner_key
 from ..recall import relations
 from ..recall.access import access_counter
@@ -103,11 +103,12 @@ class Facts:
         fact = self.backend.get_fact(key, viewer)
         if fact is None:
             return None
-        now = timezone.now()
-        if not holds(fact, now):
+        if not holds_now(fact):
             # Closed, or dated to start later: what holds now is another state, if any (rare: a
             # later value of the key usually closes the old one and holds now on this row).
-            return self.get_fact(key, agent_id=agent_id, user_id=user_id, session_id=session_id, valid_at=now)
+            return self.get_fact(
+                key, agent_id=agent_id, user_id=user_id, session_id=session_id, valid_at=timezone.now()
+            )
         access_counter.record([fact.pk])
         return fact
 
@@ -404,7 +405,6 @@ class Facts:
             fact_type = check_choice("fact_type", fact_type, FactType)
         when = self._when(as_of, valid_at)
         if when is None:
-            now = timezone.now()
             facts = self.backend.visible_facts(
                 viewer,
                 tokens=tokens,
@@ -413,10 +413,10 @@ class Facts:
                 order="confidence",
                 limit=limit,
             )
-            if all(holds(f, now) for f in facts):
+            if all(holds_now(f) for f in facts):
                 access_counter.record([f.pk for f in facts])
                 return facts
-            when = Times(now, None)  # a closed or later-dated fact among them: read the states that hold now
+            when = Times(timezone.now(), None)  # a closed or later-dated fact among them: read the states that hold now
         if not history.enabled():  # no history: the stored values are all there is
             facts = self.backend.visible_facts(
                 viewer, tokens=tokens, min_confidence=min_confidence, fact_type=fact_type, order="confidence"

@@ -21,6 +21,7 @@ from .memories import (
     StoreItem,
     episode_gist,
     holds,
+    holds_now,
 )
 from .owners import SCOPE_RANK, Scope
 from .recall import (
@@ -79,4 +80,5 @@ __all__ = [
     "Tombstone",
     "episode_gist",
     "holds",
+    "holds_now",
 ]

@@ -5,6 +5,7 @@ Read and write them through `memory.service.MemoryService`; nothing else should 
 
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 from ..text import clip, fact_search_text
 from .owners import Scope, owner_key_expression
@@ -414,6 +415,13 @@ def holds(item, when):
     """Whether a Fact (or a FactHistory version) holds in the world at `when`: its valid time contains it."""
     start, end = item.valid_time
     return (start is None or start <= when) and (end is None or end > when)
+
+
+def holds_now(item):
+    """holds(item, now), without reading the clock for an item open at both ends (most facts: a
+    read of what holds now asks it of every row it returns)."""
+    start, end = item.valid_time
+    return (start is None and end is None) or holds(item, timezone.now())
 
 
 def episode_gist(summary, conversation):
