@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from django.db import transaction
 
-from ..exceptions import InvalidMemoryArgument, MemoryServiceError
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound, MemoryServiceError
 from ..models import FactType, Scope
 from ..rules.validation import check_user_id, clean_text
 from ..text import value_text
@@ -253,6 +253,8 @@ class Observer:
             )
         except InvalidMemoryArgument:  # a query with no searchable word: the key alone still finds its fact
             hits = []
+        except MemoryNotFound as exc:  # the person does not exist (or was forgotten meanwhile): nothing to write
+            raise ObservationFailed(f"user_id: {exc}") from exc
         for hit in hits:
             found.setdefault(hit.item.key, hit.item)
         if proposal["key"] not in found:
