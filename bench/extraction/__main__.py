@@ -31,7 +31,7 @@ from rich.table import Table
 
 from ..embedder import DEFAULT_TEXTS
 from ..retrieval import load_locomo
-from ..scratch import add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
+from ..support.scratch import add_mode_argument, add_scratch_arguments, machine_reference, scratch_django
 
 SCRIPT = Path(__file__).with_name("script.json")
 TARGET_COST = 0.20
