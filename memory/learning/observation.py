@@ -254,7 +254,7 @@ class Observer:
         By meaning, the turn is recalled once, not each proposal: the proposals are read from the
         turn, and the turn's words are what the turn's own recall just embedded (the recall node
         asks with the same message), so the query's vector is usually cached; a vector per proposal
-        was one more model call each. By words, each proposal is looked up on its own (keyword
+        would be one more model call each. By words, each proposal is looked up on its own (keyword
         recall: no model call), so a proposal still finds a stored fact that shares its words.
         """
         if self.model is None:  # the rules decide by the key alone (_rule_decision): nothing else to find
