@@ -191,6 +191,49 @@ def test_the_model_is_shown_the_stored_facts_a_proposal_touches(service, ada, tu
     assert Fact.objects.get(key="car").value == "red bicycle"
 
 
+def test_each_proposal_of_a_turn_is_shown_its_own_stored_facts(service, ada, turn):
+    """Two proposals in one turn (their candidates looked up together): each one's update finds its fact."""
+    episode, messages = turn
+    food = service.set_fact("favourite_food", "steak", scope="user", user_id=ada.pk).fact
+    home = service.set_fact("home_city", "Porto", scope="user", user_id=ada.pk).fact
+    model = scripted(
+        # Keys other than the stored ones: only recall (by meaning, or the words "food" and "city") finds them.
+        [proposal("food", "vegetables, no more steak"), proposal("city", "Lisbon", fact_type="world_knowledge")],
+        [
+            {"proposal": 0, "action": "update", "key": "favourite_food", "reason": "vegetarian now"},
+            {"proposal": 1, "action": "update", "key": "home_city", "reason": "she moved"},
+        ],
+    )
+    report = service.observe(messages, user_id=ada.pk, chat_model=model, episode_id=episode.pk)
+    assert report.ok, report.as_dict()
+    assert [(d["key"], d["fact_id"]) for d in report.decisions] == [("favourite_food", food.pk), ("home_city", home.pk)]
+    food.refresh_from_db()
+    home.refresh_from_db()
+    assert (food.value, home.value) == ("vegetables, no more steak", "Lisbon")
+
+
+def test_a_stored_fact_only_the_turns_meaning_finds_is_shown_with_an_embedder(service, ada, turn):
+    """ "diet: vegetarian" shares no word with "favourite_food: steak"; with an embedder, the turn's
+    meaning ("I'm vegetarian now") finds it among unrelated facts; keyword-only, it is not shown."""
+    episode, messages = turn
+    for n, hobby in enumerate(["tuned the old piano", "knitted a wool scarf", "ran a half marathon", "played chess"]):
+        service.set_fact(f"hobby_{n}", hobby, scope="user", user_id=ada.pk)
+    service.set_fact("favourite_food", "steak", scope="user", user_id=ada.pk)
+    for n, chore in enumerate(["fixed a flat bicycle tyre", "read a mystery novel"]):
+        service.set_fact(f"chore_{n}", chore, scope="user", user_id=ada.pk)
+    model = scripted(
+        [proposal("diet", "vegetarian", words="I'm vegetarian now")],
+        [{"proposal": 0, "action": "delete", "key": "favourite_food", "reason": "no longer true"}],
+    )
+    report = service.observe(messages, user_id=ada.pk, chat_model=model, episode_id=episode.pk)
+    if service.recall_mode() == "hybrid":
+        assert report.ok, report.as_dict()
+        assert not Fact.objects.filter(key="favourite_food").exists()
+    else:
+        assert "not among the stored facts" in report.errors[0]
+        assert Fact.objects.get(key="favourite_food").value == "steak"
+
+
 def test_a_failing_model_writes_nothing_and_is_reported(service, ada, turn):
     episode, messages = turn
     service.set_fact("tea", "green", scope="user", user_id=ada.pk)

@@ -359,6 +359,11 @@ def clear_query_cache():
     _query_cache.clear()
 
 
+def clear_piece_cache():
+    """Forget the documents' piece vectors embedded so far (a benchmark run that must pay for its own)."""
+    _piece_cache.clear()
+
+
 def reset_embedder():
     with _lock:
         _loaded.clear()

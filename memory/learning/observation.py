@@ -6,7 +6,8 @@
 
 Two structured calls of a LangChain chat model per turn, at most: the first proposes facts from
 the turn (key, value, type, scope and the words each came from); then, for each proposal, the
-stored facts it may touch are recalled (by meaning: `recall` in the configured mode, plus the
+stored facts it may touch are recalled (those its own words find, by keyword recall; with an
+embedder, those the turn's meaning finds, by one vector recall of what the user said; and the
 fact stored under the same key), and the second call decides, for every proposal at once, to
 add it, update a stored fact with it, delete a stored fact it makes untrue, or do nothing.
 
@@ -33,6 +34,7 @@ from typing import Any, Literal
 
 from django.db import transaction
 
+from ..embedding.embedder import configured_mode
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound, MemoryServiceError
 from ..models import FactType, Scope
 from ..rules.validation import check_user_id, clean_text
@@ -47,6 +49,8 @@ MAX_PROPOSALS = 20
 CANDIDATES_PER_PROPOSAL = 5
 # The longest turn sent to the model (its start is kept).
 MAX_TURN_CHARS = 8000
+# The longest query candidates are recalled by (recall's own limit).
+MAX_CANDIDATE_QUERY = 4000
 PROVENANCE = "observe"
 
 _EXTRACT_PROMPT = """You read one turn of a conversation and propose the durable facts it states:
@@ -169,6 +173,11 @@ class _Turn:
             lines.append((str(role or "user"), text, str(ref) if ref else str(number)))
         return cls(lines)
 
+    def said(self):
+        """What the user said in the turn (every message, when none is the user's), as one query."""
+        user = [text for role, text, _ in self.lines if role in ("user", "human") and text]
+        return "\n".join(user or [text for _, text, _ in self.lines if text])[:MAX_CANDIDATE_QUERY].strip()
+
     def transcript(self):
         text = "\n".join(f"[{n}] {role}: {text}" for n, (role, text, _) in enumerate(self.lines))
         return text[:MAX_TURN_CHARS]
@@ -238,25 +247,31 @@ class Observer:
 
     # ---- candidates
 
-    def candidates(self, proposal):
-        """The stored facts, visible to this viewer, a proposal may touch: by meaning, and by its key. {key: fact}"""
+    def all_candidates(self, turn, proposals):
+        """Each proposal's candidates, {key: fact}: the stored facts its own words find, the one under
+        its key, and (with an embedder) those the turn's meaning finds.
+
+        By meaning, the turn is recalled once, not each proposal: the proposals are read from the
+        turn, and the turn's words are what the turn's own recall just embedded (the recall node
+        asks with the same message), so the query's vector is usually cached; a vector per proposal
+        would be one more model call each. By words, each proposal is looked up on its own (keyword
+        recall: no model call), so a proposal still finds a stored fact that shares its words.
+        """
+        if self.model is None:  # the rules decide by the key alone (_rule_decision): nothing else to find
+            return [self._same_key(p, {}) for p in proposals]
+        related = self._recall(turn.said(), "vector") if configured_mode() == "hybrid" else []
+        return [self.candidates(p, related) for p in proposals]
+
+    def candidates(self, proposal, related=()):
+        """The stored facts, visible to this viewer, one proposal may touch, {key: fact}: those its
+        words find, those in `related` (the turn's, by meaning), and the one under its key."""
         found = {}
-        query = f"{str(proposal['key']).replace('_', ' ')} {value_text(proposal['value'])}"
-        try:
-            hits = self.service.recall(
-                query[:4000],
-                types=("facts",),
-                limit=CANDIDATES_PER_PROPOSAL,
-                min_confidence=0.0,
-                record=False,  # looking for what to reconcile is not a use of the memory
-                **self.viewer,
-            )
-        except InvalidMemoryArgument:  # a query with no searchable word: the key alone still finds its fact
-            hits = []
-        except MemoryNotFound as exc:  # the person does not exist (or was forgotten meanwhile): nothing to write
-            raise ObservationFailed(f"user_id: {exc}") from exc
-        for hit in hits:
+        for hit in [*self._recall(_candidate_query(proposal), "keyword"), *related]:
             found.setdefault(hit.item.key, hit.item)
+        return self._same_key(proposal, found)
+
+    def _same_key(self, proposal, found):
+        """`found` with the fact this viewer sees under the proposal's key, if any."""
         if proposal["key"] not in found:
             try:
                 same_key = self.service.get_fact(proposal["key"], **self.viewer)
@@ -265,6 +280,22 @@ class Observer:
             if same_key is not None:
                 found[same_key.key] = same_key
         return found
+
+    def _recall(self, query, mode):
+        try:
+            return self.service.recall(
+                query,
+                types=("facts",),
+                limit=CANDIDATES_PER_PROPOSAL,
+                min_confidence=0.0,
+                mode=mode,
+                record=False,  # looking for what to reconcile is not a use of the memory
+                **self.viewer,
+            )
+        except InvalidMemoryArgument:  # a query with no searchable word: the key alone still finds its fact
+            return []
+        except MemoryNotFound as exc:  # the person does not exist (or was forgotten meanwhile): nothing to write
+            raise ObservationFailed(f"user_id: {exc}") from exc
 
     # ---- decisions
 
@@ -372,6 +403,12 @@ class Observer:
         return {**done, "fact_id": write.fact.pk, "write": write.action}
 
 
+def _candidate_query(proposal):
+    """What a proposal's candidates are found by: its key's words and its value."""
+    query = f"{str(proposal['key']).replace('_', ' ')} {value_text(proposal['value'])}"
+    return query[:MAX_CANDIDATE_QUERY].strip()
+
+
 class _Refused(Exception):
     """A write the service refused: every write of the turn is rolled back."""
 
@@ -408,7 +445,7 @@ def run_observe(service, messages, *, user_id, agent_id="", session_id=None, cha
         report.proposals = [{k: p[k] for k in ("key", "value", "fact_type", "scope", "words")} for p in proposals]
         if not proposals:
             return report
-        candidates = [observer.candidates(p) for p in proposals]
+        candidates = observer.all_candidates(turn, proposals)
         decisions = observer.check(proposals, candidates, observer.decide(proposals, candidates))
     except ObservationFailed as exc:
         logger.warning("observe: nothing written: %s", exc)
