@@ -10,13 +10,16 @@ worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
 
 - load: Telegram updates to the demo workflow through both servers, half each, while a `manage.py`
   command writes --facts facts; then, --settle seconds after the load stops, how many documents are
-  still pending, and how many texts the model was given per document (each process's model calls
-  are appended to one file by the CountingEmbeddings wrapper below; 1.00 means each text once);
+  still pending;
+- embeddings per document version: how often each (document, text) version was given to the model,
+  across every process (each logs what it embeds: memory/recall/claims.py, note_embedding); 1.00
+  means once each. Beside it the raw figures of the model's texts (model_calls below);
 - freshness: a message sent on A, recall (vector mode) polled on B until its episode is found, p50/p95;
 - reminders: --reminders due at once, delivered by the beat's `workflows.deliver_reminders` through
   the fake Telegram Bot API; the worker running the delivery is killed (SIGKILL) a third of the way
   through; delivered and duplicated sends are counted at the fake Bot API;
-- RSS of each process (with its children: the embedding model's process) at the end.
+- memory of each process with its children at the end: RSS, and PSS (shared pages divided between
+  the processes that share them).
 
 The forget trials are bench/cluster/forget.py's (also runnable alone: python -m bench.cluster.forget).
 """
@@ -132,6 +135,14 @@ def _memory_mb(pid):
         fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup[1:]}
         rss, pss, processes = rss + fields.get("Rss", 0), pss + fields.get("Pss", 0), processes + 1
     return {"rss": round(rss / 1024, 1), "pss": round(pss / 1024, 1), "processes": processes}
+
+
+def _worker_bound_mb():
+    """What a worker should stay within: its vector cap (MEMORY["VECTOR_CACHE_MB"]) + 150 MB."""
+    from memory.conf import memory_settings
+
+    cap = memory_settings.VECTOR_CACHE_MB
+    return None if cap is None else float(cap) + 150
 
 
 def _percentile(values, share):
@@ -470,6 +481,7 @@ def main(argv=None):
                 results["freshness"] = freshness(cluster, args, send)
                 results["forget"] = forget_trials(cluster, args)
                 results["memory_mb"] = cluster.memory()
+                results["worker_bound_mb"] = _worker_bound_mb()
                 results["reminders"] = reminders(cluster, args, bot)
             finally:
                 cluster.stop()
