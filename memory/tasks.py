@@ -10,12 +10,17 @@ nothing here runs: each process embeds on its own worker thread and the `memory`
 - `memory.consolidate`, `memory.promote`, `memory.prune`: the beat's periodic jobs, each run once per
   period across every beat and machine (`once_per_period`). `workflows.deliver_reminders` joins them
   from the workflows app (memory never imports workflows).
+
+A worker serves no requests, so the bundled model runs in the worker's own process (one copy of it,
+not one more per child process: memory.embedding.embedder.serve_tasks_only), and after a batch the
+memory its activations took goes back to the system.
 """
 
 import logging
 import time
 
 from celery import shared_task
+from celery.signals import worker_init
 
 from .service import MemoryService
 
@@ -26,10 +31,18 @@ logger = logging.getLogger("engram.memory")
 DRAIN_SECONDS = 60.0
 
 
+@worker_init.connect
+def _serve_tasks_only(**kwargs):
+    from .embedding.embedder import serve_tasks_only
+
+    serve_tasks_only()
+
+
 @shared_task(name="memory.embed_pending", ignore_result=True)
 def embed_pending():
     """Embed every pending document this worker can claim; then queue the `similar` edges of those."""
     from .embedding.embedder import configured_mode
+    from .embedding.model_process import release_freed_memory
     from .recall.indexer import drain_pending, model_texts
 
     if configured_mode() != "hybrid":
@@ -38,7 +51,12 @@ def embed_pending():
     stored, embedded = drain_pending(deadline=time.monotonic() + DRAIN_SECONDS)
     if embedded:
         link_similar.delay(embedded)
-    report = {"stored": stored, "model_texts": model_texts["count"] - before}
+    texts = model_texts["count"] - before
+    if texts:
+        # The model's activations for a batch are freed, but glibc keeps the pages: without this a
+        # worker stays at the size of the longest batch it ever embedded.
+        release_freed_memory()
+    report = {"stored": stored, "model_texts": texts}
     if stored:
         logger.info("embedded %(stored)d documents (%(model_texts)d texts to the model)", report)
     return report

@@ -1,6 +1,7 @@
 """Hybrid recall with the bundled all-MiniLM-L6-v2 (the `embeddings` extra); skipped when it is not installed."""
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -126,6 +127,19 @@ def test_engrams_runtime_gives_the_sentence_transformers_vectors(local_model):
         reference.encode("I like green tea", normalize_embeddings=True),
         atol=1e-4,
     )
+
+
+def test_a_task_workers_model_gives_the_vectors_a_servers_model_gives(local_model):
+    """A Celery worker's model keeps no prepacked copy of the weights (memory.embedding.local_model);
+    the documents it embeds are compared with the questions a server embeds, so the vectors must agree."""
+    import numpy as np
+
+    from memory.embedding.local_model import MiniLM
+
+    folder = local_model.embeddings.process._folder
+    texts = unrelated(40) + [" ".join(unrelated(60, seed=5))]
+    worker = MiniLM(Path(folder), prepack=False).encode(texts)
+    assert np.allclose(worker, local_model.embeddings._model.encode(texts), atol=1e-5)
 
 
 def test_documents_are_embedded_by_a_child_process_at_the_lowest_priority(monkeypatch, local_model):

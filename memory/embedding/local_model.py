@@ -148,9 +148,13 @@ class MiniLM:
 
     `threads`: ONNX Runtime's threads for one forward pass. Idle ones sleep at once instead of
     spinning: a spinning thread, even in a process at nice 19, delays every wake-up of the others.
+    `prepack`: ONNX Runtime's own copies of the weights laid out for its matrix products, about 40 MB
+    of the process's memory. Without them it reads the weights where they are mapped from the file
+    (page cache, shared by every process of the machine): batches of documents take about as long, one short
+    question about a tenth longer (a task worker embeds no questions: memory.embedding.embedder).
     """
 
-    def __init__(self, folder, threads=1):
+    def __init__(self, folder, threads=1, prepack=True):
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -177,6 +181,8 @@ class MiniLM:
         options.enable_cpu_mem_arena = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        if not prepack:
+            options.add_session_config_entry("session.disable_prepacking", "1")
         # Where the graph's weight references point: the model's folder (the graph comes as bytes).
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         self._session = onnxruntime.InferenceSession(

@@ -12,8 +12,14 @@ same transaction.
 The claim is in the database rather than in a broker because brokers deliver a task at least once,
 and because writers that run no broker (the embedded default, a `manage.py` command) share the same
 backlog.
+
+With the logger "engram.memory.embedded" at DEBUG, each process logs the document versions it gives
+the model (`note_embedding`): source, then id:digest of the text:pieces for each. Off by default;
+`python -m bench.cluster` turns it on to count how often each version was embedded across processes.
 """
 
+import hashlib
+import logging
 import os
 import socket
 import uuid
@@ -27,6 +33,7 @@ from ..models import EmbeddingClaim, RecallDocument
 
 RECALL, STORE = "recall", "store"
 _HOST = socket.gethostname()[:40]
+embedded_log = logging.getLogger("engram.memory.embedded")
 
 
 def source_of(model):
@@ -93,3 +100,23 @@ def store_sql(model):
         f"AND EXISTS (SELECT 1 FROM {claims} c WHERE c.source = '{source_of(model)}' "
         f"AND c.row_id = {table}.id AND c.claimed_by = %s)"
     )
+
+
+def note_embedding(model, docs):
+    """Log (DEBUG, "engram.memory.embedded") the (id, text) versions of `model` about to be embedded:
+    ids and a digest of each text (never the text), with its number of pieces."""
+    if not embedded_log.isEnabledFor(logging.DEBUG):
+        return
+    from ..embedding.embedder import split_pieces, without_date_line
+
+    words = int(memory_settings.EMBED_PIECE_WORDS)
+    versions = (
+        f"{doc_id}:{text_digest(text)}:{len(split_pieces(without_date_line(text), words)) if model is RecallDocument else 1}"
+        for doc_id, text in docs
+    )
+    embedded_log.debug("%s %s", source_of(model), " ".join(versions))
+
+
+def text_digest(text):
+    """A short digest that tells versions of a document's text apart (note_embedding, bench.cluster)."""
+    return hashlib.sha1(text.encode()).hexdigest()[:12]

@@ -46,7 +46,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
-from .claims import claim, new_token, release, store_sql, unclaimed_pending_ids
+from .claims import claim, new_token, note_embedding, release, store_sql, unclaimed_pending_ids
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -97,6 +97,7 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
 
 def _embed_and_store(embedder, docs, model, token):
     texts = [text for _, text in docs]
+    note_embedding(model, docs)
     # A recall document stores one vector per piece of its text (long episodes); a store item one.
     vectors = embedder.pieces(texts) if model is RecallDocument else embedder.documents(texts)
     note_model_texts(len(texts))

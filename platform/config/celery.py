@@ -1,7 +1,10 @@
 """The site's Celery app: background work on workers, when a broker is configured (ENGRAM_TASK_BROKER).
 
-    celery --workdir platform -A config worker      # any number, on any machine that reaches the database
-    celery --workdir platform -A config beat        # the schedule (two are safe: each job runs once per period)
+    celery --workdir platform -A config worker --pool solo   # any number, on any machine that reaches the database
+    celery --workdir platform -A config beat                 # the schedule (two are safe: each job runs once per period)
+
+A worker runs the embedding model in its own process (memory/tasks.py); with prefork, Celery's
+default pool, each child would load its own: `--pool solo` or `--pool threads` keep one per worker.
 
 The tasks are memory/tasks.py and workflows/tasks.py (autodiscovered). Without a broker nothing here
 runs: every process embeds its own writes on a worker thread (the embedded default).
