@@ -283,7 +283,14 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 
     def pinned_procedures(self, agent_id):
         """The agent's and the shared active pinned procedures; the agent's own hides a shared one of its name."""
-        found = list(Procedure.objects.filter(pinned=True, is_active=True, agent_id__in={agent_id, ""}))
+        # Asked on every recall of a workflow: the backend's own SQL, as building the queryset cost
+        # more than the statement.
+        table = Procedure._meta.db_table
+        sql = (
+            f"SELECT {select_columns(Procedure, table)} FROM {table} "
+            f"WHERE {table}.pinned = %s AND {table}.is_active = %s AND {table}.agent_id IN (%s, %s)"
+        )
+        found = fetch_models(Procedure, sql, [True, True, agent_id, ""])
         own = {p.name for p in found if p.agent_id}
         return sorted((p for p in found if p.agent_id or p.name not in own), key=lambda p: (p.name, p.pk))
 
@@ -328,6 +335,15 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             sql += " FOR UPDATE"
         found = self._facts(sql, [*params, fact.key])
         return found[0] if found else None
+
+    def count_owned_facts(self, scope_key, up_to):
+        """How many facts the owner `scope_key` holds, counted no further than `up_to`. One query."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {FACT_TABLE} f WHERE f.scope_key = %s LIMIT %s) owned",
+                [scope_key, up_to],
+            )
+            return cursor.fetchone()[0]
 
     def update_fact(self, pk, changes, supersede=False, closes=None):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).

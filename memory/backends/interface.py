@@ -36,6 +36,9 @@ class StorageBackend(Protocol):
         """Insert `fact` unless its (owner, key) exists, under a merged user's survivor; True if inserted.
         The row is the fact's current version: no history row."""
 
+    def count_owned_facts(self, scope_key, up_to):
+        """How many facts the owner `scope_key` holds, counted no further than `up_to`. One query."""
+
     def update_fact(self, pk, changes, supersede=False, closes=None):
         """UPDATE one fact: column -> value, or -> (SQL over the old row, params); `supersede`: first
         keep the state it replaces as a history version (copied in the database), its valid time
