@@ -399,7 +399,7 @@ def fact_update_sql(changes):
             params.extend(change[1])
         else:
             sets.append(f"{_q(column)} = %s")
-            params.append(_FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
+            params.append(None if change is None else _FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
     return f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", params
 
 
