@@ -115,6 +115,13 @@ def test_owned_facts_are_counted_per_owner_no_further_than_asked(backend, servic
     assert backend.count_owned_facts("agent:other", 10) == 0
 
 
+def test_hold_people_answers_the_ids_that_still_exist(backend, service, user_factory):
+    ada, bea, cy = user_factory("ada"), user_factory("bea"), user_factory("cy")
+    service.delete_users([cy.pk], cascade=True)
+    with transaction.atomic():
+        assert backend.hold_people([bea.pk, ada.pk, ada.pk, cy.pk, 987654]) == {ada.pk, bea.pk}
+
+
 def test_writes_by_a_merged_users_id_land_on_the_survivor(backend, service, user_factory):
     ada, bea = user_factory("ada"), user_factory("bea")
     service.merge_users(ada.pk, bea.pk)

@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 from ..models.owners import GLOBAL, fact_owner_key, owner_key, user_owner_sql
+from ..rules.validation import chunks
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
 from .store_rows import StoreSQL
@@ -257,6 +258,26 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         IMMEDIATE transactions already exclude a concurrent merge, so the base does nothing; see the
         PostgreSQL backend.
         """
+
+    # What a writer's hold on a person adds to its SELECT (see hold_people): nothing on SQLite, whose
+    # IMMEDIATE transactions already hold the whole database; PostgreSQL locks the rows.
+    hold_people_lock_sql = ""
+
+    def hold_people(self, user_ids):
+        """Hold these people against a concurrent forget until the transaction ends (the writer's side
+        of memory/rules/persons.py); the ids that still exist: write nothing for the others. One query
+        per ID_CHUNK ids, in id order."""
+        if not connection.in_atomic_block:
+            raise RuntimeError("the person lock is taken inside a transaction and held until it ends")
+        alive = set()
+        with connection.cursor() as cursor:
+            for chunk in chunks(sorted({int(u) for u in user_ids})):
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"SELECT id FROM {USER_TABLE} WHERE id IN ({marks}) ORDER BY id{self.hold_people_lock_sql}", chunk
+                )
+                alive.update(row[0] for row in cursor.fetchall())
+        return alive
 
     def pinned_facts(self, viewer):
         """The pinned facts the viewer sees, less those a more specific fact of the viewer's with the

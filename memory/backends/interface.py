@@ -44,6 +44,9 @@ class StorageBackend(Protocol):
         keep the state it replaces as a history version (copied in the database), its valid time
         ended at `closes` when that is a time (unless it ended before)."""
 
+    def hold_people(self, user_ids):
+        """Hold these people against a concurrent forget until the transaction ends; the ids that still exist."""
+
     def hold_user(self, user_id):
         """Keep the user from being merged away until the transaction ends (before a write by user id)."""
 
