@@ -42,14 +42,17 @@ def scrub(text):
     from the original text, and the rest of it (emoji joiners included) stays as it was written.
     """
     text = str(text)
-    normalised, origin = [], []
-    for index, char in enumerate(text):
-        if unicodedata.category(char) == "Cf":
-            continue
-        folded = unicodedata.normalize("NFKC", char)
-        normalised.append(folded)
-        origin.extend([index] * len(folded))
-    spans = [(origin[m.start()], origin[m.end() - 1] + 1) for m in _TAG.finditer("".join(normalised))]
+    if text.isascii():  # NFKC keeps ASCII as it is and none of it is a format character: its own copy
+        spans = [m.span() for m in _TAG.finditer(text)]
+    else:
+        normalised, origin = [], []
+        for index, char in enumerate(text):
+            if unicodedata.category(char) == "Cf":
+                continue
+            folded = unicodedata.normalize("NFKC", char)
+            normalised.append(folded)
+            origin.extend([index] * len(folded))
+        spans = [(origin[m.start()], origin[m.end() - 1] + 1) for m in _TAG.finditer("".join(normalised))]
     if not spans:
         return text
     pieces, done = [], 0

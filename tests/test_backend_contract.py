@@ -103,6 +103,25 @@ def test_insert_if_absent_owned_fact_and_update(backend, service, user_factory):
     assert fact.value == 3 and fact.times_confirmed == 2
 
 
+def test_owned_facts_are_counted_per_owner_no_further_than_asked(backend, service, user_factory):
+    ada = user_factory("ada")
+    for key in ("a", "b", "c"):
+        service.set_fact(key, 1, scope=Scope.USER, user_id=ada.pk)
+    service.set_fact("a", 1, scope=Scope.AGENT, agent_id="bot")
+    owner = f"user:{ada.pk}"
+    assert backend.count_owned_facts(owner, 10) == 3
+    assert backend.count_owned_facts(owner, 2) == 2
+    assert backend.count_owned_facts("agent:bot", 10) == 1
+    assert backend.count_owned_facts("agent:other", 10) == 0
+
+
+def test_hold_people_answers_the_ids_that_still_exist(backend, service, user_factory):
+    ada, bea, cy = user_factory("ada"), user_factory("bea"), user_factory("cy")
+    service.delete_users([cy.pk], cascade=True)
+    with transaction.atomic():
+        assert backend.hold_people([bea.pk, ada.pk, ada.pk, cy.pk, 987654]) == {ada.pk, bea.pk}
+
+
 def test_writes_by_a_merged_users_id_land_on_the_survivor(backend, service, user_factory):
     ada, bea = user_factory("ada"), user_factory("bea")
     service.merge_users(ada.pk, bea.pk)

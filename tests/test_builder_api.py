@@ -12,6 +12,7 @@ from memory.models import Fact
 from memory.service import MemoryService
 from workflows.demo import DEMO_DEFINITION
 from workflows.exceptions import InvalidDefinition
+from workflows.graph.runs import jsonable
 from workflows.graph.runtime import run_workflow
 from workflows.language.definition import compile_definition, definition_errors, validate_definition
 from workflows.models import Workflow, WorkflowRun
@@ -306,6 +307,20 @@ def test_the_run_endpoint_records_runs_too(api, demo_workflow):
     body = api.post("/api/v1/workflows/demo/run/", {"user_id": "u1", "message": "hi"}, format="json").json()
     run = WorkflowRun.objects.get(pk=body["run_id"])
     assert run.trigger == "chat" and run.status == "succeeded" and run.reply == body["reply"]
+
+
+def test_a_runs_record_keeps_its_text_and_replaces_only_what_no_column_keeps(demo_workflow):
+    text = "hi \U0001f600, a backslash: \\u0000 \\ud800"  # an astral character, and escapes as plain text
+    result = run_workflow(demo_workflow, {"type": "chat", "payload": {"user_id": "u1", "message": text}})
+    run = WorkflowRun.objects.get(pk=result.run_id)
+    assert run.input["message"] == text
+    started = next(e for e in run.events if e["event"] == "node_started")
+    assert started["data"]["input"]["messages"][0]["content"] == text
+    # What a model or a node wrote reaches the record with a NUL or a lone surrogate replaced (keys too).
+    assert jsonable({"k\x00": ["a\ud800b", ("t", 1)], "e": "\U0001f600"}) == {
+        "k\ufffd": ["a\ufffdb", ["t", 1]],
+        "e": "\U0001f600",
+    }
 
 
 def test_runs_are_listed_per_workflow_retrieved_and_deleted(api, demo_workflow, django_assert_max_num_queries):

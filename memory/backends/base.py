@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
 from ..models.owners import GLOBAL, fact_owner_key, owner_key, user_owner_sql
+from ..rules.validation import chunks
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
 from .store_rows import StoreSQL
@@ -258,6 +259,26 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         PostgreSQL backend.
         """
 
+    # What a writer's hold on a person adds to its SELECT (see hold_people): nothing on SQLite, whose
+    # IMMEDIATE transactions already hold the whole database; PostgreSQL locks the rows.
+    hold_people_lock_sql = ""
+
+    def hold_people(self, user_ids):
+        """Hold these people against a concurrent forget until the transaction ends (the writer's side
+        of memory/rules/persons.py); the ids that still exist: write nothing for the others. One query
+        per ID_CHUNK ids, in id order."""
+        if not connection.in_atomic_block:
+            raise RuntimeError("the person lock is taken inside a transaction and held until it ends")
+        alive = set()
+        with connection.cursor() as cursor:
+            for chunk in chunks(sorted({int(u) for u in user_ids})):
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"SELECT id FROM {USER_TABLE} WHERE id IN ({marks}) ORDER BY id{self.hold_people_lock_sql}", chunk
+                )
+                alive.update(row[0] for row in cursor.fetchall())
+        return alive
+
     def pinned_facts(self, viewer):
         """The pinned facts the viewer sees, less those a more specific fact of the viewer's with the
         same key hides (as visible_facts shadows). Two queries: the pins, then their keys' owners."""
@@ -283,7 +304,14 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 
     def pinned_procedures(self, agent_id):
         """The agent's and the shared active pinned procedures; the agent's own hides a shared one of its name."""
-        found = list(Procedure.objects.filter(pinned=True, is_active=True, agent_id__in={agent_id, ""}))
+        # Asked on every recall of a workflow: the backend's own SQL, as building the queryset cost
+        # more than the statement.
+        table = Procedure._meta.db_table
+        sql = (
+            f"SELECT {select_columns(Procedure, table)} FROM {table} "
+            f"WHERE {table}.pinned = %s AND {table}.is_active = %s AND {table}.agent_id IN (%s, %s)"
+        )
+        found = fetch_models(Procedure, sql, [True, True, agent_id, ""])
         own = {p.name for p in found if p.agent_id}
         return sorted((p for p in found if p.agent_id or p.name not in own), key=lambda p: (p.name, p.pk))
 
@@ -328,6 +356,15 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             sql += " FOR UPDATE"
         found = self._facts(sql, [*params, fact.key])
         return found[0] if found else None
+
+    def count_owned_facts(self, scope_key, up_to):
+        """How many facts the owner `scope_key` holds, counted no further than `up_to`. One query."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {FACT_TABLE} f WHERE f.scope_key = %s LIMIT %s) owned",
+                [scope_key, up_to],
+            )
+            return cursor.fetchone()[0]
 
     def update_fact(self, pk, changes, supersede=False, closes=None):
         """UPDATE one fact. `changes`: column -> value, or -> (SQL over the old row, params).
@@ -383,7 +420,7 @@ def fact_update_sql(changes):
             params.extend(change[1])
         else:
             sets.append(f"{_q(column)} = %s")
-            params.append(_FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
+            params.append(None if change is None else _FIELDS_BY_COLUMN[column].get_db_prep_save(change, conn))
     return f"UPDATE {FACT_TABLE} SET {', '.join(sets)} WHERE id = %s", params
 
 

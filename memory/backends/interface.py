@@ -36,10 +36,16 @@ class StorageBackend(Protocol):
         """Insert `fact` unless its (owner, key) exists, under a merged user's survivor; True if inserted.
         The row is the fact's current version: no history row."""
 
+    def count_owned_facts(self, scope_key, up_to):
+        """How many facts the owner `scope_key` holds, counted no further than `up_to`. One query."""
+
     def update_fact(self, pk, changes, supersede=False, closes=None):
         """UPDATE one fact: column -> value, or -> (SQL over the old row, params); `supersede`: first
         keep the state it replaces as a history version (copied in the database), its valid time
         ended at `closes` when that is a time (unless it ended before)."""
+
+    def hold_people(self, user_ids):
+        """Hold these people against a concurrent forget until the transaction ends; the ids that still exist."""
 
     def hold_user(self, user_id):
         """Keep the user from being merged away until the transaction ends (before a write by user id)."""

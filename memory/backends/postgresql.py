@@ -37,6 +37,8 @@ from .store_rows import postgresql_equality_is_exact, postgresql_field_equals
 class PostgreSQLBackend(MemoryBackend):
     vendor = "postgresql"
     scrub_after_erasure = postgresql_scrub
+    # The forget takes FOR UPDATE on the person's row, which conflicts with this (memory/rules/persons.py).
+    hold_people_lock_sql = " FOR NO KEY UPDATE"
 
     def reclaim_space(self):
         return 0  # autovacuum reclaims dead rows itself

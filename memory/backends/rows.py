@@ -225,6 +225,8 @@ class RowInsert:
                     now_db = field.get_db_prep_save(now, conn)
                 setattr(obj, field.attname, now)
                 params.append(now_db)
+            elif value is None:  # NULL is NULL to every field (valid time, last access, ...)
+                params.append(None)
             else:
                 params.append(field.get_db_prep_save(value, conn))
         return params

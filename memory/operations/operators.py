@@ -185,9 +185,9 @@ class Operators:
 
     def hold_person(self, user_id):
         """Inside the caller's transaction: hold this person against a concurrent forget until it ends
-        (memory/domain/persons.py). Raises PersonForgotten if they were forgotten: write nothing for them."""
+        (memory/rules/persons.py). Raises PersonForgotten if they were forgotten: write nothing for them."""
         user_id = check_user_id("user_id", user_id, required=True)
-        if user_id not in persons.hold_people([user_id]):
+        if user_id not in self.backend.hold_people([user_id]):
             raise PersonForgotten(user_id)
 
     def was_forgotten(self, user_id):

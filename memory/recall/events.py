@@ -9,11 +9,11 @@ count. Hits still in the buffer when a process is killed are lost; they are stat
 import logging
 from collections import Counter
 
+from ..backends import get_backend
 from ..backends.rows import bump_counters
 from ..buffers import WriteBuffer
 from ..conf import memory_settings
 from ..models import RecallDocument, RecallEvent
-from ..rules.persons import hold_people
 
 logger = logging.getLogger("engram.memory")
 
@@ -81,7 +81,7 @@ class RecallLog(WriteBuffer):
         # Under the person lock: events of someone forgotten meanwhile (by another process, whose
         # forget could not drop this buffer) are dropped, never written under a deleted id.
         people = {e.user_id for e in hits if e.user_id is not None}
-        alive = hold_people(people) if people else set()
+        alive = get_backend().hold_people(people) if people else set()
         if people - alive:
             kept = _Hits((e for e in hits if e.user_id is None or e.user_id in alive), hits.references)
             logger.warning("dropped %d recall event(s) of forgotten people", len(hits) - len(kept))

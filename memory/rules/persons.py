@@ -7,6 +7,9 @@ lock inside their transaction: on PostgreSQL a lock on the person's `MemoryUser`
 FOR UPDATE, writers FOR NO KEY UPDATE, which it conflicts with), on SQLite the database's write lock,
 which every transaction takes at BEGIN (IMMEDIATE). A writer that gets the lock after a forget finds no
 row and writes nothing for that person.
+
+The forget's side is here (lock_for_forget); the writers' side is the storage backend's
+`hold_people` (memory/backends/base.py), one statement the writes of every turn run several times.
 """
 
 from django.db import connection
@@ -18,17 +21,6 @@ from .validation import chunks
 def _require_transaction():
     if not connection.in_atomic_block:
         raise RuntimeError("the person lock is taken inside a transaction and held until it ends")
-
-
-def hold_people(user_ids):
-    """Lock these people against a concurrent forget until the transaction ends; returns the ids that
-    still exist (a forgotten person's are missing: write nothing for them)."""
-    _require_transaction()
-    alive = set()
-    for chunk in chunks(sorted({int(u) for u in user_ids})):
-        rows = MemoryUser.objects.select_for_update(no_key=True).filter(pk__in=chunk).order_by("pk")
-        alive.update(rows.values_list("pk", flat=True))
-    return alive
 
 
 def lock_for_forget(user_ids):
