@@ -18,6 +18,7 @@ from django.db.backends.signals import connection_created
 
 from .base import (
     FACT_TABLE,
+    TEAMS_SQL,
     TRIGRAM,
     USER_OWNER_SQL,
     WALK_OWNERS,
@@ -256,16 +257,25 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
         unknown size made it filter through a Bloom filter built by scanning every fact.
         """
         static = [owner_marker(k) for k in owner_keys(viewer, include_user=False)]
-        head = f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)
-        if viewer.user_id is None:
-            match_sql, params = "%s", [head + ")"]
-        else:  # the user's marker follows merges inside the query, like the owner filter does
-            match_sql = f"%s || engram_owner_marker({USER_OWNER_SQL}) || '\")'"
-            params = [head + ' OR "', viewer.user_id, viewer.user_id]
-        owners, owner_params = owners_sql(viewer)
+        # The MATCH expression, built in the query where an owner is (the user's marker follows
+        # merges, an agent's teams come from the membership table), like the owner filter.
+        pieces = [("%s", [f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)])]
+        if viewer.user_id is not None:
+            pieces.append((f"' OR \"' || engram_owner_marker({USER_OWNER_SQL}) || '\"'", [viewer.user_id] * 2))
+        if viewer.agent_id:
+            pieces.append(
+                (
+                    "COALESCE((SELECT group_concat(' OR \"' || engram_owner_marker(t.owner) || '\"', '') "
+                    f"FROM ({TEAMS_SQL}) t), '')",
+                    [viewer.agent_id],
+                )
+            )
+        match_sql = " || ".join([*(sql for sql, _ in pieces), "')'"])
+        params = [p for _, piece_params in pieces for p in piece_params]
+        owners, owner_params = owners_sql(viewer, "scope_key")
         return (
             f"f.id IN (SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql} "
-            f"UNION SELECT fact_id FROM memory_fact_fts_pending WHERE scope_key {owners})",
+            f"UNION SELECT fact_id FROM memory_fact_fts_pending WHERE {owners})",
             [*params, *owner_params],
         )
 
