@@ -124,9 +124,11 @@ class MemoryService:
     create_team = _delegate("teams", Teams.create_team)
     get_team = _delegate("teams", Teams.get_team)
     list_teams = _delegate("teams", Teams.teams)
+    team_list = _delegate("teams", Teams.team_list)
     team_members = _delegate("teams", Teams.team_members)
     set_team_members = _delegate("teams", Teams.set_team_members)
     delete_team = _delegate("teams", Teams.delete_team)
+    delete_teams = _delegate("teams", Teams.delete_teams)
 
     # ---- episodes (memory/domain/episodes.py)
     start_episode = _delegate("episodes", Episodes.start_episode)

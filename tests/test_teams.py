@@ -206,3 +206,103 @@ def test_the_lookup_is_one_statement_on_postgresql_too(service, crew, requires_p
         cursor.execute("SELECT count(*) FROM memory_team_member")
         assert cursor.fetchone()[0] == 2
     assert service.get_fact("k", agent_id="a2").value == "team"
+
+
+# ------------------------------------------------------------------ REST API
+
+
+def test_rest_creates_lists_filters_and_deletes_teams(api, service):
+    created = api.post("/api/v1/teams/", {"name": "ops", "agent_ids": ["a2", "a1"]}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["agent_ids"] == ["a1", "a2"]
+    api.post("/api/v1/teams/", {"name": "db", "agent_ids": ["a3"]}, format="json")
+    assert [t["name"] for t in api.get("/api/v1/teams/").json()["results"]] == ["db", "ops"]
+    assert [t["name"] for t in api.get("/api/v1/teams/?agent_id=a1").json()["results"]] == ["ops"]
+    taken = api.post("/api/v1/teams/", {"name": "ops"}, format="json")
+    assert taken.status_code == 400 and "name" in taken.json()
+    ops = created.json()["id"]
+    moved = api.post(f"/api/v1/teams/{ops}/members/", {"add": ["a4"], "remove": ["a1"]}, format="json")
+    assert moved.json()["agent_ids"] == ["a2", "a4"]
+    service.set_fact("runbook", "page", scope="team", team="ops")
+    assert api.delete(f"/api/v1/teams/{ops}/").status_code == 204
+    assert not Team.objects.filter(pk=ops).exists() and not Fact.objects.filter(key="runbook").exists()
+    assert api.get("/api/v1/teams/9999/").status_code == 404
+
+
+def test_rest_writes_and_reads_team_facts(api, service, crew):
+    written = api.post(
+        "/api/v1/facts/", {"key": "runbook", "value": "page the lead", "scope": "team", "team": "ops"}, format="json"
+    )
+    assert written.status_code == 201, written.json()
+    assert (written.json()["fact"]["scope"], written.json()["fact"]["scope_key"]) == ("team", f"team:{crew.pk}")
+    api.post("/api/v1/facts/", {"key": "runbook", "value": "ask around", "scope": "global"}, format="json")
+    seen = api.get("/api/v1/facts/lookup/", {"key": "runbook", "agent_id": "a1"}).json()["fact"]
+    assert seen["value"] == "page the lead"
+    outside = api.get("/api/v1/facts/lookup/", {"key": "runbook", "agent_id": "x1"}).json()["fact"]
+    assert outside["value"] == "ask around"
+    listed = api.get("/api/v1/facts/", {"team": "ops"}).json()["results"]
+    assert [(f["key"], f["team"]) for f in listed] == [("runbook", "ops")]
+    assert [f["key"] for f in api.get("/api/v1/facts/", {"scope": "team"}).json()["results"]] == ["runbook"]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"scope": "team", "team": "nobody"}, "team"),
+        ({"scope": "team"}, "team"),
+        ({"scope": "team", "team": "ops", "agent_id": "x1"}, "agent_id"),
+        ({"scope": "agent", "agent_id": "a1", "team": "ops"}, "team"),
+    ],
+)
+def test_rest_fact_errors_name_the_field_and_write_nothing(api, crew, body, field):
+    response = api.post("/api/v1/facts/", {"key": "k", "value": "v", **body}, format="json")
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+    assert not Fact.objects.exists()
+
+
+def test_rest_filter_by_an_unknown_team_is_an_error_naming_it(api, crew):
+    response = api.get("/api/v1/facts/", {"team": "nobody"})
+    assert response.status_code == 400 and list(response.json()) == ["team"]
+    members = api.post(f"/api/v1/teams/{crew.pk}/members/", {"add": [""]}, format="json")
+    assert members.status_code == 400 and "add" in members.json()
+
+
+# ------------------------------------------------------------------ the /memories/ admin
+
+
+def test_admin_adds_a_team_with_members_and_lists_it(staff_client):
+    response = staff_client.post(
+        "/memories/memory/team/add/",
+        {
+            "name": "ops",
+            "description": "",
+            "members-TOTAL_FORMS": "2",
+            "members-INITIAL_FORMS": "0",
+            "members-0-agent_id": "a1",
+            "members-1-agent_id": "a2",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert sorted(TeamMember.objects.values_list("agent_id", flat=True)) == ["a1", "a2"]
+    listing = staff_client.get("/memories/memory/team/").content.decode()
+    assert "ops" in listing and "a1, a2" in listing
+
+
+def test_admin_fact_list_filters_team_facts_and_names_the_team(staff_client, service, crew):
+    service.set_fact("runbook", "page the lead", scope="team", team="ops")
+    service.set_fact("motto", "ship it", scope="global")
+    page = staff_client.get("/memories/memory/fact/", {"scope__exact": "team"})
+    assert [f.key for f in page.context["cl"].result_list] == ["runbook"]
+    assert "team ops" in page.content.decode()
+    by_team = staff_client.get("/memories/memory/fact/", {"team__id__exact": crew.pk})
+    assert [f.key for f in by_team.context["cl"].result_list] == ["runbook"]
+
+
+def test_admin_deletes_a_team_with_its_facts(staff_client, service, crew):
+    service.set_fact("runbook", "page the lead", scope="team", team="ops")
+    response = staff_client.post(
+        "/memories/memory/team/", {"action": "delete_memories", "_selected_action": [crew.pk], "post": "yes"}
+    )
+    assert response.status_code == 302
+    assert not Team.objects.exists() and not Fact.objects.exists()

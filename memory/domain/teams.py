@@ -9,10 +9,11 @@ a person leaves them; deleting a team deletes its facts (each keeps a `deleted` 
 from django.db import IntegrityError, transaction
 
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
-from ..models import Fact, Team, TeamMember
+from ..models import DeletionKind, Fact, Team, TeamMember
 from ..rules.owners import find_team
-from ..rules.validation import clean_text
+from ..rules.validation import check_id_list, clean_text
 from . import history
+from .deletions import BatchDelete, write_deletion_record
 
 MAX_TEAM_MEMBERS = 1000
 
@@ -58,6 +59,10 @@ class Teams:
             qs = qs.filter(members__agent_id=clean_text("agent_id", agent_id, max_length=128))
         return qs.order_by("name")
 
+    def team_list(self):
+        """Every team with its members prefetched, for operators (the admin, the REST API)."""
+        return Team.objects.prefetch_related("members")
+
     def team_members(self, team):
         """The agent ids of a team, sorted."""
         team = find_team("team", team)
@@ -73,16 +78,25 @@ class Teams:
             TeamMember.objects.filter(team=team, agent_id__in=remove).delete()
         return self.team_members(team)
 
-    def delete_team(self, team):
-        """Delete a team, its memberships and its facts (each fact's history keeps a `deleted` version).
-        Returns how many facts went with it."""
+    def delete_team(self, team, *, actor=""):
+        """Delete a team, its memberships and its facts (each fact's history keeps a `deleted` version;
+        an audit record lists them, `actor` deleting). Returns how many facts went with it."""
         try:
             team = find_team("team", team)
         except InvalidMemoryArgument:
             raise MemoryNotFound("team", team) from None
+        return self.delete_teams([team.pk], actor=actor).cascaded["facts"]
+
+    def delete_teams(self, ids, *, max_ids=None, actor=""):
+        """Delete these teams (by id) as delete_team does, in one transaction; BatchDelete(deleted,
+        not_found, cascaded={"facts": n})."""
+        ids = check_id_list(ids, max_ids)
         with transaction.atomic():
-            ids = list(Fact.objects.filter(team=team).values_list("pk", flat=True))
-            history.record_deleted(ids)
-            Fact.objects.filter(pk__in=ids).delete()
-            team.delete()
-        return len(ids)
+            found = sorted(Team.objects.filter(pk__in=ids).values_list("pk", flat=True))
+            facts = list(Fact.objects.filter(team__in=found).values_list("pk", flat=True))
+            history.record_deleted(facts)
+            Fact.objects.filter(pk__in=facts).delete()
+            Team.objects.filter(pk__in=found).delete()
+            if facts:
+                write_deletion_record(actor, DeletionKind.FACTS, facts)
+        return BatchDelete(len(found), [i for i in ids if i not in found], {"facts": len(facts)})
