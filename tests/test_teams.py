@@ -4,11 +4,14 @@ Lookup order: session < user < agent < team < global (most specific wins). Throu
 search, recall, point-in-time reads, history, erasure and the owner-key definition.
 """
 
+import io
+import json
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from memory.exceptions import InvalidMemoryArgument, MemoryNotFound
+from memory.exceptions import ImportRejected, InvalidMemoryArgument, MemoryNotFound
 from memory.models import Fact, FactVersion, RecallDocument, Scope, Team, TeamMember
 from memory.models.owners import fact_owner_key, owner_key
 
@@ -306,3 +309,44 @@ def test_admin_deletes_a_team_with_its_facts(staff_client, service, crew):
     )
     assert response.status_code == 302
     assert not Team.objects.exists() and not Fact.objects.exists()
+
+
+# ------------------------------------------------------------------ export and import
+
+
+def test_export_clear_import_round_trips_teams_and_team_facts(service, crew):
+    service.set_fact("runbook", "page the lead", scope="team", team="ops")
+    service.set_fact("runbook", "page the manager", scope="team", team="ops")  # a version of a team fact
+    out = io.StringIO()
+    service.export_memories(out)
+    text = out.getvalue()
+    header = json.loads(text.splitlines()[0])
+    assert (header["counts"]["team"], header["counts"]["team_member"]) == (1, 2)
+    before = list(Fact.objects.values_list("id", "scope_key", "team_id", "value"))
+    versions = list(FactVersion.objects.values_list("id", "scope_key", "team_id", "value"))
+    service.delete_team("ops")
+    assert not Fact.objects.exists()
+    report = service.import_memories(io.StringIO(text))
+    assert (report.added["team"], report.added["team_member"], report.added["fact"]) == (1, 2, 1)
+    assert list(Fact.objects.values_list("id", "scope_key", "team_id", "value")) == before
+    assert [v[1:] for v in versions] == [(f"team:{crew.pk}", crew.pk, "page the lead")]
+    assert set(versions) <= set(FactVersion.objects.values_list("id", "scope_key", "team_id", "value"))
+    assert service.get_fact("runbook", agent_id="a2").value == "page the manager"
+    assert service.search_facts("manager", agent_id="a1")[0].key == "runbook"
+
+
+def test_an_import_of_a_team_fact_without_its_team_names_the_field(service, crew):
+    service.set_fact("runbook", "page the lead", scope="team", team="ops")
+    out = io.StringIO()
+    service.export_memories(out)
+    lines = out.getvalue().splitlines()
+    rows = [json.loads(line) for line in lines]
+    for n, row in enumerate(rows):
+        if row.get("kind") == "fact":
+            row["team_id"] = None
+            lines[n] = json.dumps(row)
+    service.delete_team("ops")
+    with pytest.raises(ImportRejected) as err:
+        service.import_memories(io.StringIO("\n".join(lines)))
+    assert "team_id" in str(err.value)
+    assert not Fact.objects.exists() and not Team.objects.exists()

@@ -216,6 +216,10 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="fact", index=models.Index(fields=["scope_key", "-confidence"], name="fact_owner_confidence")
         ),
+        # A version keeps its fact's team by number, as it keeps the fact (fact_id): its history outlives both.
+        migrations.AddField(
+            model_name="factversion", name="team_id", field=models.BigIntegerField(blank=True, null=True)
+        ),
         migrations.RunPython(partial(restore, teams=True), set_aside),
         migrations.RunPython(migrations.RunPython.noop, drop_team_facts),
     ]

@@ -249,6 +249,8 @@ class FactVersion(models.Model):
     user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="fact_versions")
     agent_id = models.CharField(max_length=128, blank=True, default="")
     session_id = models.CharField(max_length=128, blank=True, default="")
+    # A team fact's team, by number (as fact_id: a deleted team's facts keep their history).
+    team_id = models.BigIntegerField(null=True, blank=True)
     confidence = models.FloatField()
     # The episode the value came from (a number: the episode may be deleted later) and the writer's note.
     source_episode_id = models.BigIntegerField(null=True, blank=True)

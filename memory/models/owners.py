@@ -103,14 +103,19 @@ def owner_match(column, sql):
 
 
 def owners_condition(column, terms):
-    """(SQL condition, params): `column` holds the owner key of one of `terms` ((sql, params, rank)):
-    one IN list of the single keys, OR'ed with each set's subquery (each an index probe)."""
+    """(SQL condition, params): `column` holds the owner key of one of `terms` ((sql, params, rank)).
+
+    Single keys only: one IN list. With a set (an agent's teams): one IN over a subquery of every
+    key, the set's rows included, so the database still probes its (owner, key) index once per key;
+    OR'ing a second IN made SQLite collect row ids from two index scans and read the rows after.
+    """
     single = [(sql, params) for sql, params, _ in terms if not is_owner_set(sql)]
     sets = [(sql, params) for sql, params, _ in terms if is_owner_set(sql)]
-    parts = [f"{column} IN ({', '.join(sql for sql, _ in single)})"] if single else []
-    parts += [f"{column} IN ({sql})" for sql, _ in sets]
     params = [p for _, term_params in [*single, *sets] for p in term_params]
-    return (parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"), params
+    if not sets:
+        return f"{column} IN ({', '.join(sql for sql, _ in single)})", params
+    keys = " UNION ALL ".join([*(f"SELECT {sql}" for sql, _ in single), *(sql for sql, _ in sets)])
+    return f"{column} IN ({keys})", params
 
 
 class Team(models.Model):
