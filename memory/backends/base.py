@@ -13,6 +13,7 @@ from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedu
 from ..models.owners import (
     GLOBAL,
     fact_owner_key,
+    is_owner_set,
     owner_key,
     owner_match,
     owners_condition,
@@ -80,9 +81,10 @@ def owner_terms(viewer):
     return terms
 
 
-def owners_sql(viewer, column="f.scope_key"):
-    """(SQL condition: `column` is one of the owners a viewer may see, its parameters)."""
-    return owners_condition(column, owner_terms(viewer))
+def owners_sql(viewer, column="f.scope_key", *, probe=True):
+    """(SQL condition: `column` is one of the owners a viewer may see, its parameters); `probe`: see
+    owners_condition."""
+    return owners_condition(column, owner_terms(viewer), probe=probe)
 
 
 def select_list(alias):
@@ -197,7 +199,8 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             source = f"{FACT_TABLE} f"
         else:
             source, candidates, params = plan
-            owners, owner_params = owners_condition("f.scope_key", terms)
+            # The rows come from the candidates (or the whole table): each is checked, not looked up.
+            owners, owner_params = owners_condition("f.scope_key", terms, probe=candidates is None)
             where = " AND ".join([*([candidates] if candidates else []), owners, *filters])
             params += owner_params
             params += filter_params
@@ -236,13 +239,24 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             params.append(fact_type)
         # Shadowing: one unique-index probe per owner more specific than the row (rows of that rank
         # or more specific skip it), rather than a correlated scan of the viewer's owners per row.
+        # A set's keys (an agent's teams) are joined in, each probing the same unique index; first,
+        # whether the set has any key at all, which the database asks once per statement (it does
+        # not depend on the row), so an agent in no team pays one probe, not one per row.
         for sql, term_params, rank in terms:
             if rank < SCOPE_RANK[Scope.GLOBAL]:
-                where.append(
-                    f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
-                    f"WHERE g.{_q('key')} = f.{_q('key')} AND {owner_match('g.scope_key', sql)}))"
-                )
-                params += term_params
+                shadowed = f"g.{_q('key')} = f.{_q('key')} AND g.scope_key = "
+                if is_owner_set(sql):
+                    where.append(
+                        f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS ({sql}) OR NOT EXISTS "
+                        f"(SELECT 1 FROM ({sql}) t CROSS JOIN {FACT_TABLE} g WHERE {shadowed}t.owner))"
+                    )
+                    params += [*term_params, *term_params]
+                else:
+                    where.append(
+                        f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
+                        f"WHERE {shadowed}{sql}))"
+                    )
+                    params += term_params
         return where, params
 
     def matching_procedures(self, goal, context_keys, agent_id, limit):

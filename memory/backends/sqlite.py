@@ -257,27 +257,24 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
         unknown size made it filter through a Bloom filter built by scanning every fact.
         """
         static = [owner_marker(k) for k in owner_keys(viewer, include_user=False)]
-        # The MATCH expression, built in the query where an owner is (the user's marker follows
-        # merges, an agent's teams come from the membership table), like the owner filter.
-        pieces = [("%s", [f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)])]
-        if viewer.user_id is not None:
-            pieces.append((f"' OR \"' || engram_owner_marker({USER_OWNER_SQL}) || '\"'", [viewer.user_id] * 2))
+        head = f"{_phrase(token)} AND (" + " OR ".join(_phrase(m) for m in static)
+        if viewer.user_id is None:
+            match_sql, params = "%s", [head + ")"]
+        else:  # the user's marker follows merges inside the query, like the owner filter does
+            match_sql = f"%s || engram_owner_marker({USER_OWNER_SQL}) || '\")'"
+            params = [head + ' OR "', viewer.user_id, viewer.user_id]
+        branches = [f"SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql}"]
         if viewer.agent_id:
-            pieces.append(
-                (
-                    "COALESCE((SELECT group_concat(' OR \"' || engram_owner_marker(t.owner) || '\"', '') "
-                    f"FROM ({TEAMS_SQL}) t), '')",
-                    [viewer.agent_id],
-                )
+            # One MATCH per team of the agent (none for an agent in no team), its marker from the
+            # membership table: a team's id is known only inside the query.
+            branches.append(
+                f"SELECT memory_fact_fts.rowid FROM ({TEAMS_SQL}) t CROSS JOIN memory_fact_fts "
+                "WHERE memory_fact_fts MATCH (%s || engram_owner_marker(t.owner) || '\"')"
             )
-        match_sql = " || ".join([*(sql for sql, _ in pieces), "')'"])
-        params = [p for _, piece_params in pieces for p in piece_params]
-        owners, owner_params = owners_sql(viewer, "scope_key")
-        return (
-            f"f.id IN (SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql} "
-            f"UNION SELECT fact_id FROM memory_fact_fts_pending WHERE {owners})",
-            [*params, *owner_params],
-        )
+            params += [viewer.agent_id, f'{_phrase(token)} AND "']
+        owners, owner_params = owners_sql(viewer, "scope_key", probe=False)
+        branches.append(f"SELECT fact_id FROM memory_fact_fts_pending WHERE {owners}")
+        return f"f.id IN ({' UNION '.join(branches)})", [*params, *owner_params]
 
     def procedure_match_sql(self, goal, context_keys):
         return (

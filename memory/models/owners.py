@@ -98,22 +98,30 @@ def is_owner_set(sql):
 
 
 def owner_match(column, sql):
-    """SQL condition: `column` holds the owner key of the term `sql` (one of its keys, for a set)."""
+    """SQL condition: `column` holds the owner key of the term `sql` (one of its keys, for a set),
+    in the form that drives an index on `column`."""
     return f"{column} IN ({sql})" if is_owner_set(sql) else f"{column} = {sql}"
 
 
-def owners_condition(column, terms):
+def owners_condition(column, terms, *, probe=True):
     """(SQL condition, params): `column` holds the owner key of one of `terms` ((sql, params, rank)).
 
-    Single keys only: one IN list. With a set (an agent's teams): one IN over a subquery of every
-    key, the set's rows included, so the database still probes its (owner, key) index once per key;
-    OR'ing a second IN made SQLite collect row ids from two index scans and read the rows after.
+    Single keys only: one IN list. With a set (an agent's teams) and `probe` (the condition finds the
+    rows through an index on `column`): one IN over a subquery of every key, the set's rows included,
+    so the (owner, key) index is probed once per key; OR'ing a second IN made SQLite collect row ids
+    from two index scans and read the rows after. Without `probe` (rows found otherwise, each one
+    checked): the IN list, or else an EXISTS per set, a probe of the membership index, without
+    building the set's keys into a temporary table first.
     """
     single = [(sql, params) for sql, params, _ in terms if not is_owner_set(sql)]
     sets = [(sql, params) for sql, params, _ in terms if is_owner_set(sql)]
     params = [p for _, term_params in [*single, *sets] for p in term_params]
+    listed = f"{column} IN ({', '.join(sql for sql, _ in single)})"
     if not sets:
-        return f"{column} IN ({', '.join(sql for sql, _ in single)})", params
+        return listed, params
+    if not probe:
+        exists = [f"EXISTS (SELECT 1 FROM ({sql}) t WHERE t.owner = {column})" for sql, _ in sets]
+        return "(" + " OR ".join([listed, *exists]) + ")", params
     keys = " UNION ALL ".join([*(f"SELECT {sql}" for sql, _ in single), *(sql for sql, _ in sets)])
     return f"{column} IN ({keys})", params
 
