@@ -46,7 +46,9 @@ class ConceptsMixin(serializers.Serializer):
 
 
 class FactSerializer(ConceptsMixin, MemorySerializer):
-    team = serializers.SlugRelatedField(slug_field="name", read_only=True, help_text="A team fact's team.")
+    team = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True, help_text="A team fact's team (null for other scopes)."
+    )
 
     class Meta:
         model = Fact
@@ -385,13 +387,13 @@ class TeamSerializer(MemorySerializer):
 class TeamWriteSerializer(serializers.Serializer):
     """MemoryService.create_team's arguments (the service checks them and names a bad one)."""
 
-    name = serializers.CharField(max_length=128)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
-    agent_ids = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
+    name = StrictCharField(max_length=128)
+    description = StrictCharField(required=False, allow_blank=True, default="")
+    agent_ids = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)
 
 
 class TeamMembersSerializer(serializers.Serializer):
     """Agents to add to and remove from a team."""
 
-    add = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
-    remove = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
+    add = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)
+    remove = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)
