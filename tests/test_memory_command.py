@@ -217,6 +217,11 @@ def test_history_of_a_fact_by_id_and_by_key(store):
     assert data["versions"][0]["owner"] == f"user:{ada.pk}"
     assert run_json("history", "--key", "timezone", "--agent", "planner")["count"] == 1
     assert run_json("history", "--key", "office_city")["versions"][0]["value"] == "Porto"
+    team = service.create_team("ops", agent_ids=["planner"])
+    service.set_fact("rota", "weekly", scope="team", team="ops")
+    service.set_fact("rota", "daily", scope="team", team="ops")
+    rota = run_json("history", "--key", "rota", "--team", "ops")["versions"]
+    assert [(v["value"], v["owner"]) for v in rota] == [("weekly", f"team:{team.pk}"), ("daily", f"team:{team.pk}")]
     assert run_json("history", str(fact.pk), "--limit", "1")["versions"][0]["action"] == "deleted"
     with pytest.raises(CommandError, match="fact_id"):
         run("history")
