@@ -12,6 +12,7 @@ A facade over concerns, each a class built with the collaborators it names:
     Recall(backend, facts, operators)         memory/recall/service.py
     Lifecycle(service, facts, episodes, users)  memory/operations/lifecycle.py
     Curation(backend)                         memory/domain/curation.py (pins, feedback on episodes)
+    Teams(backend)                            memory/domain/teams.py (named groups of agents sharing facts)
 
 MemoryService builds them and hands each public method on to its concern, so callers (nodes, tools,
 the admin, the REST API, commands) need one object and one import; `a<name>` runs `<name>` off the
@@ -29,6 +30,7 @@ from .domain.episodes import Episodes
 from .domain.facts import MAX_FACT_SEARCH_WORDS, MAX_SEARCH_LENGTH, Facts, FactWrite, WriteAction
 from .domain.procedures import Procedures
 from .domain.store_items import StoreItems
+from .domain.teams import Teams
 from .domain.users import Identified, UserContext, Users
 from .operations.erasure import register_participant as register_erasure_participant
 from .operations.health import register_component as register_health_component
@@ -104,6 +106,7 @@ class MemoryService:
         self.recalls = Recall(backend, self.facts, self.operators)
         self.lifecycle = Lifecycle(self, self.facts, self.episodes, self.users)
         self.curation = Curation(backend)
+        self.teams = Teams(backend)
 
     # ---- facts (memory/domain/facts.py)
     get_fact = _delegate("facts", Facts.get_fact)
@@ -116,6 +119,16 @@ class MemoryService:
     fact_history = _delegate("facts", Facts.fact_history)
     optimize_search_index = _delegate("facts", Facts.optimize_search_index)
     flush_access_counts = _delegate("facts", Facts.flush_access_counts)
+
+    # ---- teams (memory/domain/teams.py)
+    create_team = _delegate("teams", Teams.create_team)
+    get_team = _delegate("teams", Teams.get_team)
+    list_teams = _delegate("teams", Teams.teams)
+    team_list = _delegate("teams", Teams.team_list)
+    team_members = _delegate("teams", Teams.team_members)
+    set_team_members = _delegate("teams", Teams.set_team_members)
+    delete_team = _delegate("teams", Teams.delete_team)
+    delete_teams = _delegate("teams", Teams.delete_teams)
 
     # ---- episodes (memory/domain/episodes.py)
     start_episode = _delegate("episodes", Episodes.start_episode)

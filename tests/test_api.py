@@ -250,6 +250,7 @@ def test_no_endpoint_returns_another_kinds_data(api, memories):
         "agent_id",
         "user",
         "session_id",
+        "team",
         "confidence",
         "tags",
         "pinned",

@@ -149,6 +149,7 @@ def test_memory_service_is_composed_not_mixed_in():
         "recalls": "Recall",
         "lifecycle": "Lifecycle",
         "curation": "Curation",
+        "teams": "Teams",
     }
     # Each public method is handed on with the concern's signature.
     assert inspect.signature(MemoryService.set_fact) == inspect.signature(type(service.facts).set_fact)

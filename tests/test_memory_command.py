@@ -64,7 +64,13 @@ def test_list_with_a_filter_that_does_not_apply_names_it(store):
 
 def test_stats(store):
     data = run_json("stats")
-    assert data["facts"] == 3 and data["facts_by_scope"] == {"session": 0, "user": 1, "agent": 1, "global": 1}
+    assert data["facts"] == 3 and data["facts_by_scope"] == {
+        "session": 0,
+        "user": 1,
+        "agent": 1,
+        "team": 0,
+        "global": 1,
+    }
     assert data["episodes_unconsolidated"] == 1 and data["last_consolidation"] is None
     out, _ = run("stats")
     assert "waiting for consolidation" in out and "No consolidation has run yet." in out
@@ -98,7 +104,7 @@ def test_consolidate_fails_with_exit_status_when_an_episode_fails(store, setting
 def test_export_clear_import_round_trip(store, tmp_path):
     path = tmp_path / "memories.jsonl"
     _, err = run("export", "-o", str(path))
-    assert "exported 1 user, 1 identity, 1 episode, 1 procedure, 3 fact" in err
+    assert "exported 1 user, 1 identity, 1 episode, 1 procedure, 0 team, 0 team_member, 3" in err
     assert json.loads(path.read_text().splitlines()[0])["format"] == "engram-memory"
     assert run_json("clear", "--force")["deleted"]["facts"] == 3
     assert Fact.objects.count() == 0
@@ -108,6 +114,8 @@ def test_export_clear_import_round_trip(store, tmp_path):
         "identity": 1,
         "episode": 1,
         "procedure": 1,
+        "team": 0,
+        "team_member": 0,
         "fact": 3,
         "fact_version": 0,  # nothing superseded: each fact's current version is its row
         "store_item": 0,
@@ -209,6 +217,11 @@ def test_history_of_a_fact_by_id_and_by_key(store):
     assert data["versions"][0]["owner"] == f"user:{ada.pk}"
     assert run_json("history", "--key", "timezone", "--agent", "planner")["count"] == 1
     assert run_json("history", "--key", "office_city")["versions"][0]["value"] == "Porto"
+    team = service.create_team("ops", agent_ids=["planner"])
+    service.set_fact("rota", "weekly", scope="team", team="ops")
+    service.set_fact("rota", "daily", scope="team", team="ops")
+    rota = run_json("history", "--key", "rota", "--team", "ops")["versions"]
+    assert [(v["value"], v["owner"]) for v in rota] == [("weekly", f"team:{team.pk}"), ("daily", f"team:{team.pk}")]
     assert run_json("history", str(fact.pk), "--limit", "1")["versions"][0]["action"] == "deleted"
     with pytest.raises(CommandError, match="fact_id"):
         run("history")

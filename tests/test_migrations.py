@@ -88,3 +88,36 @@ def test_0019_dates_every_episode_document_and_back():
         assert undated.strip() == "user: I like tea."
     finally:
         migrate()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0029_keeps_facts_their_indexes_and_ids_and_goes_back():
+    """0029 rebuilds memory_fact (a new generated owner key): the facts keep their ids and owners,
+    the search and recall indexes keep following writes, a deleted fact's id is not handed out again,
+    and going back leaves the facts of the scopes before it."""
+    from memory.models import RecallDocument
+    from memory.service import MemoryService
+
+    apps = migrate(("memory", "0028_store_search_index"))
+    try:
+        OldFact = apps.get_model("memory", "Fact")
+        kept = OldFact.objects.create(
+            key="office", value="Porto", scope="agent", agent_id="bot", search_text="office porto"
+        )
+        gone = OldFact.objects.create(key="tmp", value="x", scope="global", search_text="tmp x")
+        gone_id = gone.pk
+        gone.delete()
+        migrate(("memory", "0029_team_scope"))
+        service = MemoryService()
+        assert Fact.objects.get(pk=kept.pk).scope_key == "agent:bot"
+        assert service.get_fact("office", agent_id="bot").value == "Porto"
+        service.create_team("ops", agent_ids=["bot"])
+        new = service.set_fact("rota", "weekly", scope="team", team="ops").fact
+        assert new.pk > gone_id
+        assert [f.key for f in service.search_facts("weekly", agent_id="bot")] == ["rota"]
+        Fact.objects.filter(pk=kept.pk).update(search_text="office lisbon")  # the update triggers still run
+        assert RecallDocument.objects.get(kind="fact", item_id=kept.pk).text.endswith("office lisbon")
+        migrate(("memory", "0028_store_search_index"))
+        assert list(OldFact.objects.values_list("pk", flat=True)) == [kept.pk]  # the team's fact could not stay
+    finally:
+        migrate()

@@ -618,7 +618,9 @@ class NotJson:
 
 
 BAD_SET_FACT = [
-    ({"scope": "team"}, "scope"),
+    ({"scope": "crew"}, "scope"),
+    ({"scope": "team"}, "team"),
+    ({"scope": "team", "team": "nobody"}, "team"),
     ({"scope": "session"}, "session_id"),
     ({"scope": "session", "session_id": "   "}, "session_id"),
     ({"scope": "user"}, "user_id"),

@@ -74,6 +74,8 @@ def test_export_is_a_header_then_one_object_per_row(service, store):
         "identity": 4,
         "episode": 2,
         "procedure": 2,
+        "team": 0,
+        "team_member": 0,
         "fact": 5,
         "fact_version": 1,  # the replaced value; each fact's current version is its row
         "store_item": 0,
@@ -100,6 +102,8 @@ def test_export_clear_import_reproduces_every_row(service, store):
         "identity": 4,
         "episode": 2,
         "procedure": 2,
+        "team": 0,
+        "team_member": 0,
         "fact": 5,
         "fact_version": 1,  # the replaced value; each fact's current version is its row
         "store_item": 0,
@@ -141,6 +145,8 @@ def test_importing_the_same_file_twice_adds_nothing(service, store):
         "identity": 4,
         "episode": 2,
         "procedure": 2,
+        "team": 0,
+        "team_member": 0,
         "fact": 5,
         "fact_version": 1,  # the replaced value; each fact's current version is its row
         "store_item": 0,
@@ -243,7 +249,7 @@ def test_a_line_nested_too_deep_names_the_field(service, exported, levels):
     [
         ("confidence", 7, "must be from 0 to 1"),
         ("confidence", "high", "must be a finite number"),
-        ("scope", "team", "must be one of"),
+        ("scope", "crew", "must be one of"),
         ("created_at", "yesterday", "is not an ISO 8601 timestamp"),
         ("created_at", "2024-01-01T10:00:00", "must carry a UTC offset"),
         ("created_at", "9999-12-31T23:59:59.999999-14:00", "is out of range"),  # year 10000 in UTC
@@ -351,7 +357,7 @@ def test_clear_leaves_consolidation_records(service, store):
         ({"kinds": ["moods"]}, "kinds"),
         ({"kinds": ["procedures"], "user_id": None, "scope": "user"}, "scope"),
         ({"kinds": ["users"], "agent_id": "planner"}, "agent_id"),
-        ({"scope": "team"}, "scope"),
+        ({"scope": "crew"}, "scope"),
         ({"scope": "user", "agent_id": "planner"}, "scope"),
     ],
 )

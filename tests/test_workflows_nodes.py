@@ -302,3 +302,21 @@ def test_recall_node_reports_a_message_no_database_can_search(ada):
     update = recall({"user": {"id": ada.pk}, "messages": [HumanMessage(content="what about a\x00b?")]})
     assert update["memory_prompt"] == "" and update["memory_errors"][0]["operation"] == "recall"
     assert "NUL" in update["memory_errors"][0]["error"]
+
+
+def test_remember_writes_team_facts_of_a_team_the_agent_is_in(ada, service):
+    service.create_team("crew", agent_ids=["helper"])
+    service.create_team("others", agent_ids=["someone"])
+    result = build_remember({"record_episode": False, "team": "crew"}, CTX)(
+        remember_state(
+            ada,
+            [
+                {"key": "standup", "value": "9:30", "scope": "team"},
+                {"key": "secret", "value": "x", "scope": "team", "team": "others"},
+            ],
+        )
+    )
+    assert [(r["key"], r["action"]) for r in result["remembered"]] == [("standup", "created"), ("secret", "failed")]
+    assert "not a member" in result["remembered"][1]["error"]
+    assert service.get_fact("standup", agent_id="helper").value == "9:30"
+    assert not Fact.objects.filter(key="secret").exists()

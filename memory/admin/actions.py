@@ -22,6 +22,8 @@ def owner_label(obj):
     person = (user.display_name or user.canonical_id) if user is not None else ""
     agent = f"agent {obj.agent_id}" if getattr(obj, "agent_id", "") else ""
     if isinstance(obj, Fact):
+        if obj.scope == "team":
+            return f"team {obj.team.name}"
         return {"user": person, "agent": agent, "session": f"session {obj.session_id}"}.get(obj.scope, "everyone")
     if isinstance(obj, Procedure):
         return agent or "every agent"

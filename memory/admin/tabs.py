@@ -68,9 +68,9 @@ class FactAdmin(MemoriesTab, admin.ModelAdmin):
         "updated_at",
     ]
     list_display_links = ["key"]
-    list_filter = ["scope", "fact_type", "pinned", ConceptFilter]
+    list_filter = ["scope", "team", "fact_type", "pinned", ConceptFilter]
     actions = [actions.delete_memories, actions.pin_memories, actions.unpin_memories]
-    list_select_related = ["user"]
+    list_select_related = ["user", "team"]
     search_fields = ["key", "search_text", "agent_id", "session_id"]
     # Key and owner are what the fact is: an edit changes only what it says (through the service).
     form = FactForm

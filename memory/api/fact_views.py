@@ -80,6 +80,9 @@ class FactWriteBody(serializers.Serializer):
         required=False, allow_null=True, default=None, help_text="When it stops holding (ISO 8601), after valid_from."
     )
     provenance = serializers.CharField(required=False, allow_blank=True, default="")
+    team = serializers.CharField(
+        required=False, allow_null=True, default=None, max_length=128, help_text="Scope team: the team's name."
+    )
 
 
 @extend_schema_field(OpenApiTypes.ANY)

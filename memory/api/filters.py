@@ -30,6 +30,7 @@ from ..models import (
     Relation,
     Scope,
     StoreItem,
+    Team,
 )
 from ..rules import validation
 from ..service import MAX_ID
@@ -164,6 +165,7 @@ class FactFilter(django_filters.FilterSet):
     agent_id = django_filters.CharFilter()
     session_id = django_filters.CharFilter()
     user = IdFilter(field_name="user_id", help_text="Memory user id (user-scoped facts).")
+    team = django_filters.CharFilter(method="of_team", help_text="A team's name (its team-scoped facts).")
     concept = ConceptFilter()
     search = django_filters.CharFilter(
         method="search_text",
@@ -174,11 +176,27 @@ class FactFilter(django_filters.FilterSet):
         model = Fact
         fields = ["scope", "fact_type", "agent_id", "session_id", "user"]
 
+    def of_team(self, queryset, name, value):
+        # An unknown team is a 400 naming the filter, not an empty list that reads as "no facts".
+        team = Team.objects.filter(name=value).first()
+        if team is None:
+            raise ValidationError({"team": [f"No team named {value!r}."]})
+        return queryset.filter(team=team)
+
     def search_text(self, queryset, name, value):
         # The same normalisation as MemoryService.search_facts (search_text is stored lower-cased).
         for token in search_tokens(" ".join(_search_words(value))):
             queryset = queryset.filter(search_text__contains=token)
         return queryset
+
+
+class TeamFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter()
+    agent_id = django_filters.CharFilter(field_name="members__agent_id", help_text="Teams this agent is a member of.")
+
+    class Meta:
+        model = Team
+        fields = ["name", "agent_id"]
 
 
 class EpisodeFilter(django_filters.FilterSet):

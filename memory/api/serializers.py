@@ -15,6 +15,7 @@ from ..models import (
     Procedure,
     Promotion,
     StoreItem,
+    Team,
 )
 from ..rules.validation import check_bool
 from ..service import MAX_ID
@@ -45,6 +46,10 @@ class ConceptsMixin(serializers.Serializer):
 
 
 class FactSerializer(ConceptsMixin, MemorySerializer):
+    team = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True, help_text="A team fact's team (null for other scopes)."
+    )
+
     class Meta:
         model = Fact
         fields = [
@@ -57,6 +62,7 @@ class FactSerializer(ConceptsMixin, MemorySerializer):
             "agent_id",
             "user",
             "session_id",
+            "team",
             "confidence",
             "tags",
             "pinned",
@@ -362,3 +368,32 @@ class FeedbackSerializer(serializers.Serializer):
     rating = StrictIdField(
         required=False, allow_null=True, max_value=5, help_text="1 (bad) to 5 (good); null clears the rating."
     )
+
+
+class TeamSerializer(MemorySerializer):
+    """A team: a named group of agents that share facts (scope "team")."""
+
+    agent_ids = serializers.SerializerMethodField(help_text="The member agents, sorted.")
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "description", "agent_ids", "created_at"]
+        read_only_fields = fields
+
+    def get_agent_ids(self, team) -> list[str]:
+        return sorted(m.agent_id for m in team.members.all())
+
+
+class TeamWriteSerializer(serializers.Serializer):
+    """MemoryService.create_team's arguments (the service checks them and names a bad one)."""
+
+    name = StrictCharField(max_length=128)
+    description = StrictCharField(required=False, allow_blank=True, default="")
+    agent_ids = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)
+
+
+class TeamMembersSerializer(serializers.Serializer):
+    """Agents to add to and remove from a team."""
+
+    add = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)
+    remove = serializers.ListField(child=StrictCharField(max_length=128), required=False, default=list)

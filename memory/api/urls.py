@@ -11,6 +11,7 @@ from .views import (
     PromotionViewSet,
     RelationViewSet,
     StoreItemViewSet,
+    TeamViewSet,
 )
 
 router = SimpleRouter()
@@ -22,5 +23,6 @@ router.register("store-items", StoreItemViewSet, basename="store-item")
 router.register("fact-versions", FactVersionViewSet, basename="fact-version")
 router.register("promotions", PromotionViewSet, basename="promotion")
 router.register("relations", RelationViewSet, basename="relation")
+router.register("teams", TeamViewSet, basename="team")
 
 urlpatterns = router.urls

@@ -28,6 +28,7 @@ from .filters import (
     PromotionFilter,
     RelationFilter,
     StoreItemFilter,
+    TeamFilter,
 )
 from .policy import StaffAPI
 
@@ -151,6 +152,9 @@ class FactViewSet(FactServiceActions, PinMixin, MemoryViewSet):
     list_method, delete_method = "fact_list", "delete_facts"
     ordering_fields = ["id", "key", "confidence", "updated_at", "last_accessed", "access_count"]
     pin_kind = "fact"
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("team")  # a team fact shows its team's name
 
 
 @extend_schema_view(
@@ -292,3 +296,44 @@ class MemoryUserViewSet(MemoryViewSet):
             raise ValidationError({"cascade": ["Must be true or false."]}) from None
         with transaction.atomic():
             self.delete_ids([instance.pk], {"cascade": cascade})
+
+
+@extend_schema_view(
+    create=extend_schema(
+        request=serializers.TeamWriteSerializer,
+        responses={201: serializers.TeamSerializer},
+        description="Create a team of agents; a taken or blank name: 400 naming it, nothing written.",
+    ),
+    destroy=extend_schema(description="Delete a team, its memberships and its facts (their history keeps them)."),
+)
+class TeamViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, MemoryReadViewSet):
+    """Teams: named groups of agents that share facts (scope "team", between agent and global).
+
+    `?agent_id=` lists the teams an agent is a member of; a team's facts: /api/v1/facts/?team=<name>.
+    """
+
+    serializer_class = serializers.TeamSerializer
+    filterset_class = TeamFilter
+    list_method = "team_list"
+    ordering = ["name"]
+    ordering_fields = ["id", "name", "created_at"]
+
+    def create(self, request):
+        data = _validated(serializers.TeamWriteSerializer, request)
+        with transaction.atomic():
+            team = self.service.create_team(data["name"], agent_ids=data["agent_ids"], description=data["description"])
+        return Response(serializers.TeamSerializer(team).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance):
+        self.service.delete_team(instance.pk)
+
+    @extend_schema(request=serializers.TeamMembersSerializer, responses={200: serializers.TeamSerializer})
+    @action(detail=True, methods=["post"], url_path="members")
+    def members(self, request, pk=None):
+        """Add and remove member agents: {"add": [...], "remove": [...]}; a removed agent stops seeing
+        the team's facts at its next read."""
+        team = self.get_object()
+        data = _validated(serializers.TeamMembersSerializer, request)
+        self.service.set_team_members(team.pk, add=data["add"], remove=data["remove"])
+        team = self.get_queryset().get(pk=team.pk)
+        return Response(serializers.TeamSerializer(team).data)

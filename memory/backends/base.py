@@ -10,7 +10,16 @@ from functools import cache, lru_cache
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from ..models import SCOPE_RANK, Episode, Fact, FactVersion, MemoryUser, Procedure, Scope
-from ..models.owners import GLOBAL, fact_owner_key, owner_key, user_owner_sql
+from ..models.owners import (
+    GLOBAL,
+    fact_owner_key,
+    is_owner_set,
+    owner_key,
+    owner_match,
+    owners_condition,
+    team_owners_sql,
+    user_owner_sql,
+)
 from ..rules.validation import chunks
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
@@ -30,7 +39,7 @@ def _q(name):
 
 @cache
 def rank_sql(alias):
-    """Specificity of a fact row: session 0, user 1, agent 2, global 3 (lower wins)."""
+    """Specificity of a fact row: session 0, user 1, agent 2, team 3, global 4 (lower wins)."""
     whens = " ".join(f"WHEN '{scope}' THEN {rank}" for scope, rank in SCOPE_RANK.items())
     return f"(CASE {alias}.scope {whens} END)"
 
@@ -42,7 +51,8 @@ def _scopes_up_to(rank):
 
 
 def owner_keys(viewer, include_user=True):
-    """The scope keys a viewer may see (the user's as given, before following merges)."""
+    """The scope keys a viewer may see (the user's as given, before following merges), but for its
+    teams' (owner_terms reads those inside the query)."""
     keys = [GLOBAL]
     if viewer.agent_id:
         keys.append(owner_key(Scope.AGENT, agent_id=viewer.agent_id))
@@ -57,20 +67,25 @@ def owner_keys(viewer, include_user=True):
 # surviving user, so one hop inside the query is enough. Takes the user id twice.
 SURVIVOR_SQL = f"COALESCE((SELECT merged_into_id FROM {USER_TABLE} WHERE id = %s), %s)"
 USER_OWNER_SQL = user_owner_sql(SURVIVOR_SQL)
+# The owner keys of an agent's teams (a subquery on the membership table); takes the agent id.
+TEAMS_SQL = team_owners_sql("%s")
 
 
 def owner_terms(viewer):
-    """(SQL, params, rank) for each owner the viewer sees; the user's follows merges in the query."""
+    """(SQL, params, rank) for each owner the viewer sees; the user's follows merges in the query,
+    and an agent's teams are a subquery (a term of many keys: owner_match, owners_condition)."""
     terms = [("%s", [key], SCOPE_RANK[key.partition(":")[0]]) for key in owner_keys(viewer, include_user=False)]
     if viewer.user_id is not None:
         terms.append((USER_OWNER_SQL, [viewer.user_id, viewer.user_id], SCOPE_RANK[Scope.USER]))
+    if viewer.agent_id:
+        terms.append((TEAMS_SQL, [viewer.agent_id], SCOPE_RANK[Scope.TEAM]))
     return terms
 
 
-def owners_sql(viewer):
-    """`IN (...)` over the owners a viewer may see, and its parameters."""
-    terms = owner_terms(viewer)
-    return f"IN ({', '.join(sql for sql, _, _ in terms)})", [p for _, params, _ in terms for p in params]
+def owners_sql(viewer, column="f.scope_key", *, probe=True):
+    """(SQL condition: `column` is one of the owners a viewer may see, its parameters); `probe`: see
+    owners_condition."""
+    return owners_condition(column, owner_terms(viewer), probe=probe)
 
 
 def select_list(alias):
@@ -178,16 +193,17 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             for n, (sql, term_params, _) in enumerate(terms):
                 walks.append(
                     f"SELECT id FROM (SELECT f.id FROM {FACT_TABLE} f{self.owner_walk_hint} "
-                    f"WHERE {' AND '.join([f'f.scope_key = {sql}', *filters])} ORDER BY {_WALK_ORDER} LIMIT %s) walk{n}"
+                    f"WHERE {' AND '.join([owner_match('f.scope_key', sql), *filters])} ORDER BY {_WALK_ORDER} LIMIT %s) walk{n}"
                 )
                 params += [*term_params, *filter_params, limit]
             where = f"f.id IN ({' UNION ALL '.join(walks)})"
             source = f"{FACT_TABLE} f"
         else:
             source, candidates, params = plan
-            owners = f"f.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"
+            # The rows come from the candidates (or the whole table): each is checked, not looked up.
+            owners, owner_params = owners_condition("f.scope_key", terms, probe=candidates is None)
             where = " AND ".join([*([candidates] if candidates else []), owners, *filters])
-            params += [p for _, term_params, _ in terms for p in term_params]
+            params += owner_params
             params += filter_params
         order_by = {
             "key": f"f.{_q('key')}, f.id",
@@ -224,13 +240,24 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             params.append(fact_type)
         # Shadowing: one unique-index probe per owner more specific than the row (rows of that rank
         # or more specific skip it), rather than a correlated scan of the viewer's owners per row.
+        # A set's keys (an agent's teams) are joined in, each probing the same unique index; first,
+        # whether the set has any key at all, which the database asks once per statement (it does
+        # not depend on the row), so an agent in no team pays one probe, not one per row.
         for sql, term_params, rank in terms:
             if rank < SCOPE_RANK[Scope.GLOBAL]:
-                where.append(
-                    f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
-                    f"WHERE g.{_q('key')} = f.{_q('key')} AND g.scope_key = {sql}))"
-                )
-                params += term_params
+                shadowed = f"g.{_q('key')} = f.{_q('key')} AND g.scope_key = "
+                if is_owner_set(sql):
+                    where.append(
+                        f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS ({sql}) OR NOT EXISTS "
+                        f"(SELECT 1 FROM ({sql}) t CROSS JOIN {FACT_TABLE} g WHERE {shadowed}t.owner))"
+                    )
+                    params += [*term_params, *term_params]
+                else:
+                    where.append(
+                        f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
+                        f"WHERE {shadowed}{sql}))"
+                    )
+                    params += term_params
         return where, params
 
     def matching_procedures(self, goal, context_keys, agent_id, limit):
@@ -284,7 +311,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         same key hides (as visible_facts shadows). Two queries: the pins, then their keys' owners."""
         owners, params = owners_sql(viewer)
         pinned = self._facts(
-            f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.pinned = %s AND f.scope_key {owners} "
+            f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.pinned = %s AND {owners} "
             f"ORDER BY f.{_q('key')}, f.id",
             [True, *params],
         )
@@ -294,7 +321,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         marks = ", ".join(["%s"] * len(keys))
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT f.{_q('key')}, f.scope FROM {FACT_TABLE} f WHERE f.scope_key {owners} AND f.{_q('key')} IN ({marks})",
+                f"SELECT f.{_q('key')}, f.scope FROM {FACT_TABLE} f WHERE {owners} AND f.{_q('key')} IN ({marks})",
                 [*params, *keys],
             )
             best = {}
@@ -433,7 +460,7 @@ _VERSION_COLUMNS = ", ".join(
     for c in (
         "fact_id", "action", "scope_key", "key", "value", "fact_type", "scope", "user_id", "agent_id",
         "session_id", "confidence", "source_episode_id", "provenance", "valid_from", "world_from", "world_to",
-        "recorded_world_to",
+        "recorded_world_to", "team_id",
     )
 )  # fmt: skip
 _COPIED = ", ".join(
@@ -457,7 +484,8 @@ def version_copy_sql(row, *, action=None, valid_from=None, episode=None, provena
         f"INSERT INTO {VERSION_TABLE} ({_VERSION_COLUMNS}) "
         f"SELECT {row}.id, {action or row + '.change_action'}, {row}.scope_key, {_COPIED.format(row=row)}, "
         f"{episode or CURRENT_EPISODE.format(row=row)}, {provenance or CURRENT_PROVENANCE.format(row=row)}, "
-        f"{valid_from or row + '.updated_at'}, {row}.valid_from, {world_to or row + '.valid_to'}, {row}.valid_to FROM "
+        f"{valid_from or row + '.updated_at'}, {row}.valid_from, {world_to or row + '.valid_to'}, {row}.valid_to, "
+        f"{row}.team_id FROM "
     )
 
 
@@ -485,8 +513,8 @@ _EPISODE_INSERT = RowInsert(Episode, "RETURNING id, user_id", placeholders=SURVI
 
 @lru_cache(maxsize=64)
 def _get_fact_sql(owners):
-    """get_fact's statement for one shape of viewer (`owners`: its IN list), built once."""
+    """get_fact's statement for one shape of viewer (`owners`: its owner condition), built once."""
     return (
         f"SELECT {select_list('f')} FROM {FACT_TABLE} f "
-        f"WHERE f.{_q('key')} = %s AND f.scope_key {owners} ORDER BY {rank_sql('f')} LIMIT 1"
+        f"WHERE f.{_q('key')} = %s AND {owners} ORDER BY {rank_sql('f')} LIMIT 1"
     )

@@ -8,7 +8,7 @@ from django.db import connection
 
 from ..exceptions import MemoryNotFound
 from ..models import Episode, MemoryUser, RecallDocument, Scope
-from ..models.owners import agent_suffix, owner_prefix
+from ..models.owners import agent_suffix, is_owner_set, owner_prefix
 
 DOC_TABLE = RecallDocument._meta.db_table
 EPISODE_TABLE = Episode._meta.db_table
@@ -57,8 +57,12 @@ class RecallSQL:
             terms.append(
                 (f"{user_owner_sql} || %s", [viewer.user_id, viewer.user_id, agent_suffix(viewer.agent_id)], 1)
             )
-        values = ", ".join(f"({sql}, {rank})" for sql, _, rank in terms)
-        params = [p for _, term_params, _ in terms for p in term_params]
+        # One row per owner key; a term of many keys (an agent's teams) adds its subquery's rows.
+        single = [term for term in terms if not is_owner_set(term[0])]
+        sets = [term for term in terms if is_owner_set(term[0])]
+        values = ", ".join(f"({sql}, {rank})" for sql, _, rank in single)
+        values += "".join(f" UNION ALL SELECT t.owner, {rank} FROM ({sql}) t" for sql, _, rank in sets)
+        params = [p for _, term_params, _ in [*single, *sets] for p in term_params]
         # Whether the viewer's user exists, in the same query: a forgotten (or unknown) id recalls nothing.
         person = f"EXISTS (SELECT 1 FROM {MemoryUser._meta.db_table} WHERE id = %s)" if viewer.user_id else "1 = 1"
         sql = (

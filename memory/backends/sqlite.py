@@ -18,6 +18,7 @@ from django.db.backends.signals import connection_created
 
 from .base import (
     FACT_TABLE,
+    TEAMS_SQL,
     TRIGRAM,
     USER_OWNER_SQL,
     WALK_OWNERS,
@@ -262,12 +263,18 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
         else:  # the user's marker follows merges inside the query, like the owner filter does
             match_sql = f"%s || engram_owner_marker({USER_OWNER_SQL}) || '\")'"
             params = [head + ' OR "', viewer.user_id, viewer.user_id]
-        owners, owner_params = owners_sql(viewer)
-        return (
-            f"f.id IN (SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql} "
-            f"UNION SELECT fact_id FROM memory_fact_fts_pending WHERE scope_key {owners})",
-            [*params, *owner_params],
-        )
+        branches = [f"SELECT rowid FROM memory_fact_fts WHERE memory_fact_fts MATCH {match_sql}"]
+        if viewer.agent_id:
+            # One MATCH per team of the agent (none for an agent in no team), its marker from the
+            # membership table: a team's id is known only inside the query.
+            branches.append(
+                f"SELECT memory_fact_fts.rowid FROM ({TEAMS_SQL}) t CROSS JOIN memory_fact_fts "
+                "WHERE memory_fact_fts MATCH (%s || engram_owner_marker(t.owner) || '\"')"
+            )
+            params += [viewer.agent_id, f'{_phrase(token)} AND "']
+        owners, owner_params = owners_sql(viewer, "scope_key", probe=False)
+        branches.append(f"SELECT fact_id FROM memory_fact_fts_pending WHERE {owners}")
+        return f"f.id IN ({' UNION '.join(branches)})", [*params, *owner_params]
 
     def procedure_match_sql(self, goal, context_keys):
         return (

@@ -1,6 +1,7 @@
-"""Facts (semantic memory): a JSON value under a key, owned by a session, a user, an agent or everyone.
+"""Facts (semantic memory): a JSON value under a key, owned by a session, a user, an agent, a team of
+agents or everyone.
 
-A lookup returns the most specific visible fact (session, user, agent, global). MemoryService delegates to it.
+A lookup returns the most specific visible fact (session, user, agent, team, global). MemoryService delegates to it.
 """
 
 import json
@@ -15,7 +16,7 @@ from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, 
 from ..models.owners import fact_owner_key
 from ..recall import relations
 from ..recall.access import access_counter
-from ..rules.owners import user_scope_key
+from ..rules.owners import check_member, find_team, user_scope_key
 from ..rules.validation import (
     check_as_of,
     check_choice,
@@ -82,8 +83,8 @@ class Facts:
         self.recall_index = recall_index
 
     def get_fact(self, key, *, agent_id="", user_id=None, session_id="", as_of=None, valid_at=None):
-        """The most specific visible fact for `key` (session, user, agent, global) that holds now
-        (its valid time contains the present), or None. One query.
+        """The most specific visible fact for `key` (session, user, agent, the agent's teams, global)
+        that holds now (its valid time contains the present), or None. One query.
 
         `valid_at` (world time): the value that held in the world then instead ("where did she live
         in 2024?"): the state (FactHistory) whose valid time contains it, a value closed by a later
@@ -129,8 +130,13 @@ class Facts:
         valid_from=None,
         valid_to=None,
         tags=None,
+        team=None,
     ):
         """Create or update the fact `key` of one owner, safely under concurrent writers.
+
+        `scope="team"` with `team` (its name, or id): a fact every member of that team sees. An
+        `agent_id` given with it must be a member (InvalidMemoryArgument "agent_id" if not); the fact
+        is the team's, not that agent's.
 
         `tags`: labels for the fact (check_tags); given, they replace the stored ones on any write
         that is not skipped; None keeps them.
@@ -148,7 +154,7 @@ class Facts:
         replace one that holds now (InvalidMemoryArgument "valid_to": the key keeps one timeline).
         """
         fact = self._new_fact(
-            key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
+            key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance, team
         )
         fact.valid_from, fact.valid_to = check_valid_time(valid_from, valid_to)
         fact.keeps_tags = tags is None
@@ -177,7 +183,18 @@ class Facts:
             raise
 
     def _new_fact(
-        self, key, value, scope, agent_id, user_id, session_id, fact_type, confidence, source_episode_id, provenance
+        self,
+        key,
+        value,
+        scope,
+        agent_id,
+        user_id,
+        session_id,
+        fact_type,
+        confidence,
+        source_episode_id,
+        provenance,
+        team=None,
     ):
         key = clean_text("key", key, max_length=255)
         check_json("value", value)
@@ -190,6 +207,7 @@ class Facts:
         agent_id = clean_text("agent_id", agent_id, required=scope == Scope.AGENT, max_length=128)
         session_id = clean_text("session_id", session_id, required=scope == Scope.SESSION, max_length=128)
         user_id = check_user_id("user_id", user_id, required=scope == Scope.USER)
+        team_id = self._team_of(scope, team, agent_id)
         if source_episode_id is not None:
             source_episode_id = check_user_id("source_episode_id", source_episode_id, required=False)
             if not self.backend.episode_exists(source_episode_id):
@@ -199,6 +217,7 @@ class Facts:
             Scope.SESSION: {"session_id": session_id},
             Scope.USER: {"user_id": user_id},
             Scope.AGENT: {"agent_id": agent_id},
+            Scope.TEAM: {"team_id": team_id},
             Scope.GLOBAL: {},
         }[scope]
         fact = Fact(
@@ -210,6 +229,7 @@ class Facts:
             agent_id=owners.get("agent_id", ""),
             user_id=owners.get("user_id"),
             session_id=owners.get("session_id", ""),
+            team_id=owners.get("team_id"),
             source_episode_id=source_episode_id,
             provenance=clean_text("provenance", provenance, required=False),
             search_text=fact_search_text(key, value),
@@ -217,6 +237,21 @@ class Facts:
         )
         fact.keeps_type = keep_type  # an update without a fact_type keeps the stored one
         return fact
+
+    @staticmethod
+    def _team_of(scope, team, agent_id):
+        """The team id of a team-scoped write (its writer `agent_id`, if any, a member), else None;
+        a team given with another scope is refused rather than ignored."""
+        if scope != Scope.TEAM:
+            if team not in (None, ""):
+                raise InvalidMemoryArgument("team", f"is only for scope 'team', not {scope!r}")
+            return None
+        if team in (None, ""):
+            raise InvalidMemoryArgument("team", "is required for scope 'team'")
+        found = find_team("team", team)
+        if agent_id:
+            check_member(found, agent_id)
+        return found.pk
 
     def _upsert_fact(self, fact, overwrite):
         existing = self.backend.owned_fact(fact, lock=True)
@@ -318,6 +353,7 @@ class Facts:
             None,
             None,
             "",
+            arguments.get("team"),
         )
         return self.backend.owned_fact(probe, lock=True)
 
@@ -462,9 +498,11 @@ class Facts:
             deleted, _ = Fact.objects.filter(pk=fact_id).delete()
         return bool(deleted)
 
-    def fact_history(self, fact_id=None, *, key=None, scope=None, agent_id="", user_id=None, session_id="", limit=None):
+    def fact_history(
+        self, fact_id=None, *, key=None, scope=None, agent_id="", user_id=None, session_id="", team=None, limit=None
+    ):
         """The versions of one fact, oldest first: by `fact_id` (a deleted fact's too), or by `key` and
-        owner (`scope` with its agent_id / user_id / session_id; a user id follows merges), which
+        owner (`scope` with its agent_id / user_id / session_id / team; a user id follows merges), which
         also finds earlier facts of that key that were deleted. `limit`: only the latest so many.
         """
         limit = check_limit(limit, None)
@@ -474,7 +512,17 @@ class Facts:
             fact_id = check_user_id("fact_id", fact_id, required=True)
             return history.versions_of(fact_id, limit=limit)
         owner = self._new_fact(
-            key, None, Scope.GLOBAL if scope is None else scope, agent_id, user_id, session_id, None, None, None, ""
+            key,
+            None,
+            Scope.GLOBAL if scope is None else scope,
+            agent_id,
+            user_id,
+            session_id,
+            None,
+            None,
+            None,
+            "",
+            team,
         )
         if owner.user_id is not None:
             owner.user_id = self.users.resolve_user(owner.user_id).pk

@@ -29,6 +29,7 @@ from ..backends.base import FACT_TABLE, SUPERSEDE_FROM, VERSION_TABLE, owner_ter
 from ..backends.rows import fetch_models, select_columns
 from ..conf import memory_settings
 from ..models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
+from ..models.owners import owners_condition
 from ..rules.validation import chunks
 from ..text import fact_search_text
 
@@ -146,11 +147,10 @@ def _states_at(viewer, valid_at, as_of=None, keys=None):
     ends it: a fact deleted since holds nothing, at any time.
     """
     conn = connections[DEFAULT_DB_ALIAS]
-    terms = owner_terms(viewer)
-    params = [p for _, term_params, _ in terms for p in term_params]
+    owners, params = owners_condition("v.scope_key", owner_terms(viewer))
     world = _VALID_FROM.get_db_prep_value(valid_at, conn)
     recorded = None if as_of is None else _VALID_FROM.get_db_prep_value(as_of, conn)
-    inner = [f"v.scope_key IN ({', '.join(sql for sql, _, _ in terms)})"]
+    inner = [owners]
     if keys is not None:
         inner.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
         params += list(keys)

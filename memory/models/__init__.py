@@ -1,5 +1,5 @@
 """Models of the memory: facts, episodes, procedures, memory users and their channel identities
-(memories), recall's tables (recall) and records about the memory (records).
+(memories), teams of agents (owners), recall's tables (recall) and records about the memory (records).
 
 Read and write them through `memory.service.MemoryService`; nothing else should touch these tables.
 """
@@ -23,7 +23,7 @@ from .memories import (
     holds,
     holds_now,
 )
-from .owners import SCOPE_RANK, Scope
+from .owners import SCOPE_RANK, Scope, Team, TeamMember
 from .recall import (
     EmbeddingModelRecord,
     MemoryRelation,
@@ -77,6 +77,8 @@ __all__ = [
     "SCOPE_RANK",
     "Scope",
     "StoreItem",
+    "Team",
+    "TeamMember",
     "Tombstone",
     "episode_gist",
     "holds",

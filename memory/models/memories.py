@@ -8,7 +8,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ..text import clip, fact_search_text
-from .owners import Scope, owner_key_expression
+from .owners import Scope, Team, owner_key_expression
 
 PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
 
@@ -134,7 +134,7 @@ class FactAction(models.TextChoices):
 
 
 class Fact(models.Model):
-    """Semantic memory: one value under a key, owned by a session, user, agent or everyone."""
+    """Semantic memory: one value under a key, owned by a session, user, agent, team or everyone."""
 
     key = models.CharField(max_length=255)
     value = models.JSONField()
@@ -143,6 +143,8 @@ class Fact(models.Model):
     agent_id = models.CharField(max_length=128, blank=True, default="")
     user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="facts")
     session_id = models.CharField(max_length=128, blank=True, default="")
+    # A team fact's team: its facts go with it.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="facts")
     # The owner in one indexable value (its owner key, memory/models/owners.py), derived by the
     # database so it can never disagree with the columns above.
     scope_key = models.GeneratedField(
@@ -189,10 +191,11 @@ class Fact(models.Model):
             models.CheckConstraint(condition=Q(scope__in=Scope.values), name="fact_scope_known"),
             models.CheckConstraint(
                 condition=(
-                    Q(scope=Scope.SESSION, user__isnull=True, agent_id="") & ~Q(session_id="")
-                    | Q(scope=Scope.USER, user__isnull=False, agent_id="", session_id="")
-                    | Q(scope=Scope.AGENT, user__isnull=True, session_id="") & ~Q(agent_id="")
-                    | Q(scope=Scope.GLOBAL, user__isnull=True, agent_id="", session_id="")
+                    Q(scope=Scope.SESSION, user__isnull=True, agent_id="", team__isnull=True) & ~Q(session_id="")
+                    | Q(scope=Scope.USER, user__isnull=False, agent_id="", session_id="", team__isnull=True)
+                    | Q(scope=Scope.AGENT, user__isnull=True, session_id="", team__isnull=True) & ~Q(agent_id="")
+                    | Q(scope=Scope.TEAM, user__isnull=True, agent_id="", session_id="", team__isnull=False)
+                    | Q(scope=Scope.GLOBAL, user__isnull=True, agent_id="", session_id="", team__isnull=True)
                 ),
                 name="fact_scope_has_its_owner",
             ),
@@ -246,6 +249,8 @@ class FactVersion(models.Model):
     user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="fact_versions")
     agent_id = models.CharField(max_length=128, blank=True, default="")
     session_id = models.CharField(max_length=128, blank=True, default="")
+    # A team fact's team, by number (as fact_id: a deleted team's facts keep their history).
+    team_id = models.BigIntegerField(null=True, blank=True)
     confidence = models.FloatField()
     # The episode the value came from (a number: the episode may be deleted later) and the writer's note.
     source_episode_id = models.BigIntegerField(null=True, blank=True)

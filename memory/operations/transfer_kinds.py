@@ -30,6 +30,8 @@ from ..models import (
     Relation,
     Scope,
     StoreItem,
+    Team,
+    TeamMember,
 )
 from ..models.owners import owner_key
 from ..rules import validation
@@ -99,7 +101,11 @@ class TransferKind:
 
 def _fact_owner(row):
     return owner_key(
-        row.get("scope"), user_id=row.get("user_id"), agent_id=row.get("agent_id"), session_id=row.get("session_id")
+        row.get("scope"),
+        user_id=row.get("user_id"),
+        agent_id=row.get("agent_id"),
+        session_id=row.get("session_id"),
+        team_id=row.get("team_id"),
     )
 
 
@@ -109,8 +115,15 @@ def _check_fact(row):
         "session_id": bool(row["session_id"]),
         "user_id": row["user_id"] is not None,
         "agent_id": bool(row["agent_id"]),
+        # A file from before teams has no team_id: no team.
+        "team_id": row.get("team_id") is not None,
     }
-    wanted = {Scope.SESSION: "session_id", Scope.USER: "user_id", Scope.AGENT: "agent_id"}.get(scope)
+    wanted = {
+        Scope.SESSION: "session_id",
+        Scope.USER: "user_id",
+        Scope.AGENT: "agent_id",
+        Scope.TEAM: "team_id",
+    }.get(scope)
     for name, present in owners.items():
         if present != (name == wanted):
             return name, f"a {scope} fact {'needs' if name == wanted else 'cannot have'} {name}"
@@ -148,6 +161,18 @@ def _check_version(row):
 
 def _prepare_version(row):
     row["scope_key"] = _fact_owner(row)
+
+
+def _check_team(row):
+    if not row["name"].strip():
+        return "name", "must not be blank"
+    return None
+
+
+def _check_team_member(row):
+    if not row["agent_id"].strip():
+        return "agent_id", "must not be blank"
+    return None
 
 
 def _check_identity(row):
@@ -291,6 +316,20 @@ KINDS = [
         Procedure,
         check=_check_procedure,
         natural_keys=(NaturalKey("agent_id, name", ("agent_id", "name"), lambda r: (r["agent_id"], r["name"])),),
+    ),
+    TransferKind(
+        "team",
+        Team,
+        check=_check_team,
+        natural_keys=(NaturalKey("name", ("name",), lambda r: (r["name"],)),),
+    ),
+    TransferKind(
+        "team_member",
+        TeamMember,
+        check=_check_team_member,
+        natural_keys=(
+            NaturalKey("agent_id, team_id", ("agent_id", "team_id"), lambda r: (r["agent_id"], r["team_id"])),
+        ),
     ),
     TransferKind(
         "fact",

@@ -220,6 +220,10 @@ REMEMBER_SCHEMA = {
     "type": "object",
     "properties": {
         "scope": {"enum": list(Scope.values), "default": "user", "description": "Scope of facts given without one."},
+        "team": {
+            "type": "string",
+            "description": "Scope team: the team of facts given without one (this agent must be a member).",
+        },
         "fact_type": {"enum": list(FactType.values), "default": "world_knowledge"},
         "overwrite": {"type": "boolean", "default": True},
         "record_episode": {"type": "boolean", "default": True},
@@ -247,6 +251,7 @@ REMEMBER_SCHEMA = {
 
 def build_remember(config, context):
     default_scope = config.get("scope", Scope.USER)
+    default_team = config.get("team")
     default_type = config.get("fact_type", FactType.WORLD_KNOWLEDGE)
     overwrite = config.get("overwrite", True)
     record = config.get("record_episode", True)
@@ -268,7 +273,16 @@ def build_remember(config, context):
                     writes.append({"kind": "episode", "action": "created", "id": episode_id, "key": None})
                 for fact in facts:
                     report, fact_id = _write_fact(
-                        service, fact, state, context, user, default_scope, default_type, overwrite, episode_id
+                        service,
+                        fact,
+                        state,
+                        context,
+                        user,
+                        default_scope,
+                        default_type,
+                        overwrite,
+                        episode_id,
+                        default_team=default_team,
                     )
                     reports.append(report)
                     writes.append({"kind": "fact", "id": fact_id, **report})
@@ -366,7 +380,9 @@ def _refuse_unidentified(context, facts, default_scope):
     }
 
 
-def _write_fact(service, fact, state, context, user, default_scope, default_type, overwrite, episode_id):
+def _write_fact(
+    service, fact, state, context, user, default_scope, default_type, overwrite, episode_id, *, default_team=None
+):
     """(what happened to the fact, as `remembered` reports it; the fact's id, None when it failed)."""
     key = fact.get("key") if isinstance(fact, dict) else None
     scope = (fact.get("scope") if isinstance(fact, dict) else None) or default_scope
@@ -377,6 +393,11 @@ def _write_fact(service, fact, state, context, user, default_scope, default_type
         Scope.USER: {"user_id": user.get("id")},
         Scope.AGENT: {"agent_id": context.agent_id},
         Scope.SESSION: {"session_id": state.get("thread_id") or ""},
+        # The team's fact, written by this agent: the service refuses an agent outside the team.
+        Scope.TEAM: {
+            "team": (fact.get("team") if isinstance(fact, dict) else None) or default_team,
+            "agent_id": context.agent_id,
+        },
         Scope.GLOBAL: {},
     }.get(scope)
     if owners is None:

@@ -165,8 +165,9 @@ class HistorySubcommand(Subcommand):
     def add_arguments(self, parser):
         parser.add_argument("fact_id", nargs="?", type=int, help="the fact's id (a deleted fact's works too)")
         parser.add_argument("--key", help="instead of an id: the key, with its owner below (default global)")
-        parser.add_argument("--scope", choices=["session", "user", "agent", "global"])
+        parser.add_argument("--scope", choices=["session", "user", "agent", "team", "global"])
         parser.add_argument("--agent", dest="agent_id", default="")
+        parser.add_argument("--team", help="a team's name (a team fact's owner)")
         parser.add_argument("--user", dest="user_id", type=int, help="memory user id (merges followed)")
         parser.add_argument("--session", dest="session_id", default="")
         parser.add_argument("--limit", type=int, help="only the latest N versions")
@@ -177,7 +178,12 @@ class HistorySubcommand(Subcommand):
     def handle(self, command, options):
         scope = options["scope"]
         if scope is None and options["key"] is not None:  # the owner option given says which scope
-            given = [("user", options["user_id"]), ("agent", options["agent_id"]), ("session", options["session_id"])]
+            given = [
+                ("user", options["user_id"]),
+                ("agent", options["agent_id"]),
+                ("session", options["session_id"]),
+                ("team", options["team"]),
+            ]
             scope = next((name for name, value in given if value not in (None, "")), "global")
         versions = command.service.fact_history(
             options["fact_id"],
@@ -186,6 +192,7 @@ class HistorySubcommand(Subcommand):
             agent_id=options["agent_id"],
             user_id=options["user_id"],
             session_id=options["session_id"],
+            team=options["team"],
             limit=options["limit"],
         )
         rows = [
