@@ -45,9 +45,33 @@ def claim(model, ids, token, *, seconds=None):
     Ids are inserted in order, so two claimers of overlapping batches wait for each other rather
     than deadlock; a deadlock of the expired-lease takeover (PostgreSQL) is retried.
     """
+    if not take(model, ids, token, seconds=seconds):
+        return set()
+    return set(
+        EmbeddingClaim.objects.filter(source=source_of(model), claimed_by=token).values_list("row_id", flat=True)
+    )
+
+
+def claimed_texts(model, token):
+    """(id, text) of the rows of `model` that `token` holds and that are still pending, by id: what
+    the claimer embeds, read after its claim committed (one query, where `claim` and a read of the
+    texts would be two)."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    claims = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT d.id, d.text FROM {claims} c JOIN {table} d ON d.id = c.row_id "
+            f"WHERE c.source = %s AND c.claimed_by = %s AND d.embedding IS NULL AND d.text <> '' ORDER BY d.id",
+            [source_of(model), token],
+        )
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def take(model, ids, token, *, seconds=None):
+    """The claim's transaction (see `claim`) without reading back what it won; False when `ids` is empty."""
     ids = sorted(set(ids))
     if not ids:
-        return set()
+        return False
     seconds = float(memory_settings.EMBED_CLAIM_SECONDS if seconds is None else seconds)
     source = source_of(model)
     for attempt in range(3):
@@ -68,7 +92,7 @@ def claim(model, ids, token, *, seconds=None):
         except OperationalError:
             if attempt == 2 or connection.in_atomic_block:
                 raise
-    return set(EmbeddingClaim.objects.filter(source=source, claimed_by=token).values_list("row_id", flat=True))
+    return True
 
 
 def release(token):

@@ -50,7 +50,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
-from .claims import claim, new_token, release, store_sql, unclaimed_pending_ids
+from .claims import claimed_texts, new_token, release, store_sql, take, unclaimed_pending_ids
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -85,9 +85,9 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
     token = new_token() if claimed else None
     try:
         if claimed:
-            won = claim(model, [doc_id for doc_id, _ in docs], token)
+            take(model, [doc_id for doc_id, _ in docs], token)
             # Read after the claim committed: a document another worker stored (and released) is not pending.
-            docs = pending_documents(model, ids=sorted(won), limit=len(won)) if won else []
+            docs = claimed_texts(model, token)
             if not docs:
                 release(token)
                 return 0
