@@ -354,3 +354,22 @@ def test_a_stream_of_writes_is_linked_once_it_stops(settings, service):
         time.sleep(0.1)
     linked = set(edges.values_list("source_id", flat=True))
     assert len(linked) == 12  # every fact of the stream, each to its closest ones
+
+
+def test_a_fact_set_is_found_by_vector_recall_within_a_second(settings, service):
+    """The worker gathers writes into batches (EMBED_WAIT_MS) but a write's vector still comes within
+    about a second, as the recall guide promises, with nobody waiting for the vectors."""
+    configure(settings, "ConceptEmbedding")
+    service.set_fact("warmup", "the morning news", scope="global")  # the worker is started and idle
+    assert service.wait_for_vectors(timeout=30)
+    time.sleep(1.5)
+    written = time.monotonic()
+    service.set_fact("drink", "green tea", scope="global")
+    found = None
+    while time.monotonic() - written < 10:
+        hits = service.recall("beverage", types=("facts",), mode="vector", limit=1)
+        if [h.item.key for h in hits] == ["drink"]:
+            found = time.monotonic() - written
+            break
+        time.sleep(0.02)
+    assert found is not None and found < 1.0, found

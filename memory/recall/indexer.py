@@ -320,9 +320,18 @@ class Indexer:
             self._wait_for_work()
             with self._cond:
                 # Let concurrent writers join the batch: one model call for many texts costs little
-                # more than for one (most of a small call is fixed overhead).
-                gather_until = time.monotonic() + float(memory_settings.EMBED_WAIT_MS) / 1000.0
-                while self._queued() < int(memory_settings.EMBED_BATCH) and time.monotonic() < gather_until:
+                # more than for one (most of a small call is fixed overhead), and every batch is a
+                # claim and a store transaction. Counted from the oldest queued write's commit, so a
+                # write waits at most EMBED_WAIT_MS for others however long the last batch took. Not
+                # when someone waits for the vectors (wait_for_vectors): they want them now.
+                oldest = self._since if self._since is not None else time.monotonic()
+                gather_until = oldest + float(memory_settings.EMBED_WAIT_MS) / 1000.0
+                while (
+                    self._queue
+                    and not self._hurry
+                    and self._queued() < int(memory_settings.EMBED_BATCH)
+                    and time.monotonic() < gather_until
+                ):
                     self._cond.wait(gather_until - time.monotonic())
                 work, self._queue = self._queue, {}
                 since, self._since = self._since, None
