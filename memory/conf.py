@@ -148,7 +148,10 @@ DEFAULTS = {
     # Which episodes recall embeds, by kind (trigger type: "telegram", "chat", a record_episode category):
     # None embeds every episode; a list only those kinds (the others stay in keyword recall).
     "EMBED_EPISODE_KINDS": None,
-    "EMBED_WAIT_MS": 50,
+    # 250 ms: on a busy server a model call of a few texts costs little more than one of a single text
+    # (per text, a batch of six takes two thirds of the CPU of six calls), and each batch is also a
+    # claim and a store transaction, which on SQLite take the write lock the requests need.
+    "EMBED_WAIT_MS": 250,
     # How long a committed write's vector may take before its batch is embedded at the requests'
     # priority instead of in the CPU they leave (memory/embedding/model_process.py): vector recall finds a
     # write within about this much, however busy the machine, at the cost of the requests' CPU.

@@ -126,3 +126,14 @@ class FileCountingEmbedding(DeterministicFakeEmbedding):
         with open(os.environ["ENGRAM_TEST_EMBED_LOG"], "a") as log:
             log.writelines(text.replace("\n", " ") + "\n" for text in texts)
         return super().embed_documents(texts)
+
+
+embedding_threads = []
+
+
+class ThreadNotingEmbedding(ConceptEmbedding):
+    """ConceptEmbedding that notes the name of the thread of every document embedding."""
+
+    def embed_documents(self, texts):
+        embedding_threads.append(threading.current_thread().name)
+        return super().embed_documents(texts)

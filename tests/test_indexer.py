@@ -306,3 +306,70 @@ def test_a_burst_of_writes_is_linked_after_it_each_to_its_closest_of_the_whole_b
     similar = set(MemoryRelation.objects.filter(relation=Relation.SIMILAR).values_list("source_id", "target_id"))
     assert {(docs[first.pk], docs[fact.pk]) for fact in later} <= similar
     assert {(docs[fact.pk], docs[first.pk]) for fact in later} <= similar
+
+
+def test_a_request_never_embeds_documents_on_its_own_thread(settings, service, api, user_factory):
+    """Writes over HTTP and through the service hand their documents to the embedding worker: the
+    model runs for them on its thread, never on the request's, and vector recall finds them."""
+    configure(settings, "ThreadNotingEmbedding")
+    emb.embedding_threads.clear()
+    user = user_factory()
+    for key, value in (("drink", "green tea"), ("sport", "yoga"), ("paper", "the morning news")):
+        response = api.post(
+            "/api/v1/facts/", {"key": key, "value": value, "scope": "user", "user": user.pk}, format="json"
+        )
+        assert response.status_code in (200, 201), response.content
+    service.record_episode(
+        started_at=timezone.now(),
+        agent_id="bot",
+        user_id=user.pk,
+        success=True,
+        conversation=[{"role": "user", "content": "I drink coffee in the meeting"}],
+    )
+    assert service.wait_for_vectors(timeout=30)
+    assert emb.embedding_threads and set(emb.embedding_threads) == {"engram-indexer"}
+    hits = service.recall("beverage", user_id=user.pk, types=("facts",), mode="vector", limit=1)
+    assert [h.item.value for h in hits] == ["green tea"]
+
+
+def test_a_stream_of_writes_is_linked_once_it_stops(settings, service):
+    """Between the batches of a stream of writes the worker links nothing; once the writes stop it
+    links all of them to their closest, without anyone waiting for the vectors."""
+    from memory.models import MemoryRelation, Relation
+    from memory.recall.indexer import LINK_AFTER_SECONDS, QUIET_SECONDS
+
+    configure(settings, "ConceptEmbedding")  # "green tea ..." texts are alike: similar edges
+    started, gaps, last = time.monotonic(), [], None
+    for i in range(12):
+        now = time.monotonic()
+        gaps.append(0.0 if last is None else now - last)
+        last = now
+        service.set_fact(f"drink{i}", f"green tea number {i}", scope="global")
+        time.sleep(0.05)
+    edges = MemoryRelation.objects.filter(relation=Relation.SIMILAR)
+    if max(gaps) < QUIET_SECONDS / 2 and time.monotonic() - started < LINK_AFTER_SECONDS:
+        assert not edges.exists()  # the stream went on: nothing linked yet
+    deadline = time.monotonic() + QUIET_SECONDS + 20
+    while time.monotonic() < deadline and edges.count() < 12:
+        time.sleep(0.1)
+    linked = set(edges.values_list("source_id", flat=True))
+    assert len(linked) == 12  # every fact of the stream, each to its closest ones
+
+
+def test_a_fact_set_is_found_by_vector_recall_within_a_second(settings, service):
+    """The worker gathers writes into batches (EMBED_WAIT_MS) but a write's vector still comes within
+    about a second, as the recall guide promises, with nobody waiting for the vectors."""
+    configure(settings, "ConceptEmbedding")
+    service.set_fact("warmup", "the morning news", scope="global")  # the worker is started and idle
+    assert service.wait_for_vectors(timeout=30)
+    time.sleep(1.5)
+    written = time.monotonic()
+    service.set_fact("drink", "green tea", scope="global")
+    found = None
+    while time.monotonic() - written < 10:
+        hits = service.recall("beverage", types=("facts",), mode="vector", limit=1)
+        if [h.item.key for h in hits] == ["drink"]:
+            found = time.monotonic() - written
+            break
+        time.sleep(0.02)
+    assert found is not None and found < 1.0, found

@@ -52,35 +52,70 @@ def claim(model, ids, token, *, seconds=None):
     Ids are inserted in order, so two claimers of overlapping batches wait for each other rather
     than deadlock; a deadlock of the expired-lease takeover (PostgreSQL) is retried.
     """
+    if not take(model, ids, token, seconds=seconds):
+        return set()
+    return set(
+        EmbeddingClaim.objects.filter(source=source_of(model), claimed_by=token).values_list("row_id", flat=True)
+    )
+
+
+def claimed_texts(model, token):
+    """(id, text) of the rows of `model` that `token` holds and that are still pending, by id: what
+    the claimer embeds, read after its claim committed (one query, where `claim` and a read of the
+    texts would be two)."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    claims = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT d.id, d.text FROM {claims} c JOIN {table} d ON d.id = c.row_id "
+            f"WHERE c.source = %s AND c.claimed_by = %s AND d.embedding IS NULL AND d.text <> '' ORDER BY d.id",
+            [source_of(model), token],
+        )
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def take(model, ids, token, *, seconds=None):
+    """The claim's transaction (see `claim`) without reading back what it won; False when `ids` is empty."""
     ids = sorted(set(ids))
     if not ids:
-        return set()
+        return False
     seconds = float(memory_settings.EMBED_CLAIM_SECONDS if seconds is None else seconds)
     source = source_of(model)
+    # Plain statements: an embedding worker claims a batch for every few writes, and the ORM's
+    # bulk_create spent more of the interpreter than the database did (the requests of its process
+    # wait for the interpreter meanwhile).
+    table = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
     for attempt in range(3):
         now = timezone.now()
+        expired, until = (connection.ops.adapt_datetimefield_value(t) for t in (now, now + timedelta(seconds=seconds)))
         try:
-            with transaction.atomic():
-                EmbeddingClaim.objects.filter(source=source, row_id__in=ids, claimed_until__lt=now).delete()
-                EmbeddingClaim.objects.bulk_create(
-                    [
-                        EmbeddingClaim(
-                            source=source, row_id=i, claimed_by=token, claimed_until=now + timedelta(seconds=seconds)
-                        )
-                        for i in ids
-                    ],
-                    ignore_conflicts=True,
-                )
+            with transaction.atomic(), connection.cursor() as cursor:
+                for start in range(0, len(ids), 500):
+                    chunk = ids[start : start + 500]
+                    cursor.execute(
+                        f"DELETE FROM {table} WHERE source = %s AND claimed_until < %s "
+                        f"AND row_id IN ({', '.join(['%s'] * len(chunk))})",
+                        [source, expired, *chunk],
+                    )
+                    cursor.execute(
+                        f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
+                        f"{', '.join(['(%s, %s, %s, %s)'] * len(chunk))} ON CONFLICT DO NOTHING",
+                        [value for i in chunk for value in (source, i, token, until)],
+                    )
             break
         except OperationalError:
             if attempt == 2 or connection.in_atomic_block:
                 raise
-    return set(EmbeddingClaim.objects.filter(source=source, claimed_by=token).values_list("row_id", flat=True))
+    return True
 
 
 def release(token):
     """Drop what `token` still holds (a batch that failed: another worker may take it at once)."""
-    return EmbeddingClaim.objects.filter(claimed_by=token).delete()[0]
+    with connection.cursor() as cursor:  # a plain statement, as in `take`
+        cursor.execute(
+            f"DELETE FROM {connection.ops.quote_name(EmbeddingClaim._meta.db_table)} WHERE claimed_by = %s", [token]
+        )
+        return max(cursor.rowcount, 0)
 
 
 def unclaimed_pending_ids(pending, limit):

@@ -13,10 +13,14 @@ which uses the CPU the requests leave; a batch still unanswered when its oldest 
 worker itself runs at the requests' priority: one that ran below them (nice +10, as it once did)
 fell behind for good on a busy machine, and vector recall missed writes for minutes.
 
-The `similar` edges of what it embedded (memory/recall/relations.py) wait until no more writes wait for it
-(at most LINK_AFTER_SECONDS): a link loads each document's owner into this process's vector index,
-and between the batches of a burst of writes those loads held up the writers of the process. Edges a
-killed process had not written yet are hints lost, not memories: `memory reindex` rebuilds them.
+The `similar` edges of what it embedded (memory/recall/relations.py) wait until no write has come for
+QUIET_SECONDS (at most LINK_AFTER_SECONDS, or until someone waits for the vectors): a link loads each
+document's owner into this process's vector index and writes the edges in a transaction of its own,
+and between the batches of a stream of writes those loads and commits held up the writers of the
+process (a queue that is empty for a moment between two batches is not a quiet one). For the same
+reason the worker keeps its database connection while writes keep coming, and closes it once they
+stop: connecting anew for every batch cost each write a connection's set-up. Edges a killed process
+had not written yet are hints lost, not memories: `memory reindex` rebuilds them.
 
 EngramStore's items (memory/domain/store_items.py) go through the same worker under the kind STORE: their
 vector lives on the item's own row, and a query search scores an item without one by its words.
@@ -46,14 +50,16 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
-from .claims import claim, new_token, note_embedding, release, store_sql, unclaimed_pending_ids
+from .claims import claimed_texts, new_token, note_embedding, release, store_sql, take, unclaimed_pending_ids
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
 
 MAX_PAUSE_SECONDS = 60.0
-# The `similar` edges of what the worker embedded wait until no more writes wait for it, at most this
-# long and this many documents (memory/recall/relations.py; Indexer._link_when_quiet).
+# The `similar` edges of what the worker embedded wait until no write has come for QUIET_SECONDS, at
+# most LINK_AFTER_SECONDS and LINK_MAX_WAITING documents (memory/recall/relations.py; Indexer._run).
+# QUIET_SECONDS is also how long the worker keeps its database connection after its last batch.
+QUIET_SECONDS = 1.0
 LINK_AFTER_SECONDS = 5.0
 LINK_MAX_WAITING = 4096
 STORE = "store"  # the queue's kind of EngramStore items (their own table); other kinds are recall documents
@@ -79,9 +85,9 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
     token = new_token() if claimed else None
     try:
         if claimed:
-            won = claim(model, [doc_id for doc_id, _ in docs], token)
+            take(model, [doc_id for doc_id, _ in docs], token)
             # Read after the claim committed: a document another worker stored (and released) is not pending.
-            docs = pending_documents(model, ids=sorted(won), limit=len(won)) if won else []
+            docs = claimed_texts(model, token)
             if not docs:
                 release(token)
                 return 0
@@ -231,6 +237,7 @@ class Indexer:
         self._busy = False
         self._unlinked = set()  # recall documents the worker embedded and has not linked yet (its thread's own)
         self._unlinked_since = None
+        self._hurry = False  # someone waits for the vectors: link what is embedded without waiting for quiet
         self.failures = 0
         self.last_error = ""
         self.embedded = 0
@@ -283,7 +290,7 @@ class Indexer:
         if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             return
         if self._pid is not None and self._pid != os.getpid():  # a forked child: the thread stayed behind
-            self._queue, self._busy, self._sweep, self._unlinked = {}, False, True, set()
+            self._queue, self._busy, self._sweep, self._unlinked, self._hurry = {}, False, True, set(), False
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="engram-indexer", daemon=True)
         self._thread.start()
@@ -297,7 +304,9 @@ class Indexer:
         """Block until everything committed so far is embedded (or failed); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy or self._sweep and self._thread is not None:
+            self._hurry = True
+            self._cond.notify_all()
+            while self._queue or self._busy or self._thread is not None and (self._sweep or self._unlinked):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -309,16 +318,21 @@ class Indexer:
     def _run(self):
         pause = 0.0
         while True:
+            self._wait_for_work()
             with self._cond:
-                while not (self._queue or self._sweep):
-                    # Idle for a while: sweep for documents left pending by a process that went away
-                    # (or whose claim lapsed), so none waits for a restart.
-                    if not self._cond.wait(float(memory_settings.EMBED_SWEEP_SECONDS)):
-                        self._sweep = True
                 # Let concurrent writers join the batch: one model call for many texts costs little
-                # more than for one (most of a small call is fixed overhead).
-                gather_until = time.monotonic() + float(memory_settings.EMBED_WAIT_MS) / 1000.0
-                while self._queued() < int(memory_settings.EMBED_BATCH) and time.monotonic() < gather_until:
+                # more than for one (most of a small call is fixed overhead), and every batch is a
+                # claim and a store transaction. Counted from the oldest queued write's commit, so a
+                # write waits at most EMBED_WAIT_MS for others however long the last batch took. Not
+                # when someone waits for the vectors (wait_for_vectors): they want them now.
+                oldest = self._since if self._since is not None else time.monotonic()
+                gather_until = oldest + float(memory_settings.EMBED_WAIT_MS) / 1000.0
+                while (
+                    self._queue
+                    and not self._hurry
+                    and self._queued() < int(memory_settings.EMBED_BATCH)
+                    and time.monotonic() < gather_until
+                ):
                     self._cond.wait(gather_until - time.monotonic())
                 work, self._queue = self._queue, {}
                 since, self._since = self._since, None
@@ -330,7 +344,6 @@ class Indexer:
                 due = None if since is None else since + float(memory_settings.EMBED_DUE_MS) / 1000.0
                 with vectors_due(due):
                     self._drain(work)
-                self._link_when_quiet()
                 pause = 0.0
                 with self._cond:
                     self._sweep = self._sweep and not sweep
@@ -350,8 +363,8 @@ class Indexer:
                     self._sweep = self._sweep or sweep
                 pause = min(MAX_PAUSE_SECONDS, max(1.0, pause * 2))
             finally:
-                if not connection.in_atomic_block:
-                    connection.close()  # a worker holds no connection between batches
+                if pause and not connection.in_atomic_block:
+                    connection.close()  # a failed batch may have left the connection broken
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
@@ -392,25 +405,57 @@ class Indexer:
             self._unlinked_since = time.monotonic()
         self._unlinked.update(doc_id for doc_id, _ in docs)
 
-    def _link_when_quiet(self):
-        """Link what the worker embedded once no more writes wait for it (or the oldest has waited
-        LINK_AFTER_SECONDS, or LINK_MAX_WAITING documents wait), all in one pass.
+    def _wait_for_work(self):
+        """Return once there is work (queued writes, or a sweep due). Meanwhile, once no write has come
+        for QUIET_SECONDS (or the oldest unlinked document has waited LINK_AFTER_SECONDS, or someone
+        waits for the vectors), link what was embedded, all in one pass, and let go of the connection.
 
-        A link loads the vectors of each document's owner into this process's index, which the
-        process's requests share the interpreter with: during a burst of writes, links between the
-        worker's batches held up the writers (bench.facts), so a burst is linked after it.
+        A link loads the vectors of each document's owner into this process's index and commits the
+        edges, and the process's requests share the interpreter and (on SQLite) the write lock with
+        it: linking after every batch of a stream of writes held up the writers (bench.webhook,
+        bench.facts), so a stream is linked every few seconds and a burst after it.
         """
-        if not self._unlinked:
-            return
-        with self._cond:
-            quiet = not self._queue
-        waited = time.monotonic() - self._unlinked_since
-        if not (quiet or waited >= LINK_AFTER_SECONDS or len(self._unlinked) >= LINK_MAX_WAITING):
-            return
+        while True:
+            with self._cond:
+                if not (self._queue or self._sweep or self._hurry or self._link_overdue()):
+                    self._cond.wait(QUIET_SECONDS)  # in a stream of writes, the next one comes sooner
+                work = bool(self._queue or self._sweep)
+                if work and len(self._unlinked) < LINK_MAX_WAITING and not self._link_overdue():
+                    return
+                if not work:  # quiet, or someone waits for the vectors: their edges now
+                    self._hurry = False
+                linking = bool(self._unlinked)
+                self._busy = self._busy or linking
+            if linking:
+                try:
+                    self._link()
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+            with self._cond:
+                if self._queue or self._sweep:
+                    return
+            if not connection.in_atomic_block:
+                connection.close()  # an idle worker holds no connection
+            with self._cond:
+                while not (self._queue or self._sweep or self._hurry):
+                    # Idle for a while: sweep for documents left pending by a process that went away
+                    # (or whose claim lapsed), so none waits for a restart.
+                    if not self._cond.wait(float(memory_settings.EMBED_SWEEP_SECONDS)):
+                        self._sweep = True
+
+    def _link_overdue(self):
+        return bool(self._unlinked) and time.monotonic() - self._unlinked_since >= LINK_AFTER_SECONDS
+
+    def _link(self):
         ids, self._unlinked = sorted(self._unlinked), set()
-        embedder = get_embedder()
-        if embedder is not None:
-            link_similar_ids(ids, embedder.dimension)
+        try:
+            embedder = get_embedder()
+            if embedder is not None:
+                link_similar_ids(ids, embedder.dimension)  # never raises for the database: edges are hints
+        except Exception:  # noqa: BLE001  (an embedder that cannot load now: the edges are hints, the vectors are stored)
+            logger.exception("could not link %d embedded documents to similar ones", len(ids))
 
 
 indexer = Indexer()
