@@ -10,6 +10,7 @@ and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 
 import django_filters
 from django.db import transaction
+from django.db.models import Q
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
@@ -24,6 +25,7 @@ from rest_framework.response import Response
 from memory.api.filters import IdFilter
 from memory.api.policy import StaffAPI
 from memory.api.serializers import BatchDeleteResultSerializer, BatchDeleteSerializer
+from memory.api.workspaces import scoped
 from memory.conf import memory_settings
 
 from .conversations.checkpoints import (
@@ -326,7 +328,7 @@ class ReminderViewSet(
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):
-        return Reminder.objects.all()
+        return scoped(Reminder.objects.all(), lambda ws: Q(user__workspace_id=ws))
 
     def get_serializer_class(self):
         if self.action in ("cancel", "batch_delete"):

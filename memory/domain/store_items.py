@@ -20,6 +20,7 @@ from ..backends.store_rows import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredI
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument
 from ..models import DeletionKind, MemoryUser, Scope, StoreItem
+from ..models.workspaces import workspace_default
 from ..recall.indexer import STORE, indexer
 from ..rules.validation import check_id_list, check_json, chunks, clean_text
 from ..text import keyword_terms
@@ -201,8 +202,10 @@ class StoreItems:
                 for namespace, key in chunk:
                     doomed |= Q(namespace=namespace, key=key)
                 StoreItem.objects.filter(doomed).delete()
+            workspace_id = workspace_default()
             rows = [
                 {
+                    "workspace_id": workspace_id,
                     "namespace": joined(p.namespace),
                     "key": p.key,
                     "value": p.value,
