@@ -10,7 +10,6 @@ and permissions are the memory API's (memory/api/, REST_FRAMEWORK settings).
 
 import django_filters
 from django.db import transaction
-from django.db.models import Q
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
@@ -25,7 +24,6 @@ from rest_framework.response import Response
 from memory.api.filters import IdFilter
 from memory.api.policy import StaffAPI
 from memory.api.serializers import BatchDeleteResultSerializer, BatchDeleteSerializer
-from memory.api.workspaces import scoped
 from memory.conf import memory_settings
 
 from .conversations.checkpoints import (
@@ -328,7 +326,7 @@ class ReminderViewSet(
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):
-        return scoped(Reminder.objects.all(), lambda ws: Q(user__workspace_id=ws))
+        return Reminder.objects.all()
 
     def get_serializer_class(self):
         if self.action in ("cancel", "batch_delete"):

@@ -212,6 +212,9 @@ class Reminder(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     thread_id = models.CharField(max_length=300, blank=True, default="")
 
+    # Of the workspace of its user (memory.models.workspaces).
+    objects = WorkspaceManager(through="user")
+
     class Meta:
         ordering = ["due_at", "id"]
         indexes = [
@@ -259,6 +262,9 @@ class WorkflowRun(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
+
+    # Of the workspace of its workflow (memory.models.workspaces).
+    objects = WorkspaceManager(through="workflow")
 
     class Meta:
         ordering = ["-started_at", "-id"]

@@ -5,9 +5,7 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 
-from ..models.workspaces import enter_workspace, leave_workspace, scoped, workspace_of_user
-
-__all__ = ["WorkspaceMiddleware", "WorkspaceSessionAuthentication", "WorkspaceTokenAuthentication", "scoped"]
+from ..models.workspaces import enter_workspace, leave_workspace, workspace_of_user
 
 
 class WorkspaceMiddleware:

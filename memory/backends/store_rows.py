@@ -239,18 +239,24 @@ class SQLiteStoreReads:
             return StoreSQL.store_rows_under(self, prefix, now, equal_to, limit, scored=True)
         # The statement depends only on the search's shape: built once per shape (building it was a
         # tenth of a search), its parameters in store_under_sql's order.
-        shape = (bool(prefix), tuple(equal_to), limit is not None)
+        workspace_id = current_workspace_id()
+        shape = (bool(prefix), tuple(equal_to), limit is not None, workspace_id is not None)
         sql = _SQLITE_UNDER.get(shape)
         if sql is None:
             if len(_SQLITE_UNDER) > 256:
                 _SQLITE_UNDER.clear()
             sql = self.store_under_sql(prefix, now, equal_to, limit, select=_SQLITE_SELECT)[0].replace("%s", "?")
             _SQLITE_UNDER[shape] = sql
-        params = [_utc_text(now), *((prefix, prefix + ".", prefix + "/") if prefix else ()), *equal_to.values()]
+        params = [
+            _utc_text(now),
+            *(() if workspace_id is None else (workspace_id,)),
+            *((prefix, prefix + ".", prefix + "/") if prefix else ()),
+            *equal_to.values(),
+        ]
         return _sqlite_rows(sql, params if limit is None else [*params, limit])
 
     def store_rows_by_key(self, pairs, now):
-        if len(pairs) != 1:
+        if len(pairs) != 1 or current_workspace_id() is not None:
             return StoreSQL.store_rows_by_key(self, pairs, now)
         return _sqlite_rows(_SQLITE_BY_KEY, (*pairs[0], _utc_text(now)))
 

@@ -98,18 +98,30 @@ def workspace_of_user(user):
 
 
 class WorkspaceQuerySet(models.QuerySet):
+    # The lookup of the row's workspace id: its own column, or through a foreign key (WorkspaceManager).
+    workspace_lookup = "workspace_id"
+
     def in_workspace(self, workspace):
         """The rows of `workspace` (a Workspace or its id), whatever workspace is current."""
-        return self.filter(workspace_id=getattr(workspace, "pk", workspace))
+        return self.filter(**{self.workspace_lookup: getattr(workspace, "pk", workspace)})
 
 
 class WorkspaceManager(models.Manager.from_queryset(WorkspaceQuerySet)):
-    """The default manager of a model that belongs to a workspace: the current workspace's rows only."""
+    """The default manager of a model that belongs to a workspace: the current workspace's rows only.
+
+    `through`: for a model whose workspace is that of a row it points to (a reminder's user's, a
+    run's workflow's), the name of that foreign key.
+    """
+
+    def __init__(self, through=""):
+        super().__init__()
+        self.workspace_lookup = f"{through}__workspace_id" if through else "workspace_id"
 
     def get_queryset(self):
         queryset = super().get_queryset()
+        queryset.workspace_lookup = self.workspace_lookup
         current = _current.get()
-        return queryset if current is None else queryset.filter(workspace_id=current)
+        return queryset if current is None else queryset.filter(**{self.workspace_lookup: current})
 
 
 def workspace_field(related_name):

@@ -17,7 +17,6 @@ from django.contrib.auth.views import redirect_to_login
 from django.contrib.staticfiles import finders
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
-from django.db.models import Q
 from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.templatetags.static import static
@@ -32,7 +31,6 @@ from rest_framework.response import Response
 from memory.api.filters import IdFilter
 from memory.api.policy import StaffAPI
 from memory.api.serializers import BatchDeleteResultSerializer, BatchDeleteSerializer
-from memory.api.workspaces import scoped
 from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument
 from memory.service import MemoryService
@@ -304,7 +302,7 @@ class RunViewSet(
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):
-        runs = scoped(WorkflowRun.objects.select_related("workflow"), lambda ws: Q(workflow__workspace_id=ws))
+        runs = WorkflowRun.objects.select_related("workflow")
         return runs if self.action == "retrieve" else runs.defer("events", "input")
 
     def get_serializer_class(self):

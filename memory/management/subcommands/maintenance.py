@@ -299,6 +299,9 @@ class McpSubcommand(Subcommand):
     def add_arguments(self, parser):
         parser.add_argument("--agent", help="stdio: the agent the tools act for (required without --http)")
         parser.add_argument("--user", help="stdio: the memory user (id, or a canonical id such as telegram:42)")
+        parser.add_argument(
+            "--workspace", type=int, help="stdio: the id of the workspace the tools work in (default: the default one)"
+        )
         parser.add_argument("--http", action="store_true", help="streamable HTTP at /mcp, MEMORY['MCP_TOKENS'] auth")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8765)
@@ -307,10 +310,13 @@ class McpSubcommand(Subcommand):
         from django.core.exceptions import ImproperlyConfigured
 
         from memory.mcp_server import Caller, build_server, configured_callers, token_caller
+        from memory.models import DEFAULT_WORKSPACE_ID, Workspace, in_workspace
 
         if options["http"]:
-            if options["agent"] or options["user"]:
-                raise CommandError("--agent and --user are for stdio; over HTTP each token names its caller")
+            if options["agent"] or options["user"] or options["workspace"]:
+                raise CommandError(
+                    "--agent, --user and --workspace are for stdio; over HTTP each token names its caller"
+                )
             try:
                 callers = configured_callers()
             except ImproperlyConfigured as exc:
@@ -319,7 +325,8 @@ class McpSubcommand(Subcommand):
                 raise CommandError("set MEMORY['MCP_TOKENS'] = {token: {'agent': ..., 'user': ...}} first")
             for position, caller in enumerate(callers.values(), 1):
                 if caller.user_id is not None:
-                    existing_person(command.service, caller.user_id, f"MEMORY['MCP_TOKENS'] entry {position}")
+                    with in_workspace(caller.workspace_id):  # the token's person is of the token's workspace
+                        existing_person(command.service, caller.user_id, f"MEMORY['MCP_TOKENS'] entry {position}")
             import uvicorn
 
             url = f"http://{options['host']}:{options['port']}"
@@ -330,8 +337,12 @@ class McpSubcommand(Subcommand):
             raise CommandError("--agent is required (the agent the tools act for)")
         if len(options["agent"].strip()) > 128:
             raise CommandError("--agent: must be at most 128 characters")
+        workspace_id = DEFAULT_WORKSPACE_ID if options["workspace"] is None else options["workspace"]
+        if not Workspace.objects.filter(pk=workspace_id).exists():
+            raise CommandError(f"--workspace: no workspace has id {workspace_id}")
         user_id = None
         if options["user"]:
-            user_id = existing_person(command.service, person_id(command.service, options["user"]), "--user")
-        caller = Caller(agent_id=options["agent"].strip(), user_id=user_id)
+            with in_workspace(workspace_id):  # a person of that workspace only
+                user_id = existing_person(command.service, person_id(command.service, options["user"]), "--user")
+        caller = Caller(agent_id=options["agent"].strip(), user_id=user_id, workspace_id=workspace_id)
         build_server(lambda: caller).run("stdio")
