@@ -7,6 +7,7 @@ owner is tested where the owners' keys are the same text. Every text of B's rows
 """
 
 import datetime
+import io
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from memory.exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
+from memory.exceptions import ImportRejected, InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from memory.models import (
     DEFAULT_WORKSPACE_ID,
     Episode,
@@ -309,3 +310,44 @@ def test_default_workspace_holds_rows_made_outside_any_workspace(db):
     person, _ = service.get_or_create_user("test", "nobody-in-particular")
     assert person.workspace_id == DEFAULT_WORKSPACE_ID
     assert Workspace.objects.get(pk=DEFAULT_WORKSPACE_ID).slug == "default"
+
+
+def test_export_holds_the_workspace_only_and_import_lands_in_it(tenants):
+    service = MemoryService()
+    fact_b = Fact.objects.get(pk=tenants["rows_b"]["facts"][2])  # B's global motto
+    with in_workspace(tenants["b"]):
+        out = io.StringIO()
+        service.export_memories(out)
+        exported = out.getvalue()
+        assert MARK_B in exported and MARK_A not in exported
+        service.delete_facts([fact_b.pk])
+        report = service.import_memories(io.StringIO(exported))
+        assert report.added.get("fact") == 1  # the deleted fact is back, the rest was present
+    assert Fact.objects.get(pk=fact_b.pk).workspace_id == tenants["b"].pk
+    with in_workspace(tenants["a"]):
+        # B's rows (their ids are B's) are refused in A as a whole; nothing of them lands in A.
+        with pytest.raises(ImportRejected):
+            service.import_memories(io.StringIO(exported))
+        assert not Fact.objects.filter(value__icontains=MARK_B).exists()
+
+
+def test_limits_count_the_workspace_rows_only(tenants, settings):
+    settings.MEMORY = {**getattr(settings, "MEMORY", {}), "LIMITS": {"MAX_EPISODES": 2}}
+    service = MemoryService()
+    b_episodes = Episode.objects.in_workspace(tenants["b"]).filter(agent_id=AGENT).count()
+    with in_workspace(tenants["a"]):
+        for _ in range(3):
+            service.start_episode(agent_id=AGENT)
+        assert Episode.objects.filter(agent_id=AGENT).count() == 2
+    assert Episode.objects.in_workspace(tenants["b"]).filter(agent_id=AGENT).count() == b_episodes
+
+
+def test_forgetting_a_person_acts_in_the_workspace_only(tenants, api_a):
+    person_a, person_b = tenants["rows_a"]["person"], tenants["rows_b"]["person"]
+    refused = api_a.post("/api/v1/memory-users/batch-delete/", {"ids": [person_b.pk], "cascade": True}, format="json")
+    assert refused.status_code == 200 and refused.json()["not_found"] == [person_b.pk]
+    assert MemoryUser.objects.filter(pk=person_b.pk).exists()
+    forgotten = api_a.post("/api/v1/memory-users/batch-delete/", {"ids": [person_a.pk], "cascade": True}, format="json")
+    assert forgotten.status_code == 200 and forgotten.json()["deleted"] == 1
+    assert not MemoryUser.objects.filter(pk=person_a.pk).exists()
+    assert Fact.objects.filter(user=person_b).count() == 1

@@ -29,12 +29,11 @@ from ..models import (
     ProcedureType,
     Promotion,
     RecallEvent,
-    RecallKind,
     Scope,
     StoreItem,
 )
 from ..models.workspaces import scoped
-from ..rules import persons
+from ..rules import persons, workspaces
 from ..rules.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
 from ..signals import users_deleting, users_footprint
 from . import erasure, tombstones
@@ -46,15 +45,6 @@ logger = logging.getLogger("engram.memory")
 # tried again this many times in all, with a short growing pause; then it answers MemoryConflict (409).
 FORGET_ATTEMPTS = 4
 FORGET_PAUSE_S = 0.1
-
-
-def documents_of_workspace(path):
-    """Q: the recall document at `path` is of a fact, episode or procedure of the current workspace."""
-    return (
-        Q(**{f"{path}__kind": RecallKind.FACT, f"{path}__item_id__in": Fact.objects.values("id")})
-        | Q(**{f"{path}__kind": RecallKind.EPISODE, f"{path}__item_id__in": Episode.objects.values("id")})
-        | Q(**{f"{path}__kind": RecallKind.PROCEDURE, f"{path}__item_id__in": Procedure.objects.values("id")})
-    )
 
 
 def count_by_user(model):
@@ -84,27 +74,15 @@ class Operators:
     def fact_version_list(self):
         """Every fact version (fact history, memory/domain/history.py), of facts present and deleted, current ones included."""
         # Through the workspace's facts, and for a deleted fact of a person through that person.
-        return scoped(
-            FactHistory.objects.all(),
-            lambda ws: Q(fact_id__in=Fact.objects.values("id")) | Q(user__workspace_id=ws),
-        )
+        return scoped(FactHistory.objects.all(), workspaces.fact_versions_of)
 
     def promotion_list(self):
         """The promotion ledger (memory/learning/promotion.py)."""
-        return scoped(
-            Promotion.objects.all(),
-            lambda ws: (
-                Q(user__workspace_id=ws)
-                | Q(source_kind=RecallKind.FACT, source_id__in=Fact.objects.values("id"))
-                | Q(source_kind=RecallKind.EPISODE, source_id__in=Episode.objects.values("id"))
-            ),
-        )
+        return scoped(Promotion.objects.all(), workspaces.promotions_of)
 
     def relation_list(self):
         """Every edge of the memory graph (memory/recall/relations.py), with the documents it joins."""
-        return scoped(
-            MemoryRelation.objects.select_related("source", "target"), lambda ws: documents_of_workspace("source")
-        )
+        return scoped(MemoryRelation.objects.select_related("source", "target"), workspaces.relations_of)
 
     def memory_user_list(self):
         """Every memory user with `fact_count` and `episode_count`, identities prefetched."""

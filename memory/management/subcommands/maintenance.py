@@ -299,9 +299,6 @@ class McpSubcommand(Subcommand):
     def add_arguments(self, parser):
         parser.add_argument("--agent", help="stdio: the agent the tools act for (required without --http)")
         parser.add_argument("--user", help="stdio: the memory user (id, or a canonical id such as telegram:42)")
-        parser.add_argument(
-            "--workspace", type=int, help="stdio: the id of the workspace the tools work in (default: the default one)"
-        )
         parser.add_argument("--http", action="store_true", help="streamable HTTP at /mcp, MEMORY['MCP_TOKENS'] auth")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8765)
@@ -310,10 +307,11 @@ class McpSubcommand(Subcommand):
         from django.core.exceptions import ImproperlyConfigured
 
         from memory.mcp_server import Caller, build_server, configured_callers, token_caller
-        from memory.models import DEFAULT_WORKSPACE_ID, Workspace, in_workspace
+        from memory.models import DEFAULT_WORKSPACE_ID, in_workspace
+        from memory.models.workspaces import current_workspace_id
 
         if options["http"]:
-            if options["agent"] or options["user"] or options["workspace"]:
+            if options["agent"] or options["user"] or current_workspace_id() is not None:
                 raise CommandError(
                     "--agent, --user and --workspace are for stdio; over HTTP each token names its caller"
                 )
@@ -337,12 +335,11 @@ class McpSubcommand(Subcommand):
             raise CommandError("--agent is required (the agent the tools act for)")
         if len(options["agent"].strip()) > 128:
             raise CommandError("--agent: must be at most 128 characters")
-        workspace_id = DEFAULT_WORKSPACE_ID if options["workspace"] is None else options["workspace"]
-        if not Workspace.objects.filter(pk=workspace_id).exists():
-            raise CommandError(f"--workspace: no workspace has id {workspace_id}")
+        # `memory --workspace SLUG mcp ...`: the tools work in that workspace (its people only).
+        workspace_id = current_workspace_id() or DEFAULT_WORKSPACE_ID
         user_id = None
         if options["user"]:
-            with in_workspace(workspace_id):  # a person of that workspace only
+            with in_workspace(workspace_id):
                 user_id = existing_person(command.service, person_id(command.service, options["user"]), "--user")
         caller = Caller(agent_id=options["agent"].strip(), user_id=user_id, workspace_id=workspace_id)
         build_server(lambda: caller).run("stdio")
