@@ -11,6 +11,8 @@ import io
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
@@ -351,3 +353,28 @@ def test_forgetting_a_person_acts_in_the_workspace_only(tenants, api_a):
     assert forgotten.status_code == 200 and forgotten.json()["deleted"] == 1
     assert not MemoryUser.objects.filter(pk=person_a.pk).exists()
     assert Fact.objects.filter(user=person_b).count() == 1
+
+
+def test_the_workspace_costs_no_query_of_its_own(tenants, api_a, django_user_model, client, operator_a):
+    """A request of an operator in a workspace makes the queries of one without a workspace membership
+    (the default workspace's), when both workspaces hold the same kinds of rows."""
+    fill(DEFAULT_WORKSPACE_ID, "kiwi")
+    plain = django_user_model.objects.create_user("operator-default", is_staff=True)
+    api_default = APIClient()
+    api_default.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=plain).key}")
+
+    def queries(request):
+        request()  # warm: content types, compiled statements
+        with CaptureQueriesContext(connection) as captured:
+            assert request().status_code == 200
+        # The membership comes joined to the token's or session's user, never by a query of its own.
+        assert not [q for q in captured.captured_queries if 'FROM "memory_workspace_member"' in q["sql"]]
+        assert any('JOIN "memory_workspace_member"' in q["sql"] for q in captured.captured_queries)
+        return len(captured.captured_queries)
+
+    for path in ("/api/v1/facts/", "/api/v1/memory-users/", "/api/v1/workflows/"):
+        assert queries(lambda p=path: api_a.get(p)) == queries(lambda p=path: api_default.get(p)), path
+    client.force_login(operator_a)
+    in_a = queries(lambda: client.get("/api/v1/facts/"))
+    client.force_login(plain)
+    assert in_a == queries(lambda: client.get("/api/v1/facts/"))
