@@ -342,6 +342,9 @@ def test_limits_count_the_workspace_rows_only(tenants, settings):
             service.start_episode(agent_id=AGENT)
         assert Episode.objects.filter(agent_id=AGENT).count() == 2
     assert Episode.objects.in_workspace(tenants["b"]).filter(agent_id=AGENT).count() == b_episodes
+    service.prune()  # the periodic prune, in no workspace: each workspace's groups apart
+    assert Episode.objects.in_workspace(tenants["a"]).filter(agent_id=AGENT).count() == 2
+    assert Episode.objects.in_workspace(tenants["b"]).filter(agent_id=AGENT).count() == b_episodes >= 1
 
 
 def test_forgetting_a_person_acts_in_the_workspace_only(tenants, api_a):
