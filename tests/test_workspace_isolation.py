@@ -199,6 +199,8 @@ def test_batch_deletes_report_b_ids_as_not_found(api_a, tenants):
     cancel = api_a.post("/api/v1/reminders/cancel/", {"ids": rows_b["reminders"]}, format="json")
     assert cancel.status_code in (200, 400, 404)
     assert _counts(tenants["b"]) == before
+    with in_workspace(tenants["a"]):  # in_workspace(B) reads B's rows whatever workspace is current
+        assert _counts(tenants["b"]) == before
     assert Reminder.objects.get(pk=rows_b["reminders"][0]).status == "pending"
 
 
@@ -218,8 +220,8 @@ def _counts(workspace):
         model.__name__: model.objects.in_workspace(workspace).count()
         for model in (Fact, Episode, Procedure, MemoryUser, StoreItem, Workflow, Thread)
     } | {
-        "runs": WorkflowRun.objects.filter(workflow__workspace=workspace).count(),
-        "reminders": Reminder.objects.filter(user__workspace=workspace).count(),
+        "runs": WorkflowRun.objects.in_workspace(workspace).count(),
+        "reminders": Reminder.objects.in_workspace(workspace).count(),
     }
 
 

@@ -97,16 +97,7 @@ def workspace_of_user(user):
         return DEFAULT_WORKSPACE_ID
 
 
-class WorkspaceQuerySet(models.QuerySet):
-    # The lookup of the row's workspace id: its own column, or through a foreign key (WorkspaceManager).
-    workspace_lookup = "workspace_id"
-
-    def in_workspace(self, workspace):
-        """The rows of `workspace` (a Workspace or its id), whatever workspace is current."""
-        return self.filter(**{self.workspace_lookup: getattr(workspace, "pk", workspace)})
-
-
-class WorkspaceManager(models.Manager.from_queryset(WorkspaceQuerySet)):
+class WorkspaceManager(models.Manager):
     """The default manager of a model that belongs to a workspace: the current workspace's rows only.
 
     `through`: for a model whose workspace is that of a row it points to (a reminder's user's, a
@@ -118,10 +109,13 @@ class WorkspaceManager(models.Manager.from_queryset(WorkspaceQuerySet)):
         self.workspace_lookup = f"{through}__workspace_id" if through else "workspace_id"
 
     def get_queryset(self):
-        queryset = super().get_queryset()
-        queryset.workspace_lookup = self.workspace_lookup
         current = _current.get()
+        queryset = super().get_queryset()
         return queryset if current is None else queryset.filter(**{self.workspace_lookup: current})
+
+    def in_workspace(self, workspace):
+        """The rows of `workspace` (a Workspace or its id), whatever workspace is current."""
+        return super().get_queryset().filter(**{self.workspace_lookup: getattr(workspace, "pk", workspace)})
 
 
 def workspace_field(related_name):
