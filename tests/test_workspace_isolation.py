@@ -383,3 +383,12 @@ def test_the_workspace_costs_no_query_of_its_own(tenants, api_a, django_user_mod
     in_a = queries(lambda: client.get("/api/v1/facts/"))
     client.force_login(plain)
     assert in_a == queries(lambda: client.get("/api/v1/facts/"))
+
+
+def test_a_slug_taken_in_another_workspace_is_a_400(api_a, tenants):
+    taken = tenants["rows_b"]["workflows"][0]
+    response = api_a.post(
+        "/api/v1/workflows/", {"slug": taken, "name": "mine", "definition": DEMO_DEFINITION}, format="json"
+    )
+    assert response.status_code == 400 and "slug" in response.json()
+    assert Workflow.objects.in_workspace(tenants["b"]).get(slug=taken).name == f"{MARK_B} flow"
