@@ -11,6 +11,7 @@ import io
 import json
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -392,3 +393,13 @@ def test_a_slug_taken_in_another_workspace_is_a_400(api_a, tenants):
     )
     assert response.status_code == 400 and "slug" in response.json()
     assert Workflow.objects.in_workspace(tenants["b"]).get(slug=taken).name == f"{MARK_B} flow"
+
+
+def test_flush_puts_the_default_workspace_back(db):
+    """`flush` (and every transactional test's teardown) empties the workspace table too; new rows
+    default to the default workspace, so it must be there again (a foreign key on PostgreSQL)."""
+    call_command("flush", interactive=False, verbosity=0)
+    assert Workspace.objects.get(pk=DEFAULT_WORKSPACE_ID).slug == "default"
+    person, _ = MemoryService().get_or_create_user("test", "after-a-flush")
+    assert person.workspace_id == DEFAULT_WORKSPACE_ID
+    assert Workspace.objects.create(slug="next").pk != DEFAULT_WORKSPACE_ID

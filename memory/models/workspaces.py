@@ -69,6 +69,26 @@ class Workspace(models.Model):
         return self.name or self.slug
 
 
+def ensure_default_workspace(using="default", apps=None, **kwargs):
+    """Put the default workspace back if it is gone (a post_migrate receiver: `flush` empties every
+    table, migration 0030's row included, and every new row defaults to it)."""
+    from django.core.management.color import no_style
+    from django.db import connections
+
+    try:
+        model = Workspace if apps is None else apps.get_model("memory", "Workspace")
+    except LookupError:  # migrated back to before migration 0030
+        return
+    if model.objects.using(using).filter(pk=DEFAULT_WORKSPACE_ID).exists():
+        return
+    model.objects.using(using).create(pk=DEFAULT_WORKSPACE_ID, slug="default", name="Default workspace")
+    statements = connections[using].ops.sequence_reset_sql(no_style(), [model])
+    if statements:  # PostgreSQL: the next workspace takes an id after the one written here
+        with connections[using].cursor() as cursor:
+            for sql in statements:
+                cursor.execute(sql)
+
+
 class WorkspaceMember(models.Model):
     """Which workspace a staff account (and so its API tokens and admin session) works in.
 
