@@ -403,3 +403,15 @@ def test_flush_puts_the_default_workspace_back(db):
     person, _ = MemoryService().get_or_create_user("test", "after-a-flush")
     assert person.workspace_id == DEFAULT_WORKSPACE_ID
     assert Workspace.objects.create(slug="next").pk != DEFAULT_WORKSPACE_ID
+
+
+def test_a_queryset_made_outside_a_workspace_holds_the_current_ones_rows(tenants):
+    """As a viewset's class-level `queryset` is made once, at import: scoped when it runs."""
+    made_unscoped = Workflow.objects.all()
+    with in_workspace(tenants["a"]):
+        made_in_a = Fact.objects.all()
+    with in_workspace(tenants["b"]):
+        assert {w.name for w in made_unscoped.all()} == {f"{MARK_B} flow"}
+        assert made_in_a.count() == Fact.objects.in_workspace(tenants["b"]).count()
+        assert all(MARK_B in json.dumps(f.value) for f in made_in_a)
+    assert made_unscoped.count() == 2  # in no workspace: A's and B's

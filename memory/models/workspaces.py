@@ -8,8 +8,9 @@ querysets hold only that workspace's rows, and a new row takes the current works
 default. With no current workspace (management commands, background workers, migrations) the
 managers are unscoped: such code acts for every workspace, as it did before workspaces existed.
 
-The scope is one more condition on the same query, never a query of its own: resolving the
-workspace of a token is part of the token's lookup (memory.api.workspaces).
+The scope is one more condition on the same query, read when the query runs (InCurrentWorkspace),
+never a query of its own: resolving the workspace of a token is part of the token's lookup
+(memory.api.workspaces).
 """
 
 import contextlib
@@ -117,6 +118,33 @@ def workspace_of_user(user):
         return DEFAULT_WORKSPACE_ID
 
 
+class InCurrentWorkspace(models.Expression):
+    """The condition "this row is of the current workspace", read when the query runs, not when the
+    queryset is made: a queryset made at import time (a viewset's `queryset`, a form field's) or in
+    another workspace still holds the current workspace's rows only. With no workspace current it is
+    `1 = 1` (unscoped)."""
+
+    conditional = True
+    output_field = models.BooleanField()
+
+    def __init__(self, lookup):
+        super().__init__()
+        self.column = models.F(lookup)
+
+    def get_source_expressions(self):
+        return [self.column]
+
+    def set_source_expressions(self, exprs):
+        (self.column,) = exprs
+
+    def as_sql(self, compiler, connection):
+        current = _current.get()
+        if current is None:
+            return "1 = 1", []
+        sql, params = compiler.compile(self.column)
+        return f"{sql} = %s", (*params, current)
+
+
 class WorkspaceManager(models.Manager):
     """The default manager of a model that belongs to a workspace: the current workspace's rows only.
 
@@ -129,9 +157,7 @@ class WorkspaceManager(models.Manager):
         self.workspace_lookup = f"{through}__workspace_id" if through else "workspace_id"
 
     def get_queryset(self):
-        current = _current.get()
-        queryset = super().get_queryset()
-        return queryset if current is None else queryset.filter(**{self.workspace_lookup: current})
+        return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
 
     def in_workspace(self, workspace):
         """The rows of `workspace` (a Workspace or its id), whatever workspace is current."""
