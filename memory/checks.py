@@ -74,6 +74,15 @@ def host_project_settings(app_configs, **kwargs):
                 id="memory.W003",
             )
         )
+    if "memory.api.workspaces.WorkspaceMiddleware" not in settings.MIDDLEWARE:
+        errors.append(
+            Warning(
+                "MIDDLEWARE lacks 'memory.api.workspaces.WorkspaceMiddleware': the workspace one request "
+                "works in may stay current for the next request its thread serves.",
+                hint="Add it to MIDDLEWARE (docs: Workspaces).",
+                id="memory.W004",
+            )
+        )
     if "django.contrib.admin" in apps and apps.index("memory") > apps.index("django.contrib.admin"):
         errors.append(
             Warning(

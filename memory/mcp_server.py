@@ -5,7 +5,8 @@
 
 Who is calling is never a tool argument (the peers' servers leak across tenants exactly there): over
 stdio it is the command's --agent and --user; over HTTP it is the bearer token's entry in
-MEMORY["MCP_TOKENS"] ({token: {"agent": ..., "user": <memory user id or None>}}), checked by the SDK's
+MEMORY["MCP_TOKENS"] ({token: {"agent": ..., "user": <memory user id or None>, "workspace": <workspace id,
+optional: the default workspace>}}), checked by the SDK's
 own bearer-token middleware, which answers 401 to a missing or unknown token before any tool runs.
 The tools take only what to look up, store or delete (an extra argument such as `user_id` is dropped
 by the SDK's argument model, so it cannot change whom a call acts for). Recalled text comes back
@@ -31,7 +32,7 @@ from .asynchronous import off_the_loop
 from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
-from .models import FactType, Scope
+from .models import DEFAULT_WORKSPACE_ID, FactType, Scope, in_workspace
 from .rules.validation import check_int, check_user_id, clean_text
 from .service import MemoryService
 
@@ -47,6 +48,8 @@ class Caller:
 
     agent_id: str
     user_id: int | None = None
+    # Every call works in this workspace (memory.models.workspaces): it sees and writes nothing of another.
+    workspace_id: int = DEFAULT_WORKSPACE_ID
 
 
 def configured_callers(tokens=None):
@@ -64,12 +67,15 @@ def configured_callers(tokens=None):
             raise ImproperlyConfigured(
                 f"{where}: the token must be a string of at least {MIN_TOKEN_LENGTH} characters without spaces"
             )
-        if not isinstance(entry, dict) or "agent" not in entry or set(entry) - {"agent", "user"}:
-            raise ImproperlyConfigured(f'{where}: must be {{"agent": <agent id>, "user": <memory user id or None>}}')
+        if not isinstance(entry, dict) or "agent" not in entry or set(entry) - {"agent", "user", "workspace"}:
+            raise ImproperlyConfigured(
+                f'{where}: must be {{"agent": <agent id>, "user": <memory user id or None>, "workspace": <workspace id>}}'
+            )
         try:
             caller = Caller(
                 agent_id=clean_text("agent", entry["agent"], max_length=128),
                 user_id=check_user_id("user", entry.get("user"), required=False),
+                workspace_id=check_int("workspace", entry.get("workspace", DEFAULT_WORKSPACE_ID), minimum=1),
             )
         except InvalidMemoryArgument as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from None
@@ -139,7 +145,7 @@ def build_server(caller, *, http_url=None):
             )
             return [{"kind": h.kind, "id": h.id, "text": scrub(h.text), "score": round(h.score, 3)} for h in hits]
 
-        return await _answer(run, render_hits)
+        return await _answer(who, run, render_hits)
 
     @server.tool()
     async def remember(
@@ -169,7 +175,7 @@ def build_server(caller, *, http_url=None):
                 valid_to=valid_to.strip() or None,
             )
 
-        return await _answer(run, lambda write: f"{write.action}: fact {write.fact.pk} ({write.fact.key})")
+        return await _answer(who, run, lambda write: f"{write.action}: fact {write.fact.pk} ({write.fact.key})")
 
     @server.tool()
     async def forget(kind: str, id: int) -> str:
@@ -179,7 +185,7 @@ def build_server(caller, *, http_url=None):
         def run():
             return service.forget_visible(kind, id, agent_id=who.agent_id, user_id=person(who), actor="mcp")
 
-        return await _answer(run, lambda _: f"forgot {kind} {id}")
+        return await _answer(who, run, lambda _: f"forgot {kind} {id}")
 
     return server
 
@@ -189,11 +195,16 @@ def render_hits(hits):
     return hints_block(json.dumps(hits, ensure_ascii=False))
 
 
-async def _answer(run, describe):
+async def _answer(who, run, describe):
     """The tool's text: `describe(result)`, or the memory error (a bad argument, a refused id) as an
     error the SDK returns to the client with isError set; nothing was written then."""
+
+    def in_callers_workspace():
+        with in_workspace(who.workspace_id):
+            return run()
+
     try:
-        result = await off_the_loop(run)()
+        result = await off_the_loop(in_callers_workspace)()
     except MemoryServiceError as exc:
         raise ToolError(str(exc)) from None
     return describe(result)

@@ -288,7 +288,7 @@ def test_the_command_refuses_a_bad_configuration_before_serving(settings, user_f
         (["--user", str(ada.pk)], {}, "--agent is required"),
         (["--agent", "desk", "--user", str(ada.pk + 1000)], {}, f"--user: memory user {ada.pk + 1000} does not exist"),
         (["--agent", "desk", "--user", "telegram:nobody"], {}, "no memory user has the identity telegram:nobody"),
-        (["--http", "--agent", "desk"], {}, "--agent and --user are for stdio"),
+        (["--http", "--agent", "desk"], {}, "--agent, --user and --workspace are for stdio"),
         (["--http"], {}, "set MEMORY['MCP_TOKENS']"),
         (["--http"], {"short": {"agent": "desk"}}, "entry 1: the token must be a string of at least 16"),
         (["--http"], {ADA_TOKEN: {"agent": "", "user": None}}, "entry 1: agent: must not be empty"),

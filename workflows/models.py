@@ -3,7 +3,7 @@ Telegram updates and replies, reminders."""
 
 from django.db import models
 
-from memory.models import MemoryUser
+from memory.models import MemoryUser, WorkspaceManager, workspace_field
 
 
 class Workflow(models.Model):
@@ -13,6 +13,7 @@ class Workflow(models.Model):
     see workflows.language.definition for the rules. It is validated against the node registry on every save.
     """
 
+    workspace = workspace_field("workflows")
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")
@@ -23,6 +24,8 @@ class Workflow(models.Model):
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["slug"]
@@ -58,6 +61,7 @@ class Thread(models.Model):
     user or workflow) deletes them through `saver.delete_thread` once the transaction commits.
     """
 
+    workspace = workspace_field("threads")
     thread_id = models.CharField(max_length=300, unique=True)
     workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="threads")
     # The name of a graph built in code (not a Workflow row); "" for a workflow's thread.
@@ -75,6 +79,8 @@ class Thread(models.Model):
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)
     # The newest checkpoint counted, so each run counts only its own new checkpoints.
     head_checkpoint_id = models.CharField(max_length=100, blank=True, default="")
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["-last_activity", "-id"]
@@ -206,6 +212,9 @@ class Reminder(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     thread_id = models.CharField(max_length=300, blank=True, default="")
 
+    # Of the workspace of its user (memory.models.workspaces).
+    objects = WorkspaceManager(through="user")
+
     class Meta:
         ordering = ["due_at", "id"]
         indexes = [
@@ -253,6 +262,9 @@ class WorkflowRun(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
+
+    # Of the workspace of its workflow (memory.models.workspaces).
+    objects = WorkspaceManager(through="workflow")
 
     class Meta:
         ordering = ["-started_at", "-id"]

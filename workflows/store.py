@@ -30,6 +30,7 @@ waits. Async code should prefer the a-methods, which never block the loop.
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import logging
 import threading
@@ -73,7 +74,9 @@ def _off_the_event_loop(method):
             asyncio.get_running_loop()
         except RuntimeError:
             return method(self, *args, **kwargs)
-        return _OFF_THE_LOOP.submit(_closing_connection, method, self, *args, **kwargs).result()
+        # In the caller's context: the worker thread works in the caller's workspace.
+        context = contextvars.copy_context()
+        return _OFF_THE_LOOP.submit(context.run, _closing_connection, method, self, *args, **kwargs).result()
 
     return wrapper
 

@@ -8,6 +8,7 @@ ModelAdmin that mixes in `MemoriesTab` (the conversation checkpoints tab lives i
 and add sections to a memory user's page with `memories_site.register_user_section(...)`.
 """
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from ..exceptions import InvalidMemoryArgument
 from ..models import (
     Fact,
 )
+from ..models.workspaces import enter_workspace, workspace_of_user
 from ..rules import validation
 from . import actions
 from .actions import confirmation_label
@@ -97,6 +99,19 @@ class MemoriesAdminSite(admin.AdminSite):
 
     def has_permission(self, request):
         return request.user.is_active and request.user.is_staff
+
+    def admin_view(self, view, cacheable=False):
+        """Every page of the site works in the staff user's workspace: each tab's change list, forms
+        and actions see that workspace's rows only (memory.models.workspaces)."""
+        protected = super().admin_view(view, cacheable)
+
+        @functools.wraps(view)
+        def in_users_workspace(request, *args, **kwargs):
+            if request.user.is_active and request.user.is_staff:
+                enter_workspace(workspace_of_user(request.user))
+            return protected(request, *args, **kwargs)
+
+        return in_users_workspace
 
 
 memories_site = MemoriesAdminSite(name="memories")

@@ -5,20 +5,21 @@ strict query parameters, Engram's pagination, error bodies and OpenAPI schema.
 
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.openapi import AutoSchema
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.permissions import IsAdminUser
 
 from .exceptions import exception_handler
 from .filters import StrictOrderingFilter, StrictQueryParameters
 from .pagination import MemoryPagination
 from .parsers import LimitedJSONParser
+from .workspaces import WorkspaceSessionAuthentication, WorkspaceTokenAuthentication
 
 
 class StaffAPI:
     """Mixed into every API view (before DRF's classes)."""
 
-    # Token first: an anonymous request is answered 401 with a WWW-Authenticate header.
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    # Token first: an anonymous request is answered 401 with a WWW-Authenticate header. Either
+    # makes the user's workspace current (memory/api/workspaces.py).
+    authentication_classes = [WorkspaceTokenAuthentication, WorkspaceSessionAuthentication]
     permission_classes = [IsAdminUser]
     parser_classes = [LimitedJSONParser]
     # Unknown, blank or unclean parameters: a 400 naming them.

@@ -9,6 +9,7 @@ from django.db import connection
 from ..exceptions import MemoryNotFound
 from ..models import Episode, MemoryUser, RecallDocument, Scope
 from ..models.owners import agent_suffix, is_owner_set, owner_prefix
+from ..models.workspaces import current_workspace_id
 
 DOC_TABLE = RecallDocument._meta.db_table
 EPISODE_TABLE = Episode._meta.db_table
@@ -63,15 +64,22 @@ class RecallSQL:
         values = ", ".join(f"({sql}, {rank})" for sql, _, rank in single)
         values += "".join(f" UNION ALL SELECT t.owner, {rank} FROM ({sql}) t" for sql, _, rank in sets)
         params = [p for _, term_params, _ in [*single, *sets] for p in term_params]
-        # Whether the viewer's user exists, in the same query: a forgotten (or unknown) id recalls nothing.
-        person = f"EXISTS (SELECT 1 FROM {MemoryUser._meta.db_table} WHERE id = %s)" if viewer.user_id else "1 = 1"
+        # Whether the viewer's user exists, in the same query: a forgotten (or unknown) id recalls
+        # nothing, nor a person of another workspace than the current one.
+        workspace_id = current_workspace_id()
+        person_params = [viewer.user_id] if viewer.user_id else []
+        person = f"EXISTS (SELECT 1 FROM {MemoryUser._meta.db_table} WHERE id = %s" if viewer.user_id else "(1 = 1"
+        if viewer.user_id and workspace_id is not None:
+            person += " AND workspace_id = %s"
+            person_params.append(workspace_id)
+        person += ")"
         sql = (
             f"WITH o(k, r) AS (VALUES {values}) "
             f"SELECT o.k, o.r, s.generation, s.removed, {self.recall_index_behind_sql}, {person} "
             f"FROM o LEFT JOIN {SCOPE_TABLE} s ON s.owner = o.k"
         )
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, *([viewer.user_id] if viewer.user_id else [])])
+            cursor.execute(sql, [*params, *person_params])
             rows = cursor.fetchall()
         if rows and not rows[0][5]:
             raise MemoryNotFound("memory user", viewer.user_id)

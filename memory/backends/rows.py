@@ -10,6 +10,8 @@ from functools import cache, cached_property
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 
+from ..models.workspaces import current_workspace_id
+
 
 class Columns:
     """The model fields a hand-written SELECT returns, one per column, with the value converters the
@@ -101,7 +103,18 @@ def fetch_models(model, sql, params):
     Model.__init__) gained nothing on bench.facts' gets and would bypass what Django sets up.
     """
     columns = model_columns(model)
-    return [model.from_db(DEFAULT_DB_ALIAS, columns.attnames, values) for values in fetch_rows(sql, params, columns)]
+    items = [model.from_db(DEFAULT_DB_ALIAS, columns.attnames, values) for values in fetch_rows(sql, params, columns)]
+    workspace_id = current_workspace_id()
+    if workspace_id is not None and _in_workspaces(model):
+        # Agent, session and global owner keys are the same text in every workspace: another
+        # workspace's row under them is never shown (memory/models/workspaces.py).
+        items = [item for item in items if item.workspace_id == workspace_id]
+    return items
+
+
+@cache
+def _in_workspaces(model):
+    return any(field.name == "workspace" for field in model._meta.concrete_fields)
 
 
 def models_by_id(model, ids):

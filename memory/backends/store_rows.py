@@ -17,6 +17,7 @@ import orjson
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..models import StoreItem
+from ..models.workspaces import current_workspace_id
 from .rows import Columns, fetch_rows
 
 _TABLE = StoreItem._meta.db_table
@@ -33,6 +34,14 @@ ScoredItem = namedtuple("ScoredItem", ["pk", *SEARCH_NAMES[1:]])
 _SELECT_SCORED = "SELECT " + ", ".join(f's."{name}"' for name in SEARCH_NAMES) + f" FROM {_TABLE} s"
 _ALIVE = "(s.expires_at IS NULL OR s.expires_at > %s)"
 _FIELD = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+def _in_current_workspace(sql, params):
+    """`sql` (ending in a WHERE clause) narrowed to the current workspace's items, if one is current."""
+    workspace_id = current_workspace_id()
+    if workspace_id is None:
+        return sql, params
+    return f"{sql} AND s.workspace_id = %s", [*params, workspace_id]
 
 
 def _chunks(values, size):
@@ -57,6 +66,7 @@ class StoreSQL:
             pair = '(s.namespace = %s AND s."key" = %s)'
             sql = f"{_SELECT} WHERE ({' OR '.join([pair] * len(pairs))}) AND {_ALIVE}"
             params = [p for namespace_key in pairs for p in namespace_key] + [when]
+        sql, params = _in_current_workspace(sql, params)
         return fetch_rows(sql, params, STORE_COLUMNS)
 
     def store_rows_under(self, prefix, now, equal_to, limit, *, scored=False):
@@ -104,6 +114,18 @@ class StoreSQL:
                     )
                     alive.update(row[0] for row in cursor.fetchall())
                 names -= expired - alive
+            workspace_id = current_workspace_id()
+            if workspace_id is not None and names:
+                mine = set()
+                for chunk in _chunks(sorted(names), 400):
+                    marks = ", ".join(["%s"] * len(chunk))
+                    cursor.execute(
+                        f"SELECT DISTINCT s.namespace FROM {_TABLE} s WHERE s.namespace IN ({marks}) "
+                        "AND s.workspace_id = %s",
+                        [*chunk, workspace_id],
+                    )
+                    mine.update(row[0] for row in cursor.fetchall())
+                names &= mine
         return names
 
     def store_under_sql(self, prefix, now, equal_to, limit, *, scored=False, select=None):
@@ -111,6 +133,10 @@ class StoreSQL:
         conn = connections[DEFAULT_DB_ALIAS]
         where = [_ALIVE]
         params = [StoreItem._meta.get_field("expires_at").get_db_prep_value(now, conn)]
+        workspace_id = current_workspace_id()
+        if workspace_id is not None:
+            where.append("s.workspace_id = %s")
+            params.append(workspace_id)
         if prefix:
             where.append("(s.namespace = %s OR (s.namespace >= %s AND s.namespace < %s))")
             params += [prefix, prefix + ".", prefix + "/"]
@@ -151,7 +177,7 @@ class StoreSQL:
 UPSERT_BATCH = 50  # 12 parameters a row: 600 per statement, under every backend's limit
 _UPSERT_FIELDS = [f for f in StoreItem._meta.concrete_fields if not f.primary_key]
 # On a conflict everything but created_at is the new write's (the fields bulk_create updated).
-_UPSERT_UPDATE = [f.column for f in _UPSERT_FIELDS if f.name not in ("namespace", "key", "created_at")]
+_UPSERT_UPDATE = [f.column for f in _UPSERT_FIELDS if f.name not in ("workspace", "namespace", "key", "created_at")]
 
 
 @functools.lru_cache(maxsize=UPSERT_BATCH)
@@ -161,7 +187,9 @@ def _upsert_sql(count):
     updates = ", ".join(f'"{c}" = excluded."{c}"' for c in _UPSERT_UPDATE)
     return (
         f"INSERT INTO {_TABLE} ({columns}) VALUES {', '.join([marks] * count)} "
-        f'ON CONFLICT ("namespace", "key") DO UPDATE SET {updates} RETURNING "id", "namespace", "key"'
+        # (namespace, key) is unique in the whole deployment: never overwrite another workspace's item.
+        f'ON CONFLICT ("namespace", "key") DO UPDATE SET {updates} '
+        f'WHERE {_TABLE}."workspace_id" = excluded."workspace_id" RETURNING "id", "namespace", "key"'
     )
 
 
@@ -211,18 +239,24 @@ class SQLiteStoreReads:
             return StoreSQL.store_rows_under(self, prefix, now, equal_to, limit, scored=True)
         # The statement depends only on the search's shape: built once per shape (building it was a
         # tenth of a search), its parameters in store_under_sql's order.
-        shape = (bool(prefix), tuple(equal_to), limit is not None)
+        workspace_id = current_workspace_id()
+        shape = (bool(prefix), tuple(equal_to), limit is not None, workspace_id is not None)
         sql = _SQLITE_UNDER.get(shape)
         if sql is None:
             if len(_SQLITE_UNDER) > 256:
                 _SQLITE_UNDER.clear()
             sql = self.store_under_sql(prefix, now, equal_to, limit, select=_SQLITE_SELECT)[0].replace("%s", "?")
             _SQLITE_UNDER[shape] = sql
-        params = [_utc_text(now), *((prefix, prefix + ".", prefix + "/") if prefix else ()), *equal_to.values()]
+        params = [
+            _utc_text(now),
+            *(() if workspace_id is None else (workspace_id,)),
+            *((prefix, prefix + ".", prefix + "/") if prefix else ()),
+            *equal_to.values(),
+        ]
         return _sqlite_rows(sql, params if limit is None else [*params, limit])
 
     def store_rows_by_key(self, pairs, now):
-        if len(pairs) != 1:
+        if len(pairs) != 1 or current_workspace_id() is not None:
             return StoreSQL.store_rows_by_key(self, pairs, now)
         return _sqlite_rows(_SQLITE_BY_KEY, (*pairs[0], _utc_text(now)))
 

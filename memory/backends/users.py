@@ -12,6 +12,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser, episode_gist
+from ..models.workspaces import current_workspace_id
 from .rows import Columns, fetch_rows
 
 ContextUser = namedtuple("ContextUser", "pk canonical_id display_name total_conversations")
@@ -44,9 +45,12 @@ _IDENTITIES_SQL = (
     f"SELECT u.id, u.canonical_id, u.display_name, u.total_conversations, i.channel, i.external_id "
     f"FROM {_IDENTITIES} i JOIN {_USERS} u ON u.id = i.user_id "
     f"WHERE i.user_id = (SELECT COALESCE(v.merged_into_id, v.id) FROM {_IDENTITIES} j "
-    f"JOIN {_USERS} v ON v.id = j.user_id WHERE j.channel = %s AND j.external_id = %s) "
+    f"JOIN {_USERS} v ON v.id = j.user_id WHERE j.channel = %s AND j.external_id = %s{{workspace}}) "
     "ORDER BY i.channel, i.external_id"
 )
+# Inside a workspace, only its people (memory.models.workspaces).
+_IDENTITIES_SQL_IN_WORKSPACE = _IDENTITIES_SQL.format(workspace=" AND j.workspace_id = %s")
+_IDENTITIES_SQL = _IDENTITIES_SQL.format(workspace="")
 _FACT_COLUMNS = Columns(_fields(Fact, "key", "value", "fact_type", "confidence"))
 # Each list carries its total (a window count over the user's rows), so no separate count.
 # Only facts that hold now (valid time): a closed value is history, not what the person is now.
@@ -74,7 +78,11 @@ class UserSQL:
 
     def identities_of(self, channel, external_id):
         """(ContextUser, [ContextIdentity]) of the surviving user behind an identity, or (None, [])."""
-        rows = fetch_rows(_IDENTITIES_SQL, [channel, external_id], _USER_COLUMNS)
+        workspace_id = current_workspace_id()
+        if workspace_id is None:
+            rows = fetch_rows(_IDENTITIES_SQL, [channel, external_id], _USER_COLUMNS)
+        else:
+            rows = fetch_rows(_IDENTITIES_SQL_IN_WORKSPACE, [channel, external_id, workspace_id], _USER_COLUMNS)
         if not rows:
             return None, []
         return ContextUser(*rows[0][:4]), [ContextIdentity(*row[4:]) for row in rows]

@@ -31,5 +31,6 @@ def write_deletion_record(actor, kind, ids, cascaded=None):
 def existing_ids(model, ids):
     found = set()
     for chunk in chunks(ids):
-        found.update(model._base_manager.filter(pk__in=chunk).values_list("pk", flat=True))
+        # The default manager: inside a workspace, another workspace's ids are not found.
+        found.update(model._default_manager.filter(pk__in=chunk).values_list("pk", flat=True))
     return found

@@ -8,7 +8,14 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Episode, RecallKind
-from ..rules.validation import check_json, check_limit, check_user_id, check_utc_range, clean_text
+from ..rules.validation import (
+    check_json,
+    check_limit,
+    check_user_id,
+    check_user_in_workspace,
+    check_utc_range,
+    clean_text,
+)
 from ..text import episode_concepts
 from . import limits
 
@@ -167,6 +174,7 @@ class Episodes:
         episode.user_id = user_id
         with transaction.atomic():
             if user_id is not None:
+                check_user_in_workspace("user_id", user_id)
                 self.backend.hold_user(user_id)
             self.backend.insert_episode(episode)
             if user_id is not None and episode.user_id is None:  # an unknown user: undo the insert

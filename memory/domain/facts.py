@@ -11,9 +11,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..conf import memory_settings
-from ..exceptions import InvalidMemoryArgument, MemoryNotFound
+from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds, holds_now
 from ..models.owners import fact_owner_key
+from ..models.workspaces import current_workspace_id
 from ..recall import relations
 from ..recall.access import access_counter
 from ..rules.owners import check_member, find_team, user_scope_key
@@ -26,6 +27,7 @@ from ..rules.validation import (
     check_tags,
     check_unit_interval,
     check_user_id,
+    check_user_in_workspace,
     check_valid_time,
     clean_text,
     make_viewer,
@@ -162,6 +164,7 @@ class Facts:
         try:
             with transaction.atomic():
                 if fact.user_id is not None:
+                    check_user_in_workspace("user_id", fact.user_id)
                     self.backend.hold_user(fact.user_id)
                 write = self._upsert_fact(fact, overwrite)  # and its history version, closed
                 if write.action == WriteAction.CREATED:
@@ -180,6 +183,10 @@ class Facts:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {fact.user_id}") from exc
+            if current_workspace_id() is not None:
+                # Owner keys of agents, sessions and everyone are one text in every workspace, and
+                # (owner, key) is unique over all of them: another workspace holds this key here.
+                raise MemoryConflict("key", f"{fact.key!r} is taken for this owner by another workspace") from exc
             raise
 
     def _new_fact(

@@ -39,6 +39,7 @@ from ..conf import memory_settings
 from ..exceptions import LimitReached
 from ..models import Episode, Fact, FactHistory, FactVersion, Procedure, RecallEvent, Scope, StoreItem
 from ..models.owners import fact_owner_key, owner_key
+from ..models.workspaces import Workspace, current_workspace_id, in_workspace
 from ..recall.access import access_counter
 from ..signals import prune_requested
 from .history import record_deleted
@@ -286,13 +287,18 @@ def _groups_over_limit(kind, agent_id):
 def prune_all(*, agent_id=None, dry_run=False):
     """Bring every group (or one agent's) within its limits, let other apps prune, reclaim space."""
     report = PruneReport(dry_run=dry_run)
-    report.deleted[FACTS] = sum(
-        prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id)
-    )
-    for kind in (EPISODES, PROCEDURES, STORE_ITEMS):
-        report.deleted[kind] = sum(
-            prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _groups_over_limit(kind, agent_id)
-        )
+    report.deleted = dict.fromkeys((FACTS, EPISODES, PROCEDURES, STORE_ITEMS), 0)
+    # Limits hold per workspace (an agent id of two tenants is two groups): unscoped, each in turn.
+    current = current_workspace_id()
+    for workspace_id in Workspace.objects.values_list("pk", flat=True) if current is None else [current]:
+        with in_workspace(workspace_id):
+            report.deleted[FACTS] += sum(
+                prune_group(FACTS, key, limit, dry_run=dry_run) for key, limit in _limited_fact_owners(agent_id)
+            )
+            for kind in (EPISODES, PROCEDURES, STORE_ITEMS):
+                report.deleted[kind] += sum(
+                    prune_group(kind, key, limit, dry_run=dry_run) for key, limit in _groups_over_limit(kind, agent_id)
+                )
     with transaction.atomic():
         report.deleted[VERSIONS] = sum(
             trim_versions(fact_id, limit, dry_run=dry_run) for fact_id, limit in _versions_over_limit(agent_id)

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from ..backends.store_rows import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from ..conf import memory_settings
-from ..exceptions import InvalidMemoryArgument
+from ..exceptions import InvalidMemoryArgument, MemoryConflict
 from ..models import DeletionKind, MemoryUser, Scope, StoreItem
+from ..models.workspaces import workspace_default
 from ..recall.indexer import STORE, indexer
 from ..rules.validation import check_id_list, check_json, chunks, clean_text
 from ..text import keyword_terms
@@ -201,8 +202,10 @@ class StoreItems:
                 for namespace, key in chunk:
                     doomed |= Q(namespace=namespace, key=key)
                 StoreItem.objects.filter(doomed).delete()
+            workspace_id = workspace_default()
             rows = [
                 {
+                    "workspace_id": workspace_id,
                     "namespace": joined(p.namespace),
                     "key": p.key,
                     "value": p.value,
@@ -218,6 +221,12 @@ class StoreItems:
                 if p.value is not None
             ]
             ids = self.backend.store_upsert(rows)
+            taken = [r for r in rows if (r["namespace"], r["key"]) not in ids]
+            if taken:
+                # (namespace, key) is unique over every workspace; the upsert never takes another's item.
+                raise MemoryConflict(
+                    "namespace", f"{taken[0]['namespace']!r} / {taken[0]['key']!r} is taken by another workspace"
+                )
             limits.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
             indexer.schedule(

@@ -44,8 +44,26 @@ from .records import (
     PeriodicRun,
     Tombstone,
 )
+from .workspaces import (
+    DEFAULT_WORKSPACE_ID,
+    Workspace,
+    WorkspaceManager,
+    WorkspaceMember,
+    enter_workspace,
+    in_workspace,
+    scoped,
+    workspace_field,
+)
 
 __all__ = [
+    "DEFAULT_WORKSPACE_ID",
+    "Workspace",
+    "WorkspaceManager",
+    "WorkspaceMember",
+    "enter_workspace",
+    "in_workspace",
+    "scoped",
+    "workspace_field",
     "ArchivedEpisode",
     "ChannelIdentity",
     "ConsolidationRun",

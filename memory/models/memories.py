@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from ..text import clip, fact_search_text
 from .owners import Scope, Team, owner_key_expression
+from .workspaces import WorkspaceManager, workspace_field
 
 PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
 
@@ -37,6 +38,7 @@ class ProcedureSource(models.TextChoices):
 class MemoryUser(models.Model):
     """One person, recognised across every channel they use."""
 
+    workspace = workspace_field("memory_users")
     canonical_id = models.CharField(max_length=300, unique=True)
     display_name = models.CharField(max_length=200, blank=True, default="")
     total_conversations = models.PositiveIntegerField(default=0)
@@ -46,6 +48,8 @@ class MemoryUser(models.Model):
     merged_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["-last_seen", "-id"]
@@ -60,10 +64,13 @@ class MemoryUser(models.Model):
 class ChannelIdentity(models.Model):
     """A user's id on one channel (telegram, email, chat, webhook, ...); channels need no migration."""
 
+    workspace = workspace_field("channel_identities")
     user = models.ForeignKey(MemoryUser, on_delete=models.CASCADE, related_name="identities")
     channel = models.CharField(max_length=50)
     external_id = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["channel", "external_id"]
@@ -80,6 +87,7 @@ class ChannelIdentity(models.Model):
 class Episode(models.Model):
     """A record of one run: what started it, what was said and done, and how it ended."""
 
+    workspace = workspace_field("episodes")
     agent_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
     user = models.ForeignKey(MemoryUser, null=True, blank=True, on_delete=models.CASCADE, related_name="episodes")
     session_id = models.CharField(max_length=128, blank=True, default="")
@@ -100,6 +108,8 @@ class Episode(models.Model):
     processed_for_facts = models.BooleanField(default=False)
     # Concept tags derived from the summary and messages (memory.text.episode_concepts), space-separated.
     concepts = models.CharField(max_length=300, blank=True, default="")
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["-started_at", "-id"]
@@ -136,6 +146,7 @@ class FactAction(models.TextChoices):
 class Fact(models.Model):
     """Semantic memory: one value under a key, owned by a session, user, agent, team or everyone."""
 
+    workspace = workspace_field("facts")
     key = models.CharField(max_length=255)
     value = models.JSONField()
     fact_type = models.CharField(max_length=32, choices=FactType.choices, default=FactType.WORLD_KNOWLEDGE)
@@ -183,6 +194,8 @@ class Fact(models.Model):
     tags = models.JSONField(default=list, blank=True)
     # An operator's pin: the fact reaches every prompt of its viewers, before anything recalled.
     pinned = models.BooleanField(default=False)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["key", "id"]
@@ -336,6 +349,7 @@ class FactHistory(models.Model):
 class Procedure(models.Model):
     """Procedural memory: how to do something, when it applies, and how well it has worked."""
 
+    workspace = workspace_field("procedures")
     agent_id = models.CharField(max_length=128, blank=True, default="", help_text="Blank: shared by every agent.")
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")
@@ -357,6 +371,8 @@ class Procedure(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # An operator's pin: the (active) procedure reaches every prompt of its agent, whatever the query.
     pinned = models.BooleanField(default=False)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["name", "id"]
@@ -383,6 +399,7 @@ class StoreItem(models.Model):
     (memory/domain/store_items.py). `embedding` holds one float32 vector per indexed text, one after another.
     """
 
+    workspace = workspace_field("store_items")
     # The namespace's labels joined by "." (LangGraph refuses labels holding a period).
     namespace = models.CharField(max_length=500)
     key = models.CharField(max_length=255)
@@ -397,6 +414,8 @@ class StoreItem(models.Model):
     updated_at = models.DateTimeField()
     ttl_minutes = models.FloatField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    objects = WorkspaceManager()
 
     class Meta:
         db_table = "memory_store_item"

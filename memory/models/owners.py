@@ -11,6 +11,8 @@ from django.db import models
 from django.db.models import Case, Value, When
 from django.db.models.functions import Cast, Concat
 
+from .workspaces import WorkspaceManager, workspace_field
+
 
 class Scope(models.TextChoices):
     """Who a fact belongs to, from most to least specific."""
@@ -130,9 +132,14 @@ class Team(models.Model):
     """A named group of agents that share facts: a fact of scope "team" is seen by every member,
     more specific than a global fact and less than the agent's own (SCOPE_RANK)."""
 
+    # A team belongs to one workspace, as its agents' facts do (its name is still unique across
+    # workspaces, like the other owner keys: docs/guides/workspaces.md).
+    workspace = workspace_field("teams")
     name = models.CharField(max_length=128, unique=True)
     description = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["name"]

@@ -32,7 +32,8 @@ from ..models import (
     Scope,
     StoreItem,
 )
-from ..rules import persons
+from ..models.workspaces import scoped
+from ..rules import persons, workspaces
 from ..rules.validation import check_choice, check_id_list, check_limit, check_user_id, chunks, clean_text
 from ..signals import users_deleting, users_footprint
 from . import erasure, tombstones
@@ -72,15 +73,16 @@ class Operators:
 
     def fact_version_list(self):
         """Every fact version (fact history, memory/domain/history.py), of facts present and deleted, current ones included."""
-        return FactHistory.objects.all()
+        # Through the workspace's facts, and for a deleted fact of a person through that person.
+        return scoped(FactHistory.objects.all(), workspaces.fact_versions_of)
 
     def promotion_list(self):
         """The promotion ledger (memory/learning/promotion.py)."""
-        return Promotion.objects.all()
+        return scoped(Promotion.objects.all(), workspaces.promotions_of)
 
     def relation_list(self):
         """Every edge of the memory graph (memory/recall/relations.py), with the documents it joins."""
-        return MemoryRelation.objects.select_related("source", "target")
+        return scoped(MemoryRelation.objects.select_related("source", "target"), workspaces.relations_of)
 
     def memory_user_list(self):
         """Every memory user with `fact_count` and `episode_count`, identities prefetched."""

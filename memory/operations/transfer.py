@@ -60,6 +60,7 @@ from django.utils import timezone
 from ..backends import get_backend
 from ..domain import history
 from ..exceptions import ImportRejected, InvalidMemoryArgument
+from ..models.workspaces import current_workspace_id
 from ..recall.relations import contradictions
 from ..rules import validation
 from . import tombstones
@@ -78,7 +79,7 @@ def export(out, *, on_progress=None):
     with transaction.atomic():
         if outermost:
             get_backend().begin_snapshot()
-        counts = {k.name: k.model.objects.count() for k in kinds}
+        counts = {k.name: (k.export_queryset() if k.export_queryset else k.model.objects).count() for k in kinds}
         header = {
             "format": FORMAT,
             "version": VERSION,
@@ -451,6 +452,7 @@ class _Inserter:
         self.defaults = _plans_defaults(kind)
         self.adapters = [self._adapter(f) for f in self.stored]
         self.pending, self.lines = [], []
+        self.workspace_id = current_workspace_id()
 
     def _adapter(self, f):
         ops = self.conn.ops
@@ -465,6 +467,8 @@ class _Inserter:
         for f in self.fields:
             name = f.attname
             row[name] = data[name] if name in data else self.defaults[name]()
+        if self.workspace_id is not None and "workspace_id" in row:
+            row["workspace_id"] = self.workspace_id  # an import inside a workspace is that workspace's
         if self.kind.prepare:
             self.kind.prepare(row)
         self.pending.append(row)

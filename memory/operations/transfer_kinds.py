@@ -34,7 +34,8 @@ from ..models import (
     TeamMember,
 )
 from ..models.owners import owner_key
-from ..rules import validation
+from ..models.workspaces import scoped
+from ..rules import validation, workspaces
 from ..text import episode_concepts, fact_concepts, fact_search_text
 
 FORMAT, VERSION = "engram-memory", 1
@@ -225,7 +226,7 @@ def _relation_file_fields():
 
 
 def _relation_export():
-    return MemoryRelation.objects.annotate(
+    return scoped(MemoryRelation.objects.all(), workspaces.relations_of).annotate(
         source_kind=F("source__kind"),
         source_item=F("source__item_id"),
         target_kind=Case(
@@ -327,6 +328,7 @@ KINDS = [
         "team_member",
         TeamMember,
         check=_check_team_member,
+        export_queryset=lambda: scoped(TeamMember.objects.all(), workspaces.team_members_of),
         natural_keys=(
             NaturalKey("agent_id, team_id", ("agent_id", "team_id"), lambda r: (r["agent_id"], r["team_id"])),
         ),
@@ -340,12 +342,20 @@ KINDS = [
         natural_keys=(NaturalKey("scope, owner, key", ("scope_key", "key"), lambda r: (_fact_owner(r), r["key"])),),
     ),
     # A version names its fact by number only (a deleted fact's versions have no fact row to point at).
-    TransferKind("fact_version", FactVersion, derived=("scope_key",), check=_check_version, prepare=_prepare_version),
+    TransferKind(
+        "fact_version",
+        FactVersion,
+        derived=("scope_key",),
+        check=_check_version,
+        prepare=_prepare_version,
+        export_queryset=lambda: scoped(FactVersion.objects.all(), workspaces.fact_versions_of),
+    ),
     # A promotion names its source by number (the source may be deleted later; the ledger stays).
     TransferKind(
         "promotion",
         Promotion,
         check=_check_promotion,
+        export_queryset=lambda: scoped(Promotion.objects.all(), workspaces.promotions_of),
         natural_keys=(
             NaturalKey(
                 "source_kind, source_id", ("source_kind", "source_id"), lambda r: (r["source_kind"], r["source_id"])

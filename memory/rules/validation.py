@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidMemoryArgument
 from ..models import MemoryUser
+from ..models.workspaces import current_workspace_id
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_JSON_DEPTH = 64
@@ -328,6 +329,13 @@ def check_user_id(field_name, value, *, required):
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidMemoryArgument(field_name, f"must be a positive integer id, got {value!r}")
     return value
+
+
+def check_user_in_workspace(field_name, user_id):
+    """Refuse a write for `user_id` when a workspace is current and the person is not of it (as an
+    unknown id is refused). Costs a query only inside a workspace; unscoped code writes for anyone."""
+    if current_workspace_id() is not None and not MemoryUser.objects.filter(pk=user_id).exists():
+        raise InvalidMemoryArgument(field_name, f"no memory user with id {user_id}")
 
 
 def check_as_of(field_name, value):

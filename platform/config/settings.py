@@ -47,12 +47,17 @@ INSTALLED_APPS = [
 # With WhiteNoise innermost the whole stack costs one switch: bench.webhook --server asgi went from
 # 46.4 to 50.7 updates/s (medians of 3, interleaved; bench/README.md). Under WSGI the order changes
 # nothing but that static files pass the other middleware first (cheap: sessions and users load lazily).
+# Django's ModelBackend, loading a session's user with their workspace in one query (memory/api/workspaces.py).
+AUTHENTICATION_BACKENDS = ["memory.api.workspaces.WorkspaceModelBackend"]
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # No workspace leaks from one request into the next (the API and the admin choose one per request).
+    "memory.api.workspaces.WorkspaceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -3,6 +3,7 @@
 from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from memory.api.serializers import StrictBooleanField
 
@@ -82,7 +83,12 @@ class WorkflowSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "version", "created_at", "updated_at"]
-        extra_kwargs = {"version": {"help_text": 'Counts saves; send it back as If-Match: "<version>" to save.'}}
+        extra_kwargs = {
+            "version": {"help_text": 'Counts saves; send it back as If-Match: "<version>" to save.'},
+            # Slugs are unique over every workspace (webhook URLs name them): checked against all of
+            # them, not only the current workspace's, so a taken slug is a 400, not a failed insert.
+            "slug": {"validators": [UniqueValidator(queryset=Workflow._base_manager.all())]},
+        }
 
     def validate_definition(self, value):
         try:

@@ -109,8 +109,11 @@ def delete_checkpoints(thread_ids, *, max_ids=None, actor=""):
     )
     with transaction.atomic():
         tracked = set(Thread.objects.filter(thread_id__in=thread_ids).values_list("thread_id", flat=True))
+        # An orphan is tracked by no workspace (the base manager sees every one); another
+        # workspace's thread is not found here.
+        anywhere = set(Thread._base_manager.filter(thread_id__in=thread_ids).values_list("thread_id", flat=True))
         saver = get_checkpointer()
-        orphans = {t for t in thread_ids if t not in tracked and saver.get_tuple(_config(t)) is not None}
+        orphans = {t for t in thread_ids if t not in anywhere and saver.get_tuple(_config(t)) is not None}
         found = tracked | orphans
         if found:
             delete_threads(sorted(found))

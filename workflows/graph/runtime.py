@@ -1,6 +1,8 @@
 """Running workflows: compile (once per definition version), build the first state, stream the run
 through LangGraph and keep its record."""
 
+import collections
+import contextvars
 import logging
 import threading
 import time
@@ -8,6 +10,8 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
+
+from memory.models import enter_workspace
 
 from ..conf import on_workflow_settings_changed
 from ..conversations import upkeep
@@ -122,7 +126,11 @@ class RunStream:
         self.info = parse_trigger(trigger)  # InvalidTrigger before anything runs or is recorded
         self.workflow, self.trigger = workflow, trigger
         self.graph = compiled_graph(workflow)
-        self.record = runs.start_run(workflow, self.info, trigger)
+        # The run works in its workflow's workspace: every step runs in this context (LangGraph's
+        # tasks copy it), so the workspace is current for the run and never outside it.
+        self.context = contextvars.copy_context()
+        self.context.run(enter_workspace, workflow.workspace_id)
+        self.record = self.context.run(runs.start_run, workflow, self.info, trigger)
         self.result, self.error = None, None
         self.events = []
 
@@ -133,10 +141,15 @@ class RunStream:
     def __iter__(self):
         steps = self._steps()
         try:
-            yield from steps
+            while True:
+                try:
+                    event = self.context.run(next, steps)
+                except StopIteration:
+                    return
+                yield event
         except GeneratorExit:
-            for _ in steps:  # the client left: the run still completes, and its record is written
-                pass
+            # the client left: the run still completes, and its record is written
+            self.context.run(collections.deque, steps, 0)
             raise
 
     def _emit(self, kind, data):

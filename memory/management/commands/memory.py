@@ -19,6 +19,7 @@ from rich.progress import (
 )
 
 from memory.exceptions import MemoryServiceError
+from memory.models import Workspace, in_workspace
 from memory.service import MemoryService
 
 from ..subcommands.base import Subcommand  # noqa: F401  (other apps subclass it from here)
@@ -69,16 +70,27 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
+        parser.add_argument(
+            "--workspace",
+            metavar="SLUG",
+            help="work in this workspace only (before the subcommand); default: every workspace's rows",
+        )
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
         for sub in SUBCOMMANDS:
             sub.add_arguments(subparsers.add_parser(sub.name, help=sub.help, description=sub.help))
 
-    def handle(self, *args, subcommand, **options):
+    def handle(self, *args, subcommand, workspace=None, **options):
         self.service = MemoryService()
         self.console = Console(file=self.stdout, soft_wrap=False, width=shutil.get_terminal_size((140, 24)).columns)
         self.err_console = Console(file=self.stderr)
+        workspace_id = None
+        if workspace is not None:
+            workspace_id = Workspace.objects.filter(slug=workspace).values_list("pk", flat=True).first()
+            if workspace_id is None:
+                raise CommandError(f"--workspace: no workspace has the slug {workspace!r}")
         try:
-            next(s for s in SUBCOMMANDS if s.name == subcommand).handle(self, options)
+            with in_workspace(workspace_id):
+                next(s for s in SUBCOMMANDS if s.name == subcommand).handle(self, options)
         except MemoryServiceError as exc:  # a bad filter or argument: say which, change nothing
             raise CommandError(str(exc)) from None
 

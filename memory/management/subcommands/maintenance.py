@@ -307,10 +307,14 @@ class McpSubcommand(Subcommand):
         from django.core.exceptions import ImproperlyConfigured
 
         from memory.mcp_server import Caller, build_server, configured_callers, token_caller
+        from memory.models import DEFAULT_WORKSPACE_ID, in_workspace
+        from memory.models.workspaces import current_workspace_id
 
         if options["http"]:
-            if options["agent"] or options["user"]:
-                raise CommandError("--agent and --user are for stdio; over HTTP each token names its caller")
+            if options["agent"] or options["user"] or current_workspace_id() is not None:
+                raise CommandError(
+                    "--agent, --user and --workspace are for stdio; over HTTP each token names its caller"
+                )
             try:
                 callers = configured_callers()
             except ImproperlyConfigured as exc:
@@ -319,7 +323,8 @@ class McpSubcommand(Subcommand):
                 raise CommandError("set MEMORY['MCP_TOKENS'] = {token: {'agent': ..., 'user': ...}} first")
             for position, caller in enumerate(callers.values(), 1):
                 if caller.user_id is not None:
-                    existing_person(command.service, caller.user_id, f"MEMORY['MCP_TOKENS'] entry {position}")
+                    with in_workspace(caller.workspace_id):  # the token's person is of the token's workspace
+                        existing_person(command.service, caller.user_id, f"MEMORY['MCP_TOKENS'] entry {position}")
             import uvicorn
 
             url = f"http://{options['host']}:{options['port']}"
@@ -330,8 +335,11 @@ class McpSubcommand(Subcommand):
             raise CommandError("--agent is required (the agent the tools act for)")
         if len(options["agent"].strip()) > 128:
             raise CommandError("--agent: must be at most 128 characters")
+        # `memory --workspace SLUG mcp ...`: the tools work in that workspace (its people only).
+        workspace_id = current_workspace_id() or DEFAULT_WORKSPACE_ID
         user_id = None
         if options["user"]:
-            user_id = existing_person(command.service, person_id(command.service, options["user"]), "--user")
-        caller = Caller(agent_id=options["agent"].strip(), user_id=user_id)
+            with in_workspace(workspace_id):
+                user_id = existing_person(command.service, person_id(command.service, options["user"]), "--user")
+        caller = Caller(agent_id=options["agent"].strip(), user_id=user_id, workspace_id=workspace_id)
         build_server(lambda: caller).run("stdio")

@@ -1,0 +1,40 @@
+"""Which rows of the tables without a workspace column belong to the current workspace: conditions
+for memory.models.workspaces.scoped (fact versions, promotions, the memory graph's edges)."""
+
+from django.db.models import Q
+
+from ..models import Episode, Fact, Procedure, RecallKind
+
+
+def fact_versions_of(workspace_id):
+    """Versions of the workspace's facts; of a deleted fact, through its person."""
+    return Q(fact_id__in=Fact.objects.values("id")) | Q(user__workspace_id=workspace_id)
+
+
+def team_members_of(workspace_id):
+    """Members of the workspace's teams (a membership belongs to its team's workspace)."""
+    return Q(team__workspace_id=workspace_id)
+
+
+def promotions_of(workspace_id):
+    """Promotions into the workspace's people, or from its facts and episodes."""
+    return (
+        Q(user__workspace_id=workspace_id)
+        | Q(source_kind=RecallKind.FACT, source_id__in=Fact.objects.values("id"))
+        | Q(source_kind=RecallKind.EPISODE, source_id__in=Episode.objects.values("id"))
+    )
+
+
+def documents_of(path):
+    """Q: the recall document at `path` is of a fact, episode or procedure of the current workspace
+    (the items' default managers hold the current workspace's rows)."""
+    return (
+        Q(**{f"{path}__kind": RecallKind.FACT, f"{path}__item_id__in": Fact.objects.values("id")})
+        | Q(**{f"{path}__kind": RecallKind.EPISODE, f"{path}__item_id__in": Episode.objects.values("id")})
+        | Q(**{f"{path}__kind": RecallKind.PROCEDURE, f"{path}__item_id__in": Procedure.objects.values("id")})
+    )
+
+
+def relations_of(workspace_id):
+    """Edges of the memory graph that start at a memory of the workspace."""
+    return documents_of("source")
