@@ -24,14 +24,14 @@ def scrape(client, **headers):
 @pytest.mark.django_db
 def test_metrics_count_memory_reminders_and_recall_latency_without_a_login(client, service, user_factory):
     ada = user_factory("ada")
-    service.set_fact("drink", "tea", scope="user", user_id=ada.pk)
+    service.set_fact("drink", "oolong", scope="user", user_id=ada.pk)
     service.set_fact("office", "Berlin", scope="global")
     service.record_episode(started_at=timezone.now(), agent_id="bot", user_id=ada.pk, summary="hi", success=True)
     now = timezone.now()
     Reminder.objects.create(user=ada, message="due", due_at=now, next_attempt_at=now - timedelta(minutes=1))
     Reminder.objects.create(user=ada, message="later", due_at=now, next_attempt_at=now + timedelta(days=1))
     before = scrape(client)
-    service.recall("tea", user_id=ada.pk)
+    service.recall("oolong", user_id=ada.pk)
     samples = scrape(client)
 
     assert samples[("engram_memory_rows", (("kind", "facts"),))] == 2
@@ -46,7 +46,7 @@ def test_metrics_count_memory_reminders_and_recall_latency_without_a_login(clien
     count = ("engram_recall_duration_seconds_count", ())
     assert samples[count] == before[count] + 1
     assert samples[("engram_recall_duration_seconds_bucket", (("le", "+Inf"),))] == samples[count]
-    assert "tea" not in str(samples) and "Berlin" not in str(samples)  # no memory content
+    assert "oolong" not in str(samples) and "Berlin" not in str(samples)  # no memory content
 
 
 @pytest.mark.django_db
