@@ -92,7 +92,7 @@ def test_log_in_open_every_tab_and_delete_three_facts(
     ARTIFACTS.mkdir(exist_ok=True)
     labels = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "a[role=tab]")]
     assert labels == [
-        "Facts", "Episodes", "Checkpoints", "Procedures", "Store", "Reminders", "Users", "Promotions", "Deletions",
+        "Facts", "Episodes", "Checkpoints", "Procedures", "Store", "Reminders", "Users", "Teams", "Promotions", "Deletions",
         "Health",
     ]  # fmt: skip
     expected_text = {

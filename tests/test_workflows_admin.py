@@ -32,6 +32,7 @@ def test_the_tab_sits_between_episodes_and_procedures(staff_client):
         "store",
         "reminders",
         "users",
+        "teams",
         "promotions",
         "deletions",
         "health",

@@ -420,3 +420,17 @@ def test_a_queryset_made_outside_a_workspace_holds_the_current_ones_rows(tenants
         assert made_in_a.count() == Fact.objects.in_workspace(tenants["b"]).count()
         assert all(MARK_B in json.dumps(f.value) for f in made_in_a)
     assert made_unscoped.count() == 2  # in no workspace: A's and B's
+
+
+def test_related_managers_keep_to_the_workspace_of_the_row_they_go_through(tenants):
+    """A workflow's runs, a person's reminders and a team's members (rows whose workspace is that of
+    the row they point to) read through Django's related managers as through the model's own."""
+    with in_workspace(tenants["a"]):
+        workflow = Workflow.objects.get(slug=f"{MARK_A}-flow")
+        assert [str(pk) for pk in workflow.runs.values_list("id", flat=True)] == [
+            str(r) for r in tenants["rows_a"]["runs"]
+        ]
+        person = tenants["rows_a"]["person"]
+        assert list(person.reminders.values_list("pk", flat=True)) == tenants["rows_a"]["reminders"]
+        team = MemoryService().get_team(f"{MARK_A} crew")
+        assert list(team.members.values_list("agent_id", flat=True)) == [AGENT]

@@ -213,7 +213,8 @@ class Reminder(models.Model):
     thread_id = models.CharField(max_length=300, blank=True, default="")
 
     # Of the workspace of its user (memory.models.workspaces).
-    objects = WorkspaceManager(through="user")
+    workspace_through = "user"
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["due_at", "id"]
@@ -264,7 +265,8 @@ class WorkflowRun(models.Model):
     duration_ms = models.FloatField(null=True, blank=True)
 
     # Of the workspace of its workflow (memory.models.workspaces).
-    objects = WorkspaceManager(through="workflow")
+    workspace_through = "workflow"
+    objects = WorkspaceManager()
 
     class Meta:
         ordering = ["-started_at", "-id"]

@@ -28,7 +28,7 @@ class TeamMemberInline(admin.TabularInline):
 
 @admin.register(Team, site=memories_site)
 class TeamAdmin(MemoriesTab, admin.ModelAdmin):
-    tab_label, tab_position = "Teams", 35
+    tab_label, tab_position = "Teams", 55
     list_display = ["name", "members", "team_facts", "created_at"]
     search_fields = ["name", "members__agent_id"]
     fields = ["name", "description"]

@@ -156,6 +156,10 @@ class TeamMember(models.Model):
     agent_id = models.CharField(max_length=128)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # Of the workspace of its team (memory.models.workspaces).
+    workspace_through = "team"
+    objects = WorkspaceManager()
+
     class Meta:
         db_table = "memory_team_member"
         ordering = ["team", "agent_id"]

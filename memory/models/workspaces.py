@@ -148,13 +148,16 @@ class InCurrentWorkspace(models.Expression):
 class WorkspaceManager(models.Manager):
     """The default manager of a model that belongs to a workspace: the current workspace's rows only.
 
-    `through`: for a model whose workspace is that of a row it points to (a reminder's user's, a
-    run's workflow's), the name of that foreign key.
+    A model whose workspace is that of a row it points to (a reminder's user's, a run's workflow's)
+    names that foreign key in its class attribute `workspace_through`. It is read from the model, not
+    given to the manager, because Django builds the related managers (`workflow.runs`) from this class
+    without its constructor's arguments.
     """
 
-    def __init__(self, through=""):
-        super().__init__()
-        self.workspace_lookup = f"{through}__workspace_id" if through else "workspace_id"
+    @property
+    def workspace_lookup(self):
+        through = getattr(self.model, "workspace_through", "")
+        return f"{through}__workspace_id" if through else "workspace_id"
 
     def get_queryset(self):
         return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))

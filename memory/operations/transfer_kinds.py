@@ -328,7 +328,6 @@ KINDS = [
         "team_member",
         TeamMember,
         check=_check_team_member,
-        export_queryset=lambda: scoped(TeamMember.objects.all(), workspaces.team_members_of),
         natural_keys=(
             NaturalKey("agent_id, team_id", ("agent_id", "team_id"), lambda r: (r["agent_id"], r["team_id"])),
         ),

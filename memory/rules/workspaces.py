@@ -11,11 +11,6 @@ def fact_versions_of(workspace_id):
     return Q(fact_id__in=Fact.objects.values("id")) | Q(user__workspace_id=workspace_id)
 
 
-def team_members_of(workspace_id):
-    """Members of the workspace's teams (a membership belongs to its team's workspace)."""
-    return Q(team__workspace_id=workspace_id)
-
-
 def promotions_of(workspace_id):
     """Promotions into the workspace's people, or from its facts and episodes."""
     return (
