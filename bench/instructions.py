@@ -61,7 +61,8 @@ def dump_totals(path):
 
 def count_side(tree, group, mode, n, calls, scratch):
     """{operation: instructions per call} of one group and mode at one tree, calling thread only."""
-    folder = Path(tempfile.mkdtemp(prefix=f"{group}-{mode}-", dir=scratch))
+    side = "new" if Path(tree) == REPO else Path(tree).name
+    folder = Path(tempfile.mkdtemp(prefix=f"{group}-{mode}-{side}-", dir=scratch))
     out = folder / "dumps.json"
     command = [
         "valgrind",
@@ -97,6 +98,7 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=10_000, help="facts, store items and recall documents (10,000)")
     parser.add_argument("--calls", type=int, default=200, help="counted calls of each operation (default 200)")
     parser.add_argument("--jobs", type=int, default=2, help="valgrind processes at a time (default 2)")
+    parser.add_argument("--keep", help="a folder to copy the callgrind dumps to, for callgrind_annotate")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     args = parser.parse_args(argv)
     modes, groups = args.modes.split(","), args.groups.split(",")
@@ -122,13 +124,15 @@ def main(argv=None):
                     lambda job: count_side(trees[job[0]], job[1], job[2], args.n, args.calls, scratch), jobs
                 )
                 results = dict(zip(jobs, counted))
+            if args.keep:  # one folder per group, mode and side; cg.out.<dump>-01 is the calling thread
+                shutil.copytree(scratch, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("old", "new"))
         finally:
             for side in ("old", "new") if new_commit else ("old",):
                 subprocess.run(["git", "worktree", "remove", "--force", str(trees[side])], cwd=REPO, check=False)
     rows = []
     for group in groups:
         for mode in modes:
-            old, new = results[("old", group, mode)], results[("new", group, mode)]
+            old, new = results[("old", group, mode)], results[("new", group, mode)]  # {} where a side failed
             for op in old:
                 if op in new:
                     ratio = round(new[op] / old[op], 3) if old[op] else None
