@@ -14,7 +14,7 @@ are embedded by the embedding worker's thread, which is not the calling thread.
 
 Why instructions: a rate or latency on a shared machine moves with the load by more than most
 changes do, even when the two sides are interleaved. Instruction counts under callgrind
-(valgrind --tool=callgrind, toggled around the calls with callgrind_control) come out the same from
+(valgrind --tool=callgrind, switched on around the calls by client requests) come out the same from
 one run to the next (hash seeds fixed) whatever else the machine does. They are not time: a cache
 miss or a system call's wait costs no more instructions than a hit, so a change that moves
 instructions little but I/O much needs the wall-clock benchmarks as well.
@@ -23,7 +23,7 @@ Each side runs bench/support/callgrind_workload.py from this checkout, with the 
 the module path (the older commit in a temporary git worktree, as bench.compare does), once per
 group and mode, in its own valgrind process (--jobs at a time: counts do not depend on the load).
 SQLite only (scratch databases). Prints per operation: old, new, new / old; --json: one object.
-Needs valgrind (callgrind_control) on the PATH.
+Needs valgrind with its headers (valgrind/callgrind.h) and a C compiler (cc) for the client requests.
 """
 
 import argparse
@@ -83,6 +83,10 @@ def count_side(tree, group, mode, n, calls, scratch):
         sys.stderr.write(f"the {group} workload ({mode}) failed in {tree} (exit {done.returncode})\n")
         return {}
     dumps = json.loads(out.read_text())
+    missing = [name for name, (number, _) in dumps.items() if not (folder / f"cg.out.{number}-01").exists()]
+    if missing:
+        sys.stderr.write(f"the {group} workload ({mode}) in {tree} wrote no dump for {', '.join(missing)}\n")
+        return {}
     totals = {name: dump_totals(folder / f"cg.out.{number}-01") for name, (number, _) in dumps.items()}
     toggling = totals.pop("calibration")
     dumps.pop("calibration")
@@ -107,8 +111,8 @@ def main(argv=None):
             parser.error(f"{name} takes {', '.join(allowed)}; got {', '.join(sorted(set(given) - set(allowed)))}")
     if args.calls < 1 or args.n < 1000 or args.jobs < 1:
         parser.error("--calls and --jobs must be at least 1, --n at least 1,000")
-    if not shutil.which("callgrind_control"):
-        parser.error("valgrind (callgrind_control) is not on the PATH")
+    if not (shutil.which("valgrind") and shutil.which("cc") and Path("/usr/include/valgrind/callgrind.h").exists()):
+        parser.error("needs valgrind, its header valgrind/callgrind.h and a C compiler (cc)")
     commit, new_commit = short(args.against), short(args.new) if args.new else None
     with tempfile.TemporaryDirectory(prefix="engram-instructions-") as scratch:
         trees = {"old": Path(scratch) / "old", "new": Path(scratch) / "new" if new_commit else REPO}

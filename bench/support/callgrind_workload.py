@@ -8,9 +8,9 @@ one or an older commit's temporary worktree) first on the module path, so the co
 workload's helpers (bench.facts.fill, bench.store.workload, ...) are that checkout's. It imports
 nothing from the checkout it is stored in; where a module moved between commits, both paths are
 tried. Each operation runs once outside the count (caches, compiled statements), then CALLS times
-between two callgrind_control toggles, and the counters are dumped under the operation's name;
+with callgrind's instrumentation on, and the counters are dumped under the operation's name;
 FILE gets {operation: [dump number, calls]} for bench.instructions to read the dumps by. A dump of an
-empty toggle ("calibration") holds what the toggling itself costs.
+empty run ("calibration") holds what switching the count on and off costs.
 """
 
 import argparse
@@ -46,21 +46,38 @@ def first(*paths):
     raise ImportError(f"none of {paths} imports")
 
 
-class Counter:
-    """Toggles callgrind's instrumentation around a run of calls and dumps the counters by name."""
+CLIENT = r"""
+#include <valgrind/callgrind.h>
+void engram_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void engram_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+void engram_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+"""
 
-    def __init__(self):
+
+class Counter:
+    """Switches callgrind's instrumentation on around a run of calls and dumps the counters by name.
+
+    Through valgrind's client requests (a few lines of C built here against valgrind's header):
+    they take effect at once, on the calling thread, where callgrind_control asks the valgrind
+    process from outside and, on a loaded machine, can return before a dump was written.
+    """
+
+    def __init__(self, folder):
+        import ctypes
+
+        source, library = os.path.join(folder, "client.c"), os.path.join(folder, "client.so")
+        with open(source, "w") as out:
+            out.write(CLIENT)
+        subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", library, source], check=True)
+        self.client = ctypes.CDLL(library)
         self.dumps = {}
 
-    def _control(self, *options):
-        subprocess.run(["callgrind_control", *options, str(os.getpid())], check=True, capture_output=True)
-
     def count(self, name, calls, fn):
-        self._control("-i", "on")
+        self.client.engram_start()
         for call in calls:
             fn(*call)
-        self._control("-i", "off")
-        self._control(f"--dump={name}")
+        self.client.engram_stop()
+        self.client.engram_dump(name.encode())
         self.dumps[name] = [len(self.dumps) + 1, len(calls)]
 
     def measure(self, name, calls, fn):
@@ -204,7 +221,7 @@ def main(argv=None):
     sys.path[0:1] = [tree]
     os.chdir(tree)
     scratch_django = first("bench.support.scratch:scratch_django", "bench.scratch:scratch_django")
-    counter = Counter()
+    counter = Counter(os.path.dirname(os.path.abspath(args.out)))
     counter.count("calibration", [()] * 1, lambda: None)
     if args.group == "webhook":
         fake_bot = first("workflows.channels.fake_telegram:FakeBotAPI", "workflows.fake_telegram:FakeBotAPI")
