@@ -13,6 +13,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(
+    bool(os.environ.get("DATABASE_URL")),
+    reason="the benchmark runs on SQLite whatever the suite's database: once is enough",
+)
+@pytest.mark.skipif(
     not (shutil.which("valgrind") and shutil.which("cc") and Path("/usr/include/valgrind/callgrind.h").exists()),
     reason="needs valgrind, its header and a C compiler",
 )
