@@ -32,7 +32,7 @@ def test_index_opens_the_first_tab_and_every_page_shows_the_tabs(staff_client):
     assert response.status_code == 302 and response["Location"] == FACTS
     html = staff_client.get(FACTS).content.decode()
     tabs = tab_links(html)
-    expected = ["facts", "episodes", "teams", "procedures", "store", "users", "promotions", "deletions", "health"]
+    expected = ["facts", "episodes", "procedures", "store", "users", "teams", "promotions", "deletions", "health"]
     if any(label == "checkpoints" for label, _ in tabs):
         expected.insert(2, "checkpoints")
     if any(label == "reminders" for label, _ in tabs):  # the workflows app's, beside memory's own
