@@ -20,11 +20,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from .support.checkouts import checkouts, short
 from .support.scratch import REPO, machine_reference
 
 
@@ -37,11 +37,6 @@ def numbers(obj, prefix=""):
     elif isinstance(obj, int | float) and not isinstance(obj, bool):
         found[prefix[:-1]] = obj
     return found
-
-
-def short(ref):
-    done = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
 
 
 def run_once(tree, bench, arguments):
@@ -73,22 +68,15 @@ def main(argv=None):
         return compare_modes(args)
     commit, new_commit = (short(c) if c else None for c in (args.against, args.new))
     results = {"old": [], "new": []}
-    with tempfile.TemporaryDirectory(prefix="engram-compare-") as scratch:
-        trees = {"old": Path(scratch) / "old", "new": Path(scratch) / "new" if new_commit else REPO}
-        for side, ref in (("old", commit), ("new", new_commit)):
-            if ref:
-                subprocess.run(
-                    ["git", "worktree", "add", "--detach", "-q", str(trees[side]), ref], cwd=REPO, check=True
-                )
-        try:
-            for n in range(args.runs):
-                order = ("old", "new") if n % 2 == 0 else ("new", "old")
-                for side in order:
-                    print(f"run {n + 1}/{args.runs}: {side}", file=sys.stderr, flush=True)
-                    results[side].append(run_once(trees[side], args.bench, args.arguments))
-        finally:
-            for side in ("old", "new") if new_commit else ("old",):
-                subprocess.run(["git", "worktree", "remove", "--force", str(trees[side])], cwd=REPO, check=False)
+    with (
+        tempfile.TemporaryDirectory(prefix="engram-compare-") as scratch,
+        checkouts(scratch, commit, new_commit) as trees,
+    ):
+        for n in range(args.runs):
+            order = ("old", "new") if n % 2 == 0 else ("new", "old")
+            for side in order:
+                print(f"run {n + 1}/{args.runs}: {side}", file=sys.stderr, flush=True)
+                results[side].append(run_once(trees[side], args.bench, args.arguments))
     report(args, results, commit, new_commit or "checkout", new_commit or "this checkout")
     return 0
 

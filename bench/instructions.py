@@ -38,16 +38,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .support.checkouts import checkouts, short
 from .support.scratch import REPO, machine_reference
 
 GROUPS = ("facts", "store", "recall", "webhook")
 MODES = ("keyword", "hybrid")
 WORKLOAD = Path(__file__).resolve().parent / "support" / "callgrind_workload.py"
-
-
-def short(ref):
-    done = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
 
 
 def dump_totals(path):
@@ -114,25 +110,16 @@ def main(argv=None):
     if not (shutil.which("valgrind") and shutil.which("cc") and Path("/usr/include/valgrind/callgrind.h").exists()):
         parser.error("needs valgrind, its header valgrind/callgrind.h and a C compiler (cc)")
     commit, new_commit = short(args.against), short(args.new) if args.new else None
-    with tempfile.TemporaryDirectory(prefix="engram-instructions-") as scratch:
-        trees = {"old": Path(scratch) / "old", "new": Path(scratch) / "new" if new_commit else REPO}
-        for side, ref in (("old", commit), ("new", new_commit)):
-            if ref:
-                subprocess.run(
-                    ["git", "worktree", "add", "--detach", "-q", str(trees[side]), ref], cwd=REPO, check=True
-                )
-        try:
-            jobs = [(side, group, mode) for group in groups for mode in modes for side in ("old", "new")]
-            with ThreadPoolExecutor(args.jobs) as pool:
-                counted = pool.map(
-                    lambda job: count_side(trees[job[0]], job[1], job[2], args.n, args.calls, scratch), jobs
-                )
-                results = dict(zip(jobs, counted))
-            if args.keep:  # one folder per group, mode and side; cg.out.<dump>-01 is the calling thread
-                shutil.copytree(scratch, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("old", "new"))
-        finally:
-            for side in ("old", "new") if new_commit else ("old",):
-                subprocess.run(["git", "worktree", "remove", "--force", str(trees[side])], cwd=REPO, check=False)
+    with (
+        tempfile.TemporaryDirectory(prefix="engram-instructions-") as scratch,
+        checkouts(scratch, commit, new_commit) as trees,
+    ):
+        jobs = [(side, group, mode) for group in groups for mode in modes for side in ("old", "new")]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            counted = pool.map(lambda job: count_side(trees[job[0]], job[1], job[2], args.n, args.calls, scratch), jobs)
+            results = dict(zip(jobs, counted))
+        if args.keep:  # one folder per group, mode and side; cg.out.<dump>-01 is the calling thread
+            shutil.copytree(scratch, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("old", "new"))
     rows = []
     for group in groups:
         for mode in modes:
