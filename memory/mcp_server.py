@@ -33,9 +33,11 @@ from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
 from .models import DEFAULT_WORKSPACE_ID, FactType, Scope, in_workspace
-from .rules.validation import check_int, check_user_id, clean_text
+from .rules.validation import check_int, check_unit_interval, check_user_id, clean_text
 from .service import MemoryService
 
+# What recall looks in when the call names no memory_types.
+ALL_TYPES = ("facts", "episodes", "procedures")
 # Most hits one recall call may ask for.
 MAX_RECALL_LIMIT = 50
 # A bearer token shorter than this is refused in MEMORY["MCP_TOKENS"] (guessable).
@@ -124,10 +126,13 @@ def build_server(caller, *, http_url=None):
         return None if who.user_id is None else service.resolve_user(who.user_id).pk
 
     @server.tool()
-    async def recall(query: str, limit: int = 10, valid_at: str = "", as_of: str = "") -> str:
+    async def recall(
+        query: str, limit: int = 10, memory_types: list[str] | None = None, valid_at: str = "", as_of: str = ""
+    ) -> str:
         """Look up long-term memory: facts, earlier conversations and procedures relevant to `query`.
 
         Each hit has its kind and id (what `forget` takes), its text and a score. `limit`: 1 to 50.
+        `memory_types`: any of facts, episodes, procedures (default: all three).
         `valid_at` (ISO 8601 date or datetime): facts as they held in the world then ("where did she
         live in 2024?"); `as_of`: what memory said at that time. Without them: what holds now.
         """
@@ -140,6 +145,7 @@ def build_server(caller, *, http_url=None):
                 agent_id=who.agent_id,
                 user_id=person(who),
                 limit=checked,
+                types=ALL_TYPES if memory_types is None else memory_types,
                 valid_at=valid_at.strip() or None,
                 as_of=as_of.strip() or None,
             )
@@ -149,11 +155,21 @@ def build_server(caller, *, http_url=None):
 
     @server.tool()
     async def remember(
-        key: str, value: str, fact_type: str = FactType.WORLD_KNOWLEDGE, valid_from: str = "", valid_to: str = ""
+        key: str,
+        value: str,
+        fact_type: str = FactType.WORLD_KNOWLEDGE,
+        tags: list[str] | None = None,
+        importance: float | None = None,
+        team: str = "",
+        valid_from: str = "",
+        valid_to: str = "",
     ) -> str:
         """Store the fact `key` = `value` (for the user this server acts for, if any; else for the agent).
 
         `fact_type`: user_preference, world_knowledge, self_knowledge, correction or relationship.
+        `tags`: a few labels; `importance`: 0.0 to 1.0 (stored as the fact's confidence, which
+        recall's ranking reads). `team`: the name of a team this agent belongs to, to share the
+        fact with every agent of that team instead (not with a user).
         The same key again confirms (same value) or replaces (another value) the stored fact.
         `valid_from` / `valid_to` (ISO 8601, optional): when the value holds in the world; a new
         value ends the old one's time at its valid_from (now when not given), and the old value
@@ -162,17 +178,21 @@ def build_server(caller, *, http_url=None):
         who = caller()
 
         def run():
-            user_id = person(who)
-            scope = Scope.USER if user_id is not None else Scope.AGENT
+            if team.strip():
+                owner = {"scope": Scope.TEAM, "team": team.strip()}
+            else:
+                user_id = person(who)
+                owner = {"scope": Scope.USER, "user_id": user_id} if user_id is not None else {"scope": Scope.AGENT}
             return service.set_fact(
                 key,
                 value,
-                scope=scope,
                 agent_id=who.agent_id,
-                user_id=user_id,
                 fact_type=fact_type,
+                confidence=None if importance is None else check_unit_interval("importance", importance),
+                tags=tags,
                 valid_from=valid_from.strip() or None,
                 valid_to=valid_to.strip() or None,
+                **owner,
             )
 
         return await _answer(who, run, lambda write: f"{write.action}: fact {write.fact.pk} ({write.fact.key})")

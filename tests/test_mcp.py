@@ -302,3 +302,64 @@ def test_the_command_refuses_a_bad_configuration_before_serving(settings, user_f
             call_command("memory", "mcp", *arguments)
         assert expected in str(caught.value), arguments
         assert "short" not in str(caught.value)  # a configured token is never echoed
+
+
+def test_remember_takes_tags_importance_and_a_team_as_the_agent_tools_do(service, user_factory):
+    ada = user_factory("ada")
+    service.create_team("support", agent_ids=["desk", "night-desk"])
+
+    async def work(call):
+        return [
+            await call("remember", key="tone", value="dry", tags=["Style", "tone"], importance=0.9),
+            await call("remember", key="escalation", value="call the on-call lead", team="support"),
+            await call("remember", key="escalation", value="page ops", team="billing"),
+        ]
+
+    (error, mine), (team_error, shared), (refused, text) = tools_for(Caller("desk", ada.pk), work)
+    fact = Fact.objects.get(key="tone")
+    assert not error and mine == f"created: fact {fact.pk} (tone)"
+    assert (fact.scope, fact.user_id, fact.tags, fact.confidence) == ("user", ada.pk, ["style", "tone"], 0.9)
+    assert not team_error, shared
+    # Another member of the team sees the shared fact; an agent outside it does not.
+    assert service.get_fact("escalation", agent_id="night-desk").value == "call the on-call lead"
+    assert service.get_fact("escalation", agent_id="other") is None
+    assert refused and "team" in text and Fact.objects.filter(key="escalation").count() == 1
+
+
+def test_a_team_fact_needs_the_caller_in_the_team(service):
+    service.create_team("support", agent_ids=["night-desk"])
+    error, text = tools_for(Caller("desk"), lambda call: call("remember", key="k", value="v", team="support"))
+    assert error and "agent_id: agent 'desk' is not a member of team 'support'" in text
+    assert not Fact.objects.filter(key="k").exists()
+
+
+def test_recall_looks_only_in_the_memory_types_asked_for(service, user_factory):
+    ada = user_factory("ada")
+    service.set_fact("garden", "tomatoes in the garden", scope="user", user_id=ada.pk)
+    episode = service.start_episode(agent_id="desk", user_id=ada.pk)
+    service.add_message(episode.pk, "user", "We talked about the garden and its tomatoes")
+
+    async def work(call):
+        return [
+            await call("recall", query="garden tomatoes"),
+            await call("recall", query="garden tomatoes", memory_types=["facts"]),
+            await call("recall", query="garden tomatoes", memory_types=["gossip"]),
+        ]
+
+    (_, everything), (_, facts_only), (error, text) = tools_for(Caller("desk", ada.pk), work)
+    assert {hit["kind"] for hit in hits_of(everything)} == {"fact", "episode"}
+    assert {hit["kind"] for hit in hits_of(facts_only)} == {"fact"}
+    assert error and "types: unknown type 'gossip'" in text
+
+
+def test_bad_importance_and_tags_name_the_field_and_write_nothing(service):
+    async def work(call):
+        return [
+            await call("remember", key="k", value="v", importance=1.5),
+            await call("remember", key="k", value="v", tags=["!!!"]),
+        ]
+
+    (bad_importance, first), (bad_tags, second) = tools_for(Caller("desk"), work)
+    assert bad_importance and "importance: must be from 0 to 1, got 1.5" in first
+    assert bad_tags and "tags: item 0 must hold a letter or digit" in second
+    assert not Fact.objects.filter(key="k").exists()
