@@ -320,3 +320,26 @@ def test_remember_writes_team_facts_of_a_team_the_agent_is_in(ada, service):
     assert "not a member" in result["remembered"][1]["error"]
     assert service.get_fact("standup", agent_id="helper").value == "9:30"
     assert not Fact.objects.filter(key="secret").exists()
+
+
+def test_remember_stores_each_facts_tags_and_importance_and_refuses_bad_ones(ada):
+    result = build_remember({}, CTX)(
+        remember_state(
+            ada,
+            [
+                {"key": "diet", "value": "vegetarian", "tags": ["Food", "health"], "importance": 0.95},
+                {"key": "mood", "value": "fine", "importance": 3},
+                {"key": "pet", "value": "cat", "tags": "animals"},
+            ],
+        )
+    )
+    assert [(r["key"], r["action"]) for r in result["remembered"]] == [
+        ("diet", "created"),
+        ("mood", "failed"),
+        ("pet", "failed"),
+    ]
+    diet = Fact.objects.get(key="diet")
+    assert (diet.tags, diet.confidence) == (["food", "health"], 0.95)
+    assert "importance: must be from 0 to 1" in result["remembered"][1]["error"]
+    assert "tags: must be a list of strings" in result["remembered"][2]["error"]
+    assert not Fact.objects.filter(key__in=["mood", "pet"]).exists()

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
-from memory.rules.validation import storable
+from memory.rules.validation import check_unit_interval, storable
 from memory.service import MemoryService
 
 from ..conf import workflow_settings
@@ -407,11 +407,15 @@ def _write_fact(
     if scope == Scope.SESSION and not owners["session_id"]:
         return {**report, "action": "failed", "error": "scope: session scope needs a conversation thread"}, None
     try:
+        importance = fact.get("importance")
         write = service.set_fact(
             key,
             fact["value"],
             scope=scope,
             fact_type=fact.get("fact_type") or default_type,
+            # As the remember tool: importance is the fact's confidence, which recall's ranking reads.
+            confidence=None if importance is None else check_unit_interval("importance", importance),
+            tags=fact.get("tags"),
             overwrite=overwrite,
             source_episode_id=episode_id,
             provenance=f"workflow {context.workflow_slug}",
@@ -459,7 +463,7 @@ register(
         name="remember",
         category="memory",
         description=(
-            "Store `facts_to_remember` (key, value, fact_type, scope) for the identified user, the agent or "
+            "Store `facts_to_remember` (key, value, fact_type, scope, team, tags, importance) for the identified user, the agent or "
             "the session, record the run's episode, and report per fact what happened; `memory_writes` lists "
             "each row written (kind, action, id, key). Mode `extract`: the chat model also reads the turn "
             "and adds, updates or deletes facts against what is stored."
