@@ -171,3 +171,21 @@ def test_unscoped_code_writes_and_reads_the_default_workspace(tenants):
         assert service.get_fact("tone", agent_id=AGENT).value == "A agent"
     with in_workspace(DEFAULT_WORKSPACE_ID):
         assert service.get_fact("tone", agent_id=AGENT).value == "default agent, later"
+
+
+def test_the_admin_refuses_a_team_name_taken_in_its_workspace_only(tenants, client, django_user_model):
+    from django.urls import reverse
+
+    from memory.models import WorkspaceMember
+
+    operator = django_user_model.objects.create_user("operator-a", is_staff=True, is_superuser=True)
+    WorkspaceMember.objects.create(user=operator, workspace=tenants["A"])
+    client.force_login(operator)
+    with in_workspace(tenants["B"]):
+        MemoryService().create_team("ops")
+    url = reverse("memories:memory_team_add")
+    form = {"name": "ops", "description": "", "members-TOTAL_FORMS": 0, "members-INITIAL_FORMS": 0}
+    assert client.post(url, form).status_code == 302  # B's team of that name is no obstacle
+    response = client.post(url, form)
+    assert response.status_code == 200 and "already exists" in response.content.decode()
+    assert Team.objects.in_workspace(tenants["A"]).count() == 1

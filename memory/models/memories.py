@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ..text import clip, fact_search_text
 from .owners import Scope, Team, owner_key_expression
-from .workspaces import WorkspaceManager, workspace_field
+from .workspaces import UniqueInWorkspace, WorkspaceManager, workspace_field
 
 PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
 
@@ -35,7 +35,7 @@ class ProcedureSource(models.TextChoices):
     EVOLVED = "evolved", "Evolved from another procedure"
 
 
-class MemoryUser(models.Model):
+class MemoryUser(UniqueInWorkspace, models.Model):
     """One person, recognised across every channel they use."""
 
     workspace = workspace_field("memory_users")
@@ -62,7 +62,7 @@ class MemoryUser(models.Model):
         return self.display_name or self.canonical_id
 
 
-class ChannelIdentity(models.Model):
+class ChannelIdentity(UniqueInWorkspace, models.Model):
     """A user's id on one channel (telegram, email, chat, webhook, ...); channels need no migration."""
 
     workspace = workspace_field("channel_identities")
@@ -349,7 +349,7 @@ class FactHistory(models.Model):
         return f"{self.key} ({self.scope_key}) {self.action} at {self.valid_from:%Y-%m-%d %H:%M:%S}"
 
 
-class Procedure(models.Model):
+class Procedure(UniqueInWorkspace, models.Model):
     """Procedural memory: how to do something, when it applies, and how well it has worked."""
 
     workspace = workspace_field("procedures")
@@ -392,7 +392,7 @@ class Procedure(models.Model):
         return self.name
 
 
-class StoreItem(models.Model):
+class StoreItem(UniqueInWorkspace, models.Model):
     """An item of a LangGraph store (workflows.store.EngramStore): a JSON object under (namespace, key).
 
     The namespace decides the owner (MemoryService.store_owner): a person's namespace (("users", "<their

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Case, Value, When
 from django.db.models.functions import Cast, Concat
 
-from .workspaces import WorkspaceManager, workspace_field
+from .workspaces import UniqueInWorkspace, WorkspaceManager, workspace_field
 
 
 class Scope(models.TextChoices):
@@ -128,7 +128,7 @@ def owners_condition(column, terms, *, probe=True):
     return f"{column} IN ({keys})", params
 
 
-class Team(models.Model):
+class Team(UniqueInWorkspace, models.Model):
     """A named group of agents that share facts: a fact of scope "team" is seen by every member,
     more specific than a global fact and less than the agent's own (SCOPE_RANK)."""
 
