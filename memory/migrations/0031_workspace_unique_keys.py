@@ -11,6 +11,9 @@ the table is rebuilt from its own statement with only the constraint changed: th
 generated owner key, the plain workspace column of 0030), the raw indexes, the views and the
 triggers that read it (search and recall indexes) are made again exactly as they were, and the
 AUTOINCREMENT sequence is kept, so a deleted row's id is never handed out again.
+
+Going back makes each key unique over every workspace again: it fails (an integrity error, nothing
+changed) while two workspaces hold the same key, until one of them is removed or renamed.
 """
 
 import re
