@@ -165,6 +165,11 @@ def test_unscoped_code_writes_and_reads_the_default_workspace(tenants):
     write = service.set_fact("tone", "default agent", scope="agent", agent_id=AGENT)
     assert write.action == "created" and write.fact.workspace_id == DEFAULT_WORKSPACE_ID
     assert service.set_fact("tone", "default agent, later", scope="agent", agent_id=AGENT).action == "updated"
+    for workspace in (None, *tenants.values()):
+        with in_workspace(workspace):
+            service.save_procedure("refund", agent_id=AGENT, description=f"{workspace} steps")
+    assert service.save_procedure("refund", agent_id=AGENT, description="again").workspace_id == DEFAULT_WORKSPACE_ID
+    assert Procedure.objects.filter(name="refund").count() == 3
     person, created = service.get_or_create_user("telegram", "7")
     assert created and service.find_user("telegram", "7").pk == person.pk
     with in_workspace(tenants["A"]):
