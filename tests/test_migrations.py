@@ -122,3 +122,65 @@ def test_0029_keeps_facts_their_indexes_and_ids_and_goes_back():
         assert list(OldFact.objects.values_list("pk", flat=True)) == [kept.pk]  # the team's fact could not stay
     finally:
         migrate()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0031_makes_unique_keys_per_workspace_and_goes_back():
+    """0031 lets each workspace hold the same fact, person, procedure, store item and team; the rows,
+    their ids and the search and recall triggers stay; going back makes the keys unique over every
+    workspace again."""
+    from django.db import IntegrityError, transaction
+
+    from memory.models import RecallDocument
+
+    apps = migrate(("memory", "0030_workspaces"))
+    try:
+        Workspace, OldFact = apps.get_model("memory", "Workspace"), apps.get_model("memory", "Fact")
+        other = Workspace.objects.create(slug="other")
+        kept = OldFact.objects.create(key="tone", value="warm", scope="agent", agent_id="bot", search_text="tone warm")
+        with pytest.raises(IntegrityError), transaction.atomic():  # before 0031: one fact over all workspaces
+            OldFact.objects.create(
+                key="tone", value="dry", scope="agent", agent_id="bot", search_text="tone dry", workspace=other
+            )
+        new_apps = migrate(("memory", "0031_workspace_unique_keys"))
+        rows = {
+            "Fact": {"key": "tone", "value": "dry", "scope": "agent", "agent_id": "bot", "search_text": "tone dry"},
+            "MemoryUser": {"canonical_id": "telegram:42"},
+            "Procedure": {"agent_id": "bot", "name": "refund"},
+            "StoreItem": {"namespace": "docs", "key": "note", "value": {}, "scope": "global", "created_at": NOW,
+                          "updated_at": NOW},
+            "Team": {"name": "ops"},
+        }  # fmt: skip
+        made = []
+        for name, fields in rows.items():
+            model = new_apps.get_model("memory", name)
+            if name != "Fact":  # the default workspace holds `kept`, the same fact
+                model.objects.create(**fields)
+            made.append(model.objects.create(**fields, workspace_id=other.pk))
+            with pytest.raises(IntegrityError), transaction.atomic():  # still one per workspace
+                model.objects.create(**fields, workspace_id=other.pk)
+        user = new_apps.get_model("memory", "MemoryUser").objects.get(workspace_id=other.pk)
+        identity = new_apps.get_model("memory", "ChannelIdentity")
+        identity.objects.create(user=user, channel="telegram", external_id="42", workspace_id=other.pk)
+        identity.objects.create(user=user, channel="telegram", external_id="42", workspace_id=DEFAULT_WORKSPACE)
+        assert new_apps.get_model("memory", "Fact").objects.get(pk=kept.pk).scope_key == "agent:bot"
+        new_apps.get_model("memory", "Fact").objects.filter(pk=kept.pk).update(search_text="tone hot")
+        assert RecallDocument.objects.get(kind="fact", item_id=kept.pk).text.endswith("tone hot")
+        # Going back needs the keys unique over every workspace again.
+        identity.objects.all().delete()
+        for row in made:
+            type(row).objects.filter(pk=row.pk).delete()
+        migrate(("memory", "0030_workspaces"))
+        assert list(OldFact.objects.values_list("pk", flat=True)) == [kept.pk]
+        with pytest.raises(IntegrityError), transaction.atomic():
+            OldFact.objects.create(
+                key="tone", value="dry", scope="agent", agent_id="bot", search_text="tone dry", workspace=other
+            )
+        OldFact.objects.filter(pk=kept.pk).update(search_text="tone cold")
+        assert RecallDocument.objects.get(kind="fact", item_id=kept.pk).text.endswith("tone cold")
+    finally:
+        migrate()
+
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+DEFAULT_WORKSPACE = 1

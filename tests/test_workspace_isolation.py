@@ -20,7 +20,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from memory.exceptions import ImportRejected, InvalidMemoryArgument, MemoryConflict, MemoryNotFound
+from memory.exceptions import ImportRejected, InvalidMemoryArgument, MemoryNotFound
 from memory.models import (
     DEFAULT_WORKSPACE_ID,
     Episode,
@@ -260,9 +260,9 @@ def test_store_as_a_sees_nothing_of_b(tenants):
         assert found and all(MARK_B not in json.dumps(item.value) for item in found)
         namespaces = store.list_namespaces()
         assert ("docs", MARK_A) in namespaces and ("docs", MARK_B) not in namespaces
-        # A put under B's (namespace, key) never overwrites B's item.
-        with pytest.raises(MemoryConflict):
-            store.put(("docs", MARK_B), "note", {"text": "overwritten by A"})
+        # A put under B's (namespace, key) makes A's own item and never overwrites B's.
+        store.put(("docs", MARK_B), "note", {"text": "A's own note"})
+        assert store.get(("docs", MARK_B), "note").value == {"text": "A's own note"}
     with in_workspace(tenants["b"]):
         assert store.get(("docs", MARK_B), "note").value == {"text": f"{MARK_B} stored note"}
 
@@ -284,12 +284,11 @@ def test_service_reads_as_a_see_nothing_of_b(tenants):
             service.recall("parcels", user_id=person_b.pk)
         with pytest.raises(InvalidMemoryArgument):
             service.set_fact("k", "v", scope="user", user_id=person_b.pk)
-        # B's person's identity is not A's to find or take.
+        # B's person is not A's to find: the same identity in A is a person of A's own.
         assert service.find_user("telegram", f"{MARK_B}-person") is None
-        with pytest.raises(MemoryConflict):
-            service.get_or_create_user("telegram", f"{MARK_B}-person")
-        with pytest.raises(MemoryConflict):
-            service.identify("telegram", f"{MARK_B}-person")
+        own, created = service.get_or_create_user("telegram", f"{MARK_B}-person")
+        assert created and own.pk != person_b.pk
+        assert service.identify("telegram", f"{MARK_B}-person").context.user_id == own.pk
 
 
 @pytest.mark.django_db(transaction=True)  # the tools run on worker threads, with connections of their own

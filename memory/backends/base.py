@@ -20,6 +20,7 @@ from ..models.owners import (
     team_owners_sql,
     user_owner_sql,
 )
+from ..models.workspaces import current_workspace_id
 from ..rules.validation import chunks
 from .recall_index import RecallSQL
 from .rows import RowInsert, fetch_models, select_columns
@@ -86,6 +87,18 @@ def owners_sql(viewer, column="f.scope_key", *, probe=True):
     """(SQL condition: `column` is one of the owners a viewer may see, its parameters); `probe`: see
     owners_condition."""
     return owners_condition(column, owner_terms(viewer), probe=probe)
+
+
+def in_workspace_sql(alias="f"):
+    """(SQL condition, params): the row `alias` is of the current workspace; None while no workspace
+    is current (unscoped reads keep their statement as it was).
+
+    Owner keys of agents, sessions and everyone are the same text in every workspace, and each
+    workspace holds its own (owner, key): the condition belongs in the statement, before any
+    ordering, limit or shadowing picks among rows, and the unique (owner, key, workspace) index
+    serves it."""
+    workspace_id = current_workspace_id()
+    return None if workspace_id is None else (f"{alias}.workspace_id = %s", [workspace_id])
 
 
 def select_list(alias):
@@ -174,6 +187,10 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
     def get_fact(self, key, viewer):
         """The most specific fact for `key` among the viewer's owners, or None. One query."""
         owners, params = owners_sql(viewer)
+        scoped = in_workspace_sql()
+        if scoped is not None:
+            owners = f"{owners} AND {scoped[0]}"
+            params = [*params, *scoped[1]]
         found = self._facts(_get_fact_sql(owners), [key, *params])
         return found[0] if found else None
 
@@ -228,6 +245,12 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         """([SQL condition on `f`], params): what a visible fact meets besides its owner: text,
         confidence, type, and not shadowed."""
         where, params = [], []
+        scoped = in_workspace_sql()
+        if scoped is not None:
+            where.append(scoped[0])
+            params += scoped[1]
+        # Only a fact of the row's own workspace shadows it (unscoped: every workspace's, as before).
+        same_workspace = "" if scoped is None else " AND g.workspace_id = f.workspace_id"
         for token in tokens:
             sql, param = self.token_filter(token)
             where.append(sql)
@@ -249,13 +272,13 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
                 if is_owner_set(sql):
                     where.append(
                         f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS ({sql}) OR NOT EXISTS "
-                        f"(SELECT 1 FROM ({sql}) t CROSS JOIN {FACT_TABLE} g WHERE {shadowed}t.owner))"
+                        f"(SELECT 1 FROM ({sql}) t CROSS JOIN {FACT_TABLE} g WHERE {shadowed}t.owner{same_workspace}))"
                     )
                     params += [*term_params, *term_params]
                 else:
                     where.append(
                         f"(f.scope IN ({_scopes_up_to(rank)}) OR NOT EXISTS (SELECT 1 FROM {FACT_TABLE} g "
-                        f"WHERE {shadowed}{sql}))"
+                        f"WHERE {shadowed}{sql}{same_workspace}))"
                     )
                     params += term_params
         return where, params
@@ -268,6 +291,10 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         """
         condition, params = self.procedure_match_sql(goal, context_keys)
         table = Procedure._meta.db_table
+        scoped = in_workspace_sql(table)
+        if scoped is not None:
+            condition = f"{condition} AND {scoped[0]}"
+            params = [*params, *scoped[1]]
         used = f"CAST({table}.times_used AS DOUBLE PRECISION)"
         succeeded = f"CAST({table}.times_succeeded AS DOUBLE PRECISION)"
         sql = (
@@ -310,6 +337,10 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         """The pinned facts the viewer sees, less those a more specific fact of the viewer's with the
         same key hides (as visible_facts shadows). Two queries: the pins, then their keys' owners."""
         owners, params = owners_sql(viewer)
+        scoped = in_workspace_sql()
+        if scoped is not None:
+            owners = f"{owners} AND {scoped[0]}"
+            params = [*params, *scoped[1]]
         pinned = self._facts(
             f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.pinned = %s AND {owners} "
             f"ORDER BY f.{_q('key')}, f.id",
@@ -338,7 +369,12 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
             f"SELECT {select_columns(Procedure, table)} FROM {table} "
             f"WHERE {table}.pinned = %s AND {table}.is_active = %s AND {table}.agent_id IN (%s, %s)"
         )
-        found = fetch_models(Procedure, sql, [True, True, agent_id, ""])
+        params = [True, True, agent_id, ""]
+        scoped = in_workspace_sql(table)
+        if scoped is not None:
+            sql += f" AND {scoped[0]}"
+            params += scoped[1]
+        found = fetch_models(Procedure, sql, params)
         own = {p.name for p in found if p.agent_id}
         return sorted((p for p in found if p.agent_id or p.name not in own), key=lambda p: (p.name, p.pk))
 
@@ -360,6 +396,10 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         if user_id is not None:
             where.append(f"e.user_id = {SURVIVOR_SQL}")
             params += [user_id, user_id]
+        scoped = in_workspace_sql("e")
+        if scoped is not None:
+            where.append(scoped[0])
+            params += scoped[1]
         sql = (
             f"SELECT {select_columns(Episode, 'e')} FROM {Episode._meta.db_table} e "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY e.started_at DESC, e.id DESC LIMIT %s"
@@ -378,18 +418,24 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         else:
             owner = "%s"
             params = [fact_owner_key(fact)]
-        sql = f"SELECT {select_list('f')} FROM {FACT_TABLE} f WHERE f.scope_key = {owner} AND f.{_q('key')} = %s"
+        # The writer's workspace (the current one, else the default), where its insert would land.
+        sql = (
+            f"SELECT {select_list('f')} FROM {FACT_TABLE} f "
+            f"WHERE f.scope_key = {owner} AND f.{_q('key')} = %s AND f.workspace_id = %s"
+        )
         if lock and connection.features.has_select_for_update:
             sql += " FOR UPDATE"
-        found = self._facts(sql, [*params, fact.key])
+        found = self._facts(sql, [*params, fact.key, fact.workspace_id])
         return found[0] if found else None
 
     def count_owned_facts(self, scope_key, up_to):
         """How many facts the owner `scope_key` holds, counted no further than `up_to`. One query."""
+        scoped = in_workspace_sql()
+        where, params = ("", []) if scoped is None else (f" AND {scoped[0]}", scoped[1])
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM {FACT_TABLE} f WHERE f.scope_key = %s LIMIT %s) owned",
-                [scope_key, up_to],
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {FACT_TABLE} f WHERE f.scope_key = %s{where} LIMIT %s) owned",
+                [scope_key, *params, up_to],
             )
             return cursor.fetchone()[0]
 
@@ -409,7 +455,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
     def insert_fact_if_absent(self, fact):
-        """Insert `fact` unless its (owner, key) exists; True if inserted (its pk is then set).
+        """Insert `fact` unless its (owner, key) exists in its workspace; True if inserted (its pk is then set).
 
         A user-scoped fact is stored under the user its `user_id` was merged into, if any, so a
         stale id still writes to the surviving user without another round trip. A create adds no
@@ -433,7 +479,7 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
 # fact's scope constraint refuses at once; a deferred foreign key would only fail at the final commit).
 # Unlike SURVIVOR_SQL, which keeps an unknown id as it is (a lookup then simply finds nothing).
 SURVIVING_USER = {"user_id": f"(SELECT COALESCE(merged_into_id, id) FROM {USER_TABLE} WHERE id = %s)"}
-FACT_INSERT_IF_ABSENT = f"ON CONFLICT (scope_key, {_q('key')}) DO NOTHING"
+FACT_INSERT_IF_ABSENT = f"ON CONFLICT (scope_key, {_q('key')}, workspace_id) DO NOTHING"
 _FACT_INSERT = RowInsert(Fact, f"{FACT_INSERT_IF_ABSENT} RETURNING id, user_id", placeholders=SURVIVING_USER)
 
 

@@ -106,8 +106,8 @@ def fetch_models(model, sql, params):
     items = [model.from_db(DEFAULT_DB_ALIAS, columns.attnames, values) for values in fetch_rows(sql, params, columns)]
     workspace_id = current_workspace_id()
     if workspace_id is not None and _in_workspaces(model):
-        # Agent, session and global owner keys are the same text in every workspace: another
-        # workspace's row under them is never shown (memory/models/workspaces.py).
+        # A safety net: the hot reads hold the workspace in their SQL (base.in_workspace_sql), and
+        # this is one comparison per row returned, for any statement that does not.
         items = [item for item in items if item.workspace_id == workspace_id]
     return items
 

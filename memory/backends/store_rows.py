@@ -152,8 +152,8 @@ class StoreSQL:
         return sql, params
 
     def store_upsert(self, rows):
-        """Insert these rows ({field attname: value} of StoreItem), or update the item already at their (namespace, key) (its
-        created_at kept); returns {(namespace, key): id}. Run inside the caller's transaction.
+        """Insert these rows ({field attname: value} of StoreItem), or update the item already at their (namespace, key) in
+        their workspace (its created_at kept); returns {(namespace, key): id}. Run inside the caller's transaction.
 
         One statement per UPSERT_BATCH rows, built once per batch size: through `bulk_create` a
         single put spent most of its time compiling the statement. Values go through each field's
@@ -187,9 +187,8 @@ def _upsert_sql(count):
     updates = ", ".join(f'"{c}" = excluded."{c}"' for c in _UPSERT_UPDATE)
     return (
         f"INSERT INTO {_TABLE} ({columns}) VALUES {', '.join([marks] * count)} "
-        # (namespace, key) is unique in the whole deployment: never overwrite another workspace's item.
-        f'ON CONFLICT ("namespace", "key") DO UPDATE SET {updates} '
-        f'WHERE {_TABLE}."workspace_id" = excluded."workspace_id" RETURNING "id", "namespace", "key"'
+        # (namespace, key) is unique per workspace: a write meets only its own workspace's item.
+        f'ON CONFLICT ("namespace", "key", "workspace_id") DO UPDATE SET {updates} RETURNING "id", "namespace", "key"'
     )
 
 

@@ -48,9 +48,10 @@ _IDENTITIES_SQL = (
     f"JOIN {_USERS} v ON v.id = j.user_id WHERE j.channel = %s AND j.external_id = %s{{workspace}}) "
     "ORDER BY i.channel, i.external_id"
 )
-# Inside a workspace, only its people (memory.models.workspaces).
+# Inside a workspace, only its people (memory.models.workspaces): an identity is unique there.
+# Unscoped, two workspaces may each know someone by it: the one known first.
 _IDENTITIES_SQL_IN_WORKSPACE = _IDENTITIES_SQL.format(workspace=" AND j.workspace_id = %s")
-_IDENTITIES_SQL = _IDENTITIES_SQL.format(workspace="")
+_IDENTITIES_SQL = _IDENTITIES_SQL.format(workspace=" ORDER BY j.id LIMIT 1")
 _FACT_COLUMNS = Columns(_fields(Fact, "key", "value", "fact_type", "confidence"))
 # Each list carries its total (a window count over the user's rows), so no separate count.
 # Only facts that hold now (valid time): a closed value is history, not what the person is now.

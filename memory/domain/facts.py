@@ -11,10 +11,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..conf import memory_settings
-from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
+from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Fact, FactAction, FactType, MemoryUser, RecallKind, Scope, holds, holds_now
 from ..models.owners import fact_owner_key
-from ..models.workspaces import current_workspace_id
 from ..recall import relations
 from ..recall.access import access_counter
 from ..rules.owners import check_member, find_team, user_scope_key
@@ -183,10 +182,6 @@ class Facts:
             # An unknown user id reaches the insert as NULL, which the scope constraint refuses.
             if fact.user_id is not None and not MemoryUser.objects.filter(pk=fact.user_id).exists():
                 raise InvalidMemoryArgument("user_id", f"no memory user with id {fact.user_id}") from exc
-            if current_workspace_id() is not None:
-                # Owner keys of agents, sessions and everyone are one text in every workspace, and
-                # (owner, key) is unique over all of them: another workspace holds this key here.
-                raise MemoryConflict("key", f"{fact.key!r} is taken for this owner by another workspace") from exc
             raise
 
     def _new_fact(

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidMemoryArgument, MemoryNotFound
 from ..models import Procedure, ProcedureSource, ProcedureType, RecallKind
+from ..models.workspaces import workspace_default
 from ..rules.validation import (
     check_choice,
     check_json,
@@ -55,7 +56,10 @@ class Procedures:
         if parent is not None and not Procedure.objects.filter(pk=parent).exists():
             raise InvalidMemoryArgument("parent_id", f"no procedure with id {parent}")
         with transaction.atomic():
-            procedure, created = Procedure.objects.update_or_create(agent_id=agent_id, name=name, defaults=defaults)
+            # In the writer's workspace (outside any: the default one), where (agent, name) is unique.
+            procedure, created = Procedure.objects.update_or_create(
+                agent_id=agent_id, name=name, workspace_id=workspace_default(), defaults=defaults
+            )
             self.recall_index.embed_for_recall(RecallKind.PROCEDURE, [procedure.pk])
             if created:
                 limits.enforce_after_create(limits.PROCEDURES, procedure)

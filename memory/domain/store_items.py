@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..backends.store_rows import SEARCH_NAMES, STORE_NAMES, ScoredItem, StoredItem, pushable
 from ..conf import memory_settings
-from ..exceptions import InvalidMemoryArgument, MemoryConflict
+from ..exceptions import InvalidMemoryArgument
 from ..models import DeletionKind, MemoryUser, Scope, StoreItem
 from ..models.workspaces import workspace_default
 from ..recall.indexer import STORE, indexer
@@ -221,12 +221,6 @@ class StoreItems:
                 if p.value is not None
             ]
             ids = self.backend.store_upsert(rows)
-            taken = [r for r in rows if (r["namespace"], r["key"]) not in ids]
-            if taken:
-                # (namespace, key) is unique over every workspace; the upsert never takes another's item.
-                raise MemoryConflict(
-                    "namespace", f"{taken[0]['namespace']!r} / {taken[0]['key']!r} is taken by another workspace"
-                )
             limits.enforce_store_items({joined(ns): owner["agent_id"] for ns, owner in owners.items()})
             # Items without a vector (Engram's embedder serves this store) get one after the commit.
             indexer.schedule(

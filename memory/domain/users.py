@@ -14,7 +14,6 @@ from ..conf import memory_settings
 from ..exceptions import InvalidMemoryArgument, MemoryConflict, MemoryNotFound
 from ..models import ChannelIdentity, Episode, Fact, FactAction, FactType, FactVersion, MemoryUser, Scope
 from ..models.owners import owner_key
-from ..models.workspaces import current_workspace_id
 from ..rules.owners import survivor_id
 from ..rules.validation import check_channel, check_external_id, check_user_id, clean_text
 from ..signals import users_merged
@@ -111,9 +110,7 @@ class Users:
             # Someone else created this identity (or this canonical id) first.
             user = self.user_by_identity(channel, external_id)
             if user is None:
-                if current_workspace_id() is None:
-                    raise
-                raise _identity_of_another_workspace(channel, external_id) from None
+                raise _canonical_id_taken(channel, external_id) from None
             return user, False
 
     def find_user(self, channel, external_id):
@@ -347,9 +344,7 @@ class Users:
                 # Someone else created this identity (or this canonical id) first: count ours on theirs.
                 found = self._identified(channel, external_id, display_name)
                 if found is None:
-                    if current_workspace_id() is None:
-                        raise
-                    raise _identity_of_another_workspace(channel, external_id) from None
+                    raise _canonical_id_taken(channel, external_id) from None
                 return found
         context = UserContext(
             user_id=user.pk,
@@ -390,7 +385,8 @@ class Users:
         return Identified(context=context, created=False)
 
 
-def _identity_of_another_workspace(channel, external_id):
-    """The error of a new person whose identity is taken: channel identities are unique over every
-    workspace, so another workspace knows someone by it (the lookup, scoped, did not find them)."""
-    return MemoryConflict("external_id", f"{channel}:{external_id} is a person of another workspace")
+def _canonical_id_taken(channel, external_id):
+    """The error of a new person whose identity no one has but whose canonical id ("channel:id",
+    unique in a workspace) another person of this workspace holds: one whose identity was moved to
+    someone else by a merge or a relink."""
+    return MemoryConflict("external_id", f"{channel}:{external_id} is the canonical id of another person")

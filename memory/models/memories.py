@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ..text import clip, fact_search_text
 from .owners import Scope, Team, owner_key_expression
-from .workspaces import WorkspaceManager, workspace_field
+from .workspaces import UniqueInWorkspace, WorkspaceManager, workspace_field
 
 PENDING_VECTOR = Q(embedding__isnull=True) & ~Q(text="")
 
@@ -35,11 +35,11 @@ class ProcedureSource(models.TextChoices):
     EVOLVED = "evolved", "Evolved from another procedure"
 
 
-class MemoryUser(models.Model):
+class MemoryUser(UniqueInWorkspace, models.Model):
     """One person, recognised across every channel they use."""
 
     workspace = workspace_field("memory_users")
-    canonical_id = models.CharField(max_length=300, unique=True)
+    canonical_id = models.CharField(max_length=300)
     display_name = models.CharField(max_length=200, blank=True, default="")
     total_conversations = models.PositiveIntegerField(default=0)
     merged_into = models.ForeignKey(
@@ -54,6 +54,7 @@ class MemoryUser(models.Model):
     class Meta:
         ordering = ["-last_seen", "-id"]
         constraints = [
+            models.UniqueConstraint(fields=["canonical_id", "workspace"], name="one_memory_user_per_canonical_id"),
             models.CheckConstraint(condition=~Q(merged_into=F("id")), name="memory_user_not_merged_into_self"),
         ]
 
@@ -61,7 +62,7 @@ class MemoryUser(models.Model):
         return self.display_name or self.canonical_id
 
 
-class ChannelIdentity(models.Model):
+class ChannelIdentity(UniqueInWorkspace, models.Model):
     """A user's id on one channel (telegram, email, chat, webhook, ...); channels need no migration."""
 
     workspace = workspace_field("channel_identities")
@@ -76,7 +77,9 @@ class ChannelIdentity(models.Model):
         ordering = ["channel", "external_id"]
         verbose_name_plural = "channel identities"
         constraints = [
-            models.UniqueConstraint(fields=["channel", "external_id"], name="one_user_per_channel_identity"),
+            models.UniqueConstraint(
+                fields=["channel", "external_id", "workspace"], name="one_user_per_channel_identity"
+            ),
             models.CheckConstraint(condition=~Q(channel="") & ~Q(external_id=""), name="channel_identity_not_blank"),
         ]
 
@@ -200,7 +203,7 @@ class Fact(models.Model):
     class Meta:
         ordering = ["key", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["scope_key", "key"], name="one_fact_per_owner_and_key"),
+            models.UniqueConstraint(fields=["scope_key", "key", "workspace"], name="one_fact_per_owner_and_key"),
             models.CheckConstraint(condition=Q(scope__in=Scope.values), name="fact_scope_known"),
             models.CheckConstraint(
                 condition=(
@@ -346,7 +349,7 @@ class FactHistory(models.Model):
         return f"{self.key} ({self.scope_key}) {self.action} at {self.valid_from:%Y-%m-%d %H:%M:%S}"
 
 
-class Procedure(models.Model):
+class Procedure(UniqueInWorkspace, models.Model):
     """Procedural memory: how to do something, when it applies, and how well it has worked."""
 
     workspace = workspace_field("procedures")
@@ -377,7 +380,7 @@ class Procedure(models.Model):
     class Meta:
         ordering = ["name", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["agent_id", "name"], name="one_procedure_per_agent_and_name"),
+            models.UniqueConstraint(fields=["agent_id", "name", "workspace"], name="one_procedure_per_agent_and_name"),
             models.CheckConstraint(condition=~Q(name=""), name="procedure_name_not_blank"),
             models.CheckConstraint(
                 condition=Q(success_rate__gte=0.0, success_rate__lte=1.0), name="procedure_success_rate_0_1"
@@ -389,7 +392,7 @@ class Procedure(models.Model):
         return self.name
 
 
-class StoreItem(models.Model):
+class StoreItem(UniqueInWorkspace, models.Model):
     """An item of a LangGraph store (workflows.store.EngramStore): a JSON object under (namespace, key).
 
     The namespace decides the owner (MemoryService.store_owner): a person's namespace (("users", "<their
@@ -421,7 +424,7 @@ class StoreItem(models.Model):
         db_table = "memory_store_item"
         ordering = ["namespace", "key"]
         constraints = [
-            models.UniqueConstraint(fields=["namespace", "key"], name="one_store_item_per_key"),
+            models.UniqueConstraint(fields=["namespace", "key", "workspace"], name="one_store_item_per_key"),
             models.CheckConstraint(
                 condition=Q(scope=Scope.USER, user__isnull=False)
                 | (Q(scope=Scope.AGENT) & ~Q(agent_id="") & Q(user__isnull=True))

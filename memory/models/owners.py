@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Case, Value, When
 from django.db.models.functions import Cast, Concat
 
-from .workspaces import WorkspaceManager, workspace_field
+from .workspaces import UniqueInWorkspace, WorkspaceManager, workspace_field
 
 
 class Scope(models.TextChoices):
@@ -128,14 +128,13 @@ def owners_condition(column, terms, *, probe=True):
     return f"{column} IN ({keys})", params
 
 
-class Team(models.Model):
+class Team(UniqueInWorkspace, models.Model):
     """A named group of agents that share facts: a fact of scope "team" is seen by every member,
     more specific than a global fact and less than the agent's own (SCOPE_RANK)."""
 
-    # A team belongs to one workspace, as its agents' facts do (its name is still unique across
-    # workspaces, like the other owner keys: docs/guides/workspaces.md).
+    # A team belongs to one workspace, as its agents' facts do; its name is unique in its workspace.
     workspace = workspace_field("teams")
-    name = models.CharField(max_length=128, unique=True)
+    name = models.CharField(max_length=128)
     description = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -143,7 +142,10 @@ class Team(models.Model):
 
     class Meta:
         ordering = ["name"]
-        constraints = [models.CheckConstraint(condition=~models.Q(name=""), name="team_name_not_blank")]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "workspace"], name="one_team_per_name"),
+            models.CheckConstraint(condition=~models.Q(name=""), name="team_name_not_blank"),
+        ]
 
     def __str__(self):
         return self.name

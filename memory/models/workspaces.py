@@ -167,6 +167,16 @@ class WorkspaceManager(models.Manager):
         return super().get_queryset().filter(**{self.workspace_lookup: getattr(workspace, "pk", workspace)})
 
 
+class UniqueInWorkspace:
+    """Mixed into a model whose unique keys end with its workspace. A form (the admin's) never shows
+    the workspace, and Django skips a constraint naming a field the form leaves out; the workspace
+    is always set (a field default), so it is checked all the same: a name taken in this workspace
+    is a form error, not a database error."""
+
+    def validate_constraints(self, exclude=None):
+        super().validate_constraints(exclude=None if exclude is None else set(exclude) - {"workspace"})
+
+
 def workspace_field(related_name):
     """The `workspace` column of a model that belongs to a workspace."""
     return models.ForeignKey(
