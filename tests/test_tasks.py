@@ -3,6 +3,7 @@ at 127.0.0.1:6379, a scratch database they share (a SQLite file, or PostgreSQL w
 and the embedding claims and once-per-period rows that make the work happen once across processes."""
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from memory.models import EmbeddingClaim, PeriodicRun, RecallDocument
 from memory.recall.claims import claim, text_digest
 from memory.recall.indexer import drain_pending, model_texts
 from memory.service import MemoryService
+from tests.indexer_embedders import SIZE
 from tests.scratch_site import REPO, scratch_site
 
 pytest.importorskip("celery")
@@ -200,6 +202,32 @@ def test_a_worker_embeds_with_the_bundled_model_in_its_own_process(site, tmp_pat
     # (about 510 MB) before, with 60 vectors as here.
     assert rss_mb < 256 + 150
     assert sql("SELECT COUNT(*) FROM memory_recall_doc WHERE embedding IS NOT NULL") == WRITES
+
+
+@needs_redis
+def test_a_worker_reports_its_vector_cache_to_the_remote_control(site, tmp_path):
+    """A worker serves no /healthz: `celery inspect vector_cache` gives what it holds, as /healthz does a server's."""
+    from celery import Celery
+
+    env, sql = site
+    log = tmp_path / "worker.log"
+    name = f"cache{uuid.uuid4().hex[:6]}"
+    control = Celery(broker=BROKER).control
+    destination = [f"{name}@{socket.gethostname()}"]  # the shared broker may reach other suites' workers
+
+    def stats():
+        replies = control.broadcast("vector_cache", reply=True, timeout=2, destination=destination) or []
+        return next(iter(replies[0].values())) if replies else None
+
+    with worker(env, log, name):
+        assert manage(env, WRITE) == "written"
+        wait_until(lambda: sql(PENDING) == 0, START, [log])
+        # The worker links the documents it embedded (memory.link_similar), loading their owner's vectors.
+        wait_until(lambda: (stats() or {}).get("loads", 0) >= 1, START, [log])
+        held = stats()
+    assert held["owners"] == 1  # the one owner written to ("global")
+    assert held["bytes"] >= WRITES * SIZE * 4  # at least the vectors themselves (float32)
+    assert held["cap_bytes"] == 256 * 1024 * 1024  # MEMORY["VECTOR_CACHE_MB"], by default
 
 
 @needs_redis
