@@ -349,7 +349,7 @@ from config.celery import app
 app.loader.import_default_modules()  # memory.tasks, workflows.tasks and what they import, as a worker does
 from memory.embedding.embedder import serve_tasks_only
 serve_tasks_only()
-print("before", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.modules)
+print("before", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.modules, "config.urls" in sys.modules)
 from workflows.language.registry import get_node_type, node_types
 get_node_type("agent")
 print("after", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.modules, len(node_types()) > 3)
@@ -358,7 +358,7 @@ print("after", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.module
 
 def test_a_worker_holds_no_langgraph_until_something_needs_a_graph():
     """A task worker that embeds, links and delivers reminders set outside a conversation never builds
-    a graph: LangGraph and the built-in node types (about 40 MB) stay out of its memory until the
+    a graph: LangGraph and the built-in node types (about 26 MB) stay out of its memory until the
     registry is first read (or a reminder is written into a conversation's thread)."""
     env = {
         **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
@@ -369,4 +369,5 @@ def test_a_worker_holds_no_langgraph_until_something_needs_a_graph():
         [sys.executable, "-c", WORKER_IMPORTS], env=env, cwd=REPO, capture_output=True, text=True, check=True
     )
     lines = done.stdout.strip().splitlines()
-    assert lines[-2:] == ["before False False", "after True True True"]
+    # Nor the URLconf and the views (Celery's system checks at start, whose findings it discards).
+    assert lines[-2:] == ["before False False False", "after True True True"]

@@ -289,7 +289,7 @@ def _write_to_thread(reminder, text, report):
         if not Thread.objects.filter(thread_id=reminder.thread_id, workflow__isnull=False).exists():
             return
         # Here, not at the top: a process that never writes into a thread (a task worker delivering
-        # reminders set outside a conversation) need not hold LangGraph and LangChain (about 40 MB).
+        # reminders set outside a conversation) need not hold LangGraph and LangChain (about 26 MB).
         from langchain_core.messages import AIMessage
 
         from ..graph.agent import write_to_thread

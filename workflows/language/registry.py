@@ -50,7 +50,7 @@ class NodeType:
 
 _registry: dict[str, NodeType] = {}
 # Modules whose import registers node types, imported on the first look-up: the built-in types
-# (workflows.graph.nodes, named by the app's ready()) import LangGraph and LangChain, about 40 MB a
+# (workflows.graph.nodes, named by the app's ready()) import LangGraph and LangChain, about 26 MB a
 # process that never builds a graph (a task worker embedding and linking) need not hold.
 _modules: list[str] = []
 _loading = threading.RLock()
