@@ -371,3 +371,16 @@ def test_a_worker_holds_no_langgraph_until_something_needs_a_graph():
     lines = done.stdout.strip().splitlines()
     # Nor the URLconf and the views (Celery's system checks at start, whose findings it discards).
     assert lines[-2:] == ["before False False False", "after True True True"]
+
+
+def test_a_server_imports_its_node_types_at_start_not_on_its_first_request():
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)]),
+    }
+    code = "import sys\nimport config.wsgi\nprint('workflows.graph.nodes' in sys.modules, 'langgraph' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True True"
