@@ -7,6 +7,7 @@ nothing here runs: each process embeds on its own worker thread and the `memory`
 - `memory.embed_pending`: embed what is pending, by claim (memory/recall/claims.py). Writers queue it
   after each commit; any worker may take it, and a duplicate finds nothing left to claim.
 - `memory.link_similar`: the `similar` edges of documents just embedded (memory/recall/relations.py).
+- `vector_cache` (a remote-control command, `celery inspect vector_cache`): the worker's vector cache.
 - `memory.consolidate`, `memory.promote`, `memory.prune`: the beat's periodic jobs, each run once per
   period across every beat and machine (`once_per_period`). `workflows.deliver_reminders` joins them
   from the workflows app (memory never imports workflows).
@@ -21,6 +22,7 @@ import time
 
 from celery import shared_task
 from celery.signals import worker_init
+from celery.worker.control import inspect_command
 
 from .service import MemoryService
 
@@ -36,6 +38,16 @@ def _serve_tasks_only(**kwargs):
     from .embedding.embedder import serve_tasks_only
 
     serve_tasks_only()
+
+
+@inspect_command()
+def vector_cache(state):
+    """This worker's vector cache figures, as /healthz gives a server's (bytes held, cap, owners, hits,
+    loads, evictions): `celery -A config inspect vector_cache`. A worker serves no HTTP, and its cache
+    (the owners its `similar` links touched) is the part of its memory that grows with the store."""
+    from .recall.vectors import cache_stats
+
+    return cache_stats()
 
 
 @shared_task(name="memory.embed_pending", ignore_result=True)

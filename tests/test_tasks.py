@@ -3,6 +3,7 @@ at 127.0.0.1:6379, a scratch database they share (a SQLite file, or PostgreSQL w
 and the embedding claims and once-per-period rows that make the work happen once across processes."""
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from memory.models import EmbeddingClaim, PeriodicRun, RecallDocument
 from memory.recall.claims import claim, text_digest
 from memory.recall.indexer import drain_pending, model_texts
 from memory.service import MemoryService
+from tests.indexer_embedders import SIZE
 from tests.scratch_site import REPO, scratch_site
 
 pytest.importorskip("celery")
@@ -203,6 +205,32 @@ def test_a_worker_embeds_with_the_bundled_model_in_its_own_process(site, tmp_pat
 
 
 @needs_redis
+def test_a_worker_reports_its_vector_cache_to_the_remote_control(site, tmp_path):
+    """A worker serves no /healthz: `celery inspect vector_cache` gives what it holds, as /healthz does a server's."""
+    from celery import Celery
+
+    env, sql = site
+    log = tmp_path / "worker.log"
+    name = f"cache{uuid.uuid4().hex[:6]}"
+    control = Celery(broker=BROKER).control
+    destination = [f"{name}@{socket.gethostname()}"]  # the shared broker may reach other suites' workers
+
+    def stats():
+        replies = control.broadcast("vector_cache", reply=True, timeout=2, destination=destination) or []
+        return next(iter(replies[0].values())) if replies else None
+
+    with worker(env, log, name):
+        assert manage(env, WRITE) == "written"
+        wait_until(lambda: sql(PENDING) == 0, START, [log])
+        # The worker links the documents it embedded (memory.link_similar), loading their owner's vectors.
+        wait_until(lambda: (stats() or {}).get("loads", 0) >= 1, START, [log])
+        held = stats()
+    assert held["owners"] == 1  # the one owner written to ("global")
+    assert held["bytes"] >= WRITES * SIZE * 4  # at least the vectors themselves (float32)
+    assert held["cap_bytes"] == 256 * 1024 * 1024  # MEMORY["VECTOR_CACHE_MB"], by default
+
+
+@needs_redis
 def test_two_beats_run_a_periodic_job_once_per_period(site, tmp_path):
     env, sql = site
     logs = [tmp_path / "worker.log", tmp_path / "beat-1.log", tmp_path / "beat-2.log"]
@@ -311,3 +339,48 @@ def test_a_periodic_job_runs_once_per_period():
     assert memory.once_per_period("sweep", 3600) is False  # another beat, same hour
     assert memory.once_per_period("other sweep", 3600) is True
     assert PeriodicRun.objects.filter(name="sweep").count() == 1
+
+
+WORKER_IMPORTS = """
+import sys
+import django
+django.setup()
+from config.celery import app
+app.loader.import_default_modules()  # memory.tasks, workflows.tasks and what they import, as a worker does
+from memory.embedding.embedder import serve_tasks_only
+serve_tasks_only()
+print("before", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.modules, "config.urls" in sys.modules)
+from workflows.language.registry import get_node_type, node_types
+get_node_type("agent")
+print("after", "langgraph" in sys.modules, "workflows.graph.nodes" in sys.modules, len(node_types()) > 3)
+"""
+
+
+def test_a_worker_holds_no_langgraph_until_something_needs_a_graph():
+    """A task worker that embeds, links and delivers reminders set outside a conversation never builds
+    a graph: LangGraph and the built-in node types (about 26 MB) stay out of its memory until the
+    registry is first read (or a reminder is written into a conversation's thread)."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_IMPORTS], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.strip().splitlines()
+    # Nor the URLconf and the views (Celery's system checks at start, whose findings it discards).
+    assert lines[-2:] == ["before False False False", "after True True True"]
+
+
+def test_a_server_imports_its_node_types_at_start_not_on_its_first_request():
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO)]),
+    }
+    code = "import sys\nimport config.wsgi\nprint('workflows.graph.nodes' in sys.modules, 'langgraph' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True True"

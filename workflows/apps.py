@@ -22,10 +22,11 @@ class WorkflowsConfig(AppConfig):
             upkeep,
         )
         from .graph import (
-            nodes,  # noqa: F401  (registers the built-in node types)
             runs,  # noqa: F401  (receivers: users_deleting, users_merged, footprint, export, prune)
         )
+        from .language.registry import register_module
         from .management import subcommands
 
+        register_module("workflows.graph.nodes")  # the built-in node types, on the registry's first read
         upkeep.connect()  # `memory prune` trims threads; /healthz checks the checkpointer
         subcommands.register()  # `memory reminders`

@@ -2,7 +2,8 @@
 
     python -m bench.cluster [--updates 200] [--facts 300] [--probes 20] [--reminders 300] [--settle 30]
                             [--database-url postgres://postgres@127.0.0.1:5432/postgres]
-                            [--broker redis://127.0.0.1:6379/0] [--json]
+                            [--broker redis://127.0.0.1:6379/0] [--preload-facts 0] [--preload-owners 1000]
+                            [--vector-pool 2000] [--json]
 
 Makes a throw-away PostgreSQL database, starts two gunicorn servers (A and B, each --server-workers
 processes of 4 threads, as two machines), two Celery workers (solo pool: one process each, as two
@@ -19,7 +20,11 @@ worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
   the fake Telegram Bot API; the worker running the delivery is killed (SIGKILL) a third of the way
   through; delivered and duplicated sends are counted at the fake Bot API;
 - memory of each process with its children at the end: RSS, and PSS (shared pages divided between
-  the processes that share them).
+  the processes that share them), with its vector cache's figures (/healthz for a server, the
+  `vector_cache` remote-control command for a worker). With --preload-facts N, N facts with their
+  vectors are stored before the servers start, and before the memory is read every worker links every
+  one of them and every server recalls for every person they belong to (bench/cluster/preload.py);
+  the memory is also read before that (memory_mb_before_touch).
 
 The forget trials are bench/cluster/forget.py's (also runnable alone: python -m bench.cluster.forget).
 """
@@ -41,6 +46,7 @@ from pathlib import Path
 
 from ..support.scratch import REPO, machine_reference, scratch_django
 from ..support.servers import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
+from .preload import preload, touch
 
 SETTINGS = """
 import os
@@ -155,7 +161,7 @@ class Cluster:
 
     def __init__(self, args, env, data):
         self.args, self.env, self.data = args, env, data
-        self.servers, self.workers, self.beat = {}, [], None
+        self.servers, self.workers, self.beat, self.own_queues = {}, [], None, []
 
     def start(self):
         for name in ("A", "B"):
@@ -168,13 +174,17 @@ class Cluster:
             self.servers[name] = (proc, port)
         celery = [sys.executable, "-m", "celery", "--workdir", str(REPO / "platform"), "-A", "config"]
         for n in (1, 2):
+            # Each worker also listens on a queue of its own, through which the memory trial reaches
+            # every worker (preload.touch).
+            own = f"{self.env['ENGRAM_TASK_QUEUE']}-w{n}"
+            self.own_queues.append(own)
             command = [
                 *celery,
                 "worker",
                 "-P",
                 "solo",
                 "-Q",
-                self.env["ENGRAM_TASK_QUEUE"],
+                f"{self.env['ENGRAM_TASK_QUEUE']},{own}",
                 "-n",
                 f"w{n}@%h",
                 "--without-mingle",
@@ -190,9 +200,23 @@ class Cluster:
         return f"http://127.0.0.1:{self.servers[name][1]}"
 
     def memory(self):
+        """Each process's memory (RSS, PSS) and its vector cache's figures (bytes held, owners, loads...)."""
+        from config.celery import app
+
+        from .preload import server_cache, worker_caches
+
         report = {f"server {name}": _memory_mb(proc.pid) for name, (proc, _) in self.servers.items()}
+        for name in self.servers:
+            report[f"server {name}"]["cache"] = server_cache(self.url(name))
+        caches = worker_caches(app, timeout=30)
         for n, worker in enumerate(self.workers, 1):
-            report[f"worker {n}"] = _memory_mb(worker.pid) if worker.poll() is None else "killed"
+            if worker.poll() is None:
+                report[f"worker {n}"] = {
+                    **_memory_mb(worker.pid),
+                    "cache": next((stats for name, stats in caches.items() if name.startswith(f"w{n}@")), None),
+                }
+            else:
+                report[f"worker {n}"] = "killed"
         report["beat"] = _memory_mb(self.beat.pid)
         return report
 
@@ -439,8 +463,20 @@ def main(argv=None):
     parser.add_argument("--server-workers", type=int, default=1, help="gunicorn processes per server (4 threads)")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--preload-facts", type=int, default=0, help="facts (with vectors) stored before the trials (preload.py)"
+    )
+    parser.add_argument("--preload-owners", type=int, default=1000, help="people the preloaded facts are spread over")
+    parser.add_argument("--vector-pool", type=int, default=2000, help="distinct texts the model embeds for them")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     args = parser.parse_args(argv)
+    for name in ("preload_facts", "preload_owners", "vector_pool"):
+        if getattr(args, name) < (0 if name == "preload_facts" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number")
+
+    def say(message):
+        print(message, file=sys.stderr, flush=True)
+
     if not args.database_url.startswith("postgres"):
         parser.error("--database-url must name a PostgreSQL server: the cluster shares one database")
 
@@ -466,6 +502,10 @@ def main(argv=None):
             from workflows.demo import ensure_demo_workflow
 
             workflow, _ = ensure_demo_workflow()
+            preloaded = None
+            if args.preload_facts:
+                preloaded = preload(args.preload_facts, args.preload_owners, args.vector_pool, say=say)
+                results["preload"] = {k: v for k, v in preloaded.items() if k != "user_ids"}
             connections.close_all()
             env = {
                 **os.environ,
@@ -480,6 +520,9 @@ def main(argv=None):
                 results["model_calls"] = model_calls(data)
                 results["freshness"] = freshness(cluster, args, send)
                 results["forget"] = forget_trials(cluster, args)
+                if preloaded:
+                    results["memory_mb_before_touch"] = cluster.memory()
+                    results["touch"] = touch(cluster, preloaded, say=say)
                 results["memory_mb"] = cluster.memory()
                 results["worker_bound_mb"] = _worker_bound_mb()
                 results["reminders"] = reminders(cluster, args, bot)

@@ -10,3 +10,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 application = get_asgi_application()
+
+# A server runs workflows: the built-in node types (and LangGraph with them) are imported at start,
+# not by the first request that needs them. A task worker, which builds no graph, never imports them.
+from workflows.language.registry import node_types  # noqa: E402
+
+node_types()

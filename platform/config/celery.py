@@ -15,6 +15,11 @@ import os
 from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# Celery's Django fixup runs the system checks when a worker or beat imports the tasks, and discards
+# what they find (nothing is logged, nothing stops); their URL checks import the URLconf, every view
+# and the API stack, about 19 MB a worker then holds for good while serving no HTTP. `manage.py check`,
+# `migrate` and every server still run them. Set CELERY_SKIP_CHECKS to "" to run them in workers too.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("engram")
 app.config_from_object("django.conf:settings", namespace="CELERY")

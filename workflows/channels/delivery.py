@@ -48,12 +48,10 @@ from datetime import timedelta
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
-from langchain_core.messages import AIMessage
 
 from memory.service import MemoryService
 
 from ..conf import workflow_settings
-from ..graph.agent import write_to_thread
 from ..models import Reminder, ReminderStatus, Thread
 from . import outbox, sending
 from .telegram import get_bot_api
@@ -290,6 +288,12 @@ def _write_to_thread(reminder, text, report):
     try:
         if not Thread.objects.filter(thread_id=reminder.thread_id, workflow__isnull=False).exists():
             return
+        # Here, not at the top: a process that never writes into a thread (a task worker delivering
+        # reminders set outside a conversation) need not hold LangGraph and LangChain (about 26 MB).
+        from langchain_core.messages import AIMessage
+
+        from ..graph.agent import write_to_thread
+
         write_to_thread(reminder.thread_id, AIMessage(content=text, id=f"reminder-{reminder.pk}"))
     except Exception as exc:  # noqa: BLE001  (the checkpointer's errors have no common base class)
         logger.error("reminder %s was sent but not written into its thread: %s", reminder.pk, exc)

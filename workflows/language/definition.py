@@ -25,11 +25,9 @@ import re
 from dataclasses import dataclass
 
 from jsonschema import Draft202012Validator
-from langgraph.graph import END, START, StateGraph
 
 from ..exceptions import InvalidDefinition
 from .registry import BuildContext, get_node_type
-from .state import WorkflowState
 
 START_NAME, END_NAME = "START", "END"
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -391,6 +389,12 @@ def _check_conversation_memory(definition):
 
 def compile_definition(definition: Definition, *, workflow_id, workflow_slug):
     """A compiled StateGraph for a validated definition."""
+    # LangGraph here, not at the top: validating a definition, or reading its reminder URL (a task
+    # worker delivering reminders), needs none of it.
+    from langgraph.graph import END, START, StateGraph
+
+    from .state import WorkflowState
+
     graph = StateGraph(WorkflowState)
     for node in definition.nodes:
         node_type = get_node_type(node.type, node=node.id)
@@ -411,6 +415,8 @@ def compile_definition(definition: Definition, *, workflow_id, workflow_slug):
 
 
 def _path_map(edges):
+    from langgraph.graph import END
+
     targets = {e.target for e in edges} | {END_NAME}
     return {t: (END if t == END_NAME else t) for t in targets}
 

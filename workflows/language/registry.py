@@ -1,5 +1,7 @@
 """The node registry: every node type a workflow can use, described for a visual builder's palette."""
 
+import importlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +49,11 @@ class NodeType:
 
 
 _registry: dict[str, NodeType] = {}
+# Modules whose import registers node types, imported on the first look-up: the built-in types
+# (workflows.graph.nodes, named by the app's ready()) import LangGraph and LangChain, about 26 MB a
+# process that never builds a graph (a task worker embedding and linking) need not hold.
+_modules: list[str] = []
+_loading = threading.RLock()
 
 
 def register(node_type: NodeType):
@@ -56,11 +63,27 @@ def register(node_type: NodeType):
     return node_type
 
 
+def register_module(name: str):
+    """Import module `name` (which registers node types) before the registry is first read."""
+    with _loading:
+        _modules.append(name)
+
+
+def _load():
+    if _modules:
+        with _loading:  # another thread's look-up waits until the types are all registered
+            while _modules:
+                importlib.import_module(_modules[0])
+                _modules.pop(0)
+
+
 def node_types() -> list[NodeType]:
+    _load()
     return sorted(_registry.values(), key=lambda t: (t.category, t.name))
 
 
 def get_node_type(name: str, *, node=None) -> NodeType:
+    _load()
     try:
         return _registry[name]
     except (KeyError, TypeError):
