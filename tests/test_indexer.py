@@ -290,6 +290,24 @@ def test_the_worker_skips_a_row_another_transaction_holds_instead_of_waiting(set
     assert RecallDocument.objects.get(pk=held.pk).embedding is None  # still pending: a later pass embeds it
 
 
+@pytest.mark.postgres
+def test_the_workers_commits_do_not_wait_for_the_wal_flush_and_the_writers_still_do(settings, service):
+    """PostgreSQL: each commit of the embedding worker (its claim, its vectors) waited for a WAL flush,
+    in the queue of the writers' own commits; a crash can lose only vectors, which are pending again.
+    Its connection commits without the wait; the writers' connections are left as they were."""
+    from django.db import connection
+
+    configure(settings, "CommitModeEmbedding")
+    emb.commit_modes.clear()
+    service.set_fact("drink", "green tea")
+    assert indexer.wait(30)
+    assert pending() == 0
+    assert emb.commit_modes and set(emb.commit_modes) == {"off"}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+
 def test_a_burst_of_writes_is_linked_after_it_each_to_its_closest_of_the_whole_burst(settings, service):
     """The worker links what it embedded once no more writes wait for it: a document embedded while
     the rest of the burst was still queued is linked to the documents written after it too."""

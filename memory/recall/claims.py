@@ -92,21 +92,53 @@ def take(model, ids, token, *, seconds=None):
             with transaction.atomic(), connection.cursor() as cursor:
                 for start in range(0, len(ids), 500):
                     chunk = ids[start : start + 500]
+                    _insert(cursor, table, chunk, source, token, until)
+                    if cursor.rowcount == len(chunk):
+                        continue  # all were free (the usual case): no lease to look at
+                    # Some are held: take over the leases that lapsed (their worker died). Only rows
+                    # this transaction has just freed are inserted again, so it waits for no one else.
                     cursor.execute(
                         f"DELETE FROM {table} WHERE source = %s AND claimed_until < %s "
-                        f"AND row_id IN ({', '.join(['%s'] * len(chunk))})",
+                        f"AND row_id IN ({', '.join(['%s'] * len(chunk))}) RETURNING row_id",
                         [source, expired, *chunk],
                     )
-                    cursor.execute(
-                        f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
-                        f"{', '.join(['(%s, %s, %s, %s)'] * len(chunk))} ON CONFLICT DO NOTHING",
-                        [value for i in chunk for value in (source, i, token, until)],
-                    )
+                    lapsed = sorted(row[0] for row in cursor.fetchall())
+                    if lapsed:
+                        _insert(cursor, table, lapsed, source, token, until)
             break
         except OperationalError:
             if attempt == 2 or connection.in_atomic_block:
                 raise
     return True
+
+
+def commits_without_flush_wait():
+    """PostgreSQL: this connection's commits stop waiting for the WAL flush (for the rest of its session).
+
+    For a connection of the embedding worker's own (its thread's): its claims, stored vectors and
+    edges. A flush cost each of its commits 2-14 ms on a shared 2-core machine, and the writers of
+    the process commit into the same WAL: two flushes a batch (claim, vectors) that sat in the queue
+    of their commits. What a database crash can lose is the last fraction of a second of those:
+    claims (leases, which lapse anyway) and vectors, whose documents are pending again and embedded
+    by the next sweep, never a memory. SQLite in WAL mode with synchronous=NORMAL (the site's
+    setting) already commits so. One statement per connection: the worker remembers which one it set.
+    """
+    if connection.vendor != "postgresql":
+        return
+    connection.ensure_connection()
+    if getattr(connection, "_engram_flush_wait_off", None) is connection.connection:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO OFF")
+    connection._engram_flush_wait_off = connection.connection
+
+
+def _insert(cursor, table, ids, source, token, until):
+    cursor.execute(
+        f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
+        f"{', '.join(['(%s, %s, %s, %s)'] * len(ids))} ON CONFLICT DO NOTHING",
+        [value for i in ids for value in (source, i, token, until)],
+    )
 
 
 def release(token):

@@ -50,7 +50,16 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
-from .claims import claimed_texts, new_token, note_embedding, release, store_sql, take, unclaimed_pending_ids
+from .claims import (
+    claimed_texts,
+    commits_without_flush_wait,
+    new_token,
+    note_embedding,
+    release,
+    store_sql,
+    take,
+    unclaimed_pending_ids,
+)
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -113,8 +122,10 @@ def _embed_and_store(embedder, docs, model, token):
     rows = [(to_blob(vector), doc_id, text) for (doc_id, text), vector in zip(docs, vectors)]
     with transaction.atomic(), connection.cursor() as cursor:
         # Rows another transaction holds (a person being forgotten) keep no vector now: a later pass
-        # embeds them if they are still there. Waiting for them could deadlock (held_rows).
-        held = held_rows(model, [doc_id for _, doc_id, _ in rows])
+        # embeds them if they are still there. Waiting for them could deadlock (held_rows). SQLite
+        # has no row locks (this transaction holds the database): the UPDATE itself skips rows gone.
+        ids = [doc_id for _, doc_id, _ in rows]
+        held = held_rows(model, ids) if connection.features.has_select_for_update_skip_locked else set(ids)
         if token is None:
             cursor.executemany(
                 f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
@@ -376,6 +387,7 @@ class Indexer:
         pending now (what an earlier process left: read once, so a steady stream of new writes,
         which come through the queue, cannot keep the sweep going)."""
         batch = int(memory_settings.EMBED_BATCH)
+        commits_without_flush_wait()  # this thread's own connection
         if work is None:
             for model in MODELS:
                 self._embed_rows(model, pending_ids(model), batch)
@@ -451,6 +463,7 @@ class Indexer:
     def _link(self):
         ids, self._unlinked = sorted(self._unlinked), set()
         try:
+            commits_without_flush_wait()
             embedder = get_embedder()
             if embedder is not None:
                 link_similar_ids(ids, embedder.dimension)  # never raises for the database: edges are hints
