@@ -2,8 +2,9 @@
 
 Every process that embeds (each server's embedding worker, Celery workers, `memory reindex --missing`)
 takes the documents of a batch through `claim` first: one EmbeddingClaim row per document, unique per
-(source, row), inserted with ON CONFLICT DO NOTHING. What another worker holds is skipped; a lease
-past its `claimed_until` (its worker died) is deleted and taken over in the same transaction. The
+(source, row), inserted in one statement whose ON CONFLICT takes over only a lease past its
+`claimed_until` (its worker died); what another worker holds is skipped. The embedding worker's
+queue holds items, not rows: its claim finds their pending documents itself (`take_items`). The
 texts are then read again, after the claim committed, so a document another worker embedded and
 released meanwhile is not embedded a second time; the vector is stored only where the document is
 still pending, with the same text, under the same claim (`store_sql`), and the claim goes in that
@@ -92,24 +93,51 @@ def take(model, ids, token, *, seconds=None):
             with transaction.atomic(), connection.cursor() as cursor:
                 for start in range(0, len(ids), 500):
                     chunk = ids[start : start + 500]
-                    _insert(cursor, table, chunk, source, token, until)
-                    if cursor.rowcount == len(chunk):
-                        continue  # all were free (the usual case): no lease to look at
-                    # Some are held: take over the leases that lapsed (their worker died). Only rows
-                    # this transaction has just freed are inserted again, so it waits for no one else.
                     cursor.execute(
-                        f"DELETE FROM {table} WHERE source = %s AND claimed_until < %s "
-                        f"AND row_id IN ({', '.join(['%s'] * len(chunk))}) RETURNING row_id",
-                        [source, expired, *chunk],
+                        f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
+                        f"{', '.join(['(%s, %s, %s, %s)'] * len(chunk))} {_TAKE_OVER.format(table=table)}",
+                        [*(value for i in chunk for value in (source, i, token, until)), expired],
                     )
-                    lapsed = sorted(row[0] for row in cursor.fetchall())
-                    if lapsed:
-                        _insert(cursor, table, lapsed, source, token, until)
             break
         except OperationalError:
             if attempt == 2 or connection.in_atomic_block:
                 raise
     return True
+
+
+# A row free, or held by a lease that lapsed (its worker died), is this claimer's; a live lease is
+# left alone. One statement: the lapsed leases are taken over where they conflict.
+_TAKE_OVER = (
+    "ON CONFLICT (source, row_id) DO UPDATE SET claimed_by = excluded.claimed_by, "
+    "claimed_until = excluded.claimed_until WHERE {table}.claimed_until < %s"
+)
+
+
+def take_items(kind_items, token, limit, *, seconds=None):
+    """Claim, in one statement, up to `limit` pending recall documents of these {kind: item ids}, in id
+    order, for `token` (what the embedding worker's queue holds: items, not document ids). The
+    claimer then reads what it won (`claimed_texts`); one short transaction, never inside another."""
+    seconds = float(memory_settings.EMBED_CLAIM_SECONDS if seconds is None else seconds)
+    table = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
+    docs = connection.ops.quote_name(RecallDocument._meta.db_table)
+    match, params = [], []
+    for kind, items in sorted(kind_items.items()):
+        items = sorted(items)
+        for start in range(0, len(items), 500):
+            chunk = items[start : start + 500]
+            match.append(f"(kind = %s AND item_id IN ({', '.join(['%s'] * len(chunk))}))")
+            params += [kind, *chunk]
+    if not match:
+        return
+    now = timezone.now()
+    expired, until = (connection.ops.adapt_datetimefield_value(t) for t in (now, now + timedelta(seconds=seconds)))
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) "
+            f"SELECT %s, id, %s, %s FROM {docs} WHERE ({' OR '.join(match)}) "
+            f"AND embedding IS NULL AND text <> '' ORDER BY id LIMIT %s {_TAKE_OVER.format(table=table)}",
+            [RECALL, token, until, *params, int(limit), expired],
+        )
 
 
 def commits_without_flush_wait():
@@ -131,14 +159,6 @@ def commits_without_flush_wait():
     with connection.cursor() as cursor:
         cursor.execute("SET synchronous_commit TO OFF")
     connection._engram_flush_wait_off = connection.connection
-
-
-def _insert(cursor, table, ids, source, token, until):
-    cursor.execute(
-        f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
-        f"{', '.join(['(%s, %s, %s, %s)'] * len(ids))} ON CONFLICT DO NOTHING",
-        [value for i in ids for value in (source, i, token, until)],
-    )
 
 
 def release(token):

@@ -58,6 +58,7 @@ from .claims import (
     release,
     store_sql,
     take,
+    take_items,
     unclaimed_pending_ids,
 )
 from .relations import link_similar, link_similar_ids
@@ -83,23 +84,39 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
     `claimed` (default: outside a transaction): take the rows through a claim first (claims.py), so
     that no other process embeds them too; only the rows won are embedded, their texts read anew.
     """
+    if claimed is None:
+        claimed = not connection.in_atomic_block
+    if not docs:
+        return 0
+    ids = [doc_id for doc_id, _ in docs]
+    return _claim_and_embed(lambda token: take(model, ids, token), docs, model, link=link, claimed=claimed)[0]
+
+
+def embed_items(kind_items, limit):
+    """Claim up to `limit` pending recall documents of these {kind: item ids} (the worker's queue) and
+    embed them, as embed_documents does without linking: (vectors stored, the (id, text)s embedded).
+
+    The claim finds the documents itself (one statement: claims.take_items), where a read of the
+    pending documents and then a claim of their ids were two a batch."""
+    return _claim_and_embed(lambda token: take_items(kind_items, token, limit), None, RecallDocument, link=False)
+
+
+def _claim_and_embed(claim, docs, model, *, link, claimed=True):
     from .ranking import model_guard
 
     embedder = get_embedder()
-    if embedder is None or not docs:
-        return 0
+    if embedder is None:
+        return 0, []
     model_guard.check(embedder)
-    if claimed is None:
-        claimed = not connection.in_atomic_block
     token = new_token() if claimed else None
     try:
         if claimed:
-            take(model, [doc_id for doc_id, _ in docs], token)
+            claim(token)
             # Read after the claim committed: a document another worker stored (and released) is not pending.
             docs = claimed_texts(model, token)
             if not docs:
                 release(token)
-                return 0
+                return 0, []
         stored = _embed_and_store(embedder, docs, model, token)
     except BaseException:
         if claimed:
@@ -107,7 +124,7 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
         raise
     if link and model is RecallDocument:
         link_similar([(doc_id, vector) for (doc_id, _), vector in stored[1]])
-    return stored[0]
+    return stored[0], docs
 
 
 def _embed_and_store(embedder, docs, model, token):
@@ -394,16 +411,16 @@ class Indexer:
             return
         work = dict(work)
         self._embed_rows(StoreItem, sorted(work.pop(STORE, ())), batch)
-        last = None
         while work:
-            docs = pending_documents(kind_items=work, limit=batch)
-            if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
-                return
-            self.embedded += embed_documents(docs, link=False)
+            if kept_out_of_vectors() is None:
+                stored, docs = embed_items(work, batch)
+            else:  # episodes of some kinds are never embedded: the pending ones are read through that filter
+                docs = pending_documents(kind_items=work, limit=batch)
+                stored = embed_documents(docs, link=False) if docs else 0
+            self.embedded += stored
             self._note_unlinked(docs)
-            if len(docs) < batch:
+            if len(docs) < batch or not stored:  # nothing more, or texts that failed to store: a later pass
                 return
-            last = docs
 
     def _embed_rows(self, model, ids, batch):
         for start in range(0, len(ids), batch):
