@@ -70,6 +70,20 @@ class DocumentCountingEmbedding(TransactionCheckingEmbedding):
         return super().embed_documents(texts)
 
 
+commit_modes = []
+
+
+class CommitModeEmbedding(TransactionCheckingEmbedding):
+    """Notes, for each document batch, its thread's PostgreSQL synchronous_commit (the worker's connection)."""
+
+    def embed_documents(self, texts):
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                commit_modes.append(cursor.fetchone()[0])
+        return super().embed_documents(texts)
+
+
 # Words that mean the same thing share a dimension; every other word is ignored (a text without any
 # of them points along the last dimension). Recall's fusion tests use it as a model that knows
 # "beverage" and "tea" are about drinks although they share no letters.

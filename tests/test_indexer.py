@@ -290,6 +290,54 @@ def test_the_worker_skips_a_row_another_transaction_holds_instead_of_waiting(set
     assert RecallDocument.objects.get(pk=held.pk).embedding is None  # still pending: a later pass embeds it
 
 
+def test_the_workers_claim_of_a_write_takes_over_a_lapsed_lease_and_leaves_a_live_one(settings, service):
+    """The worker claims its queued writes' documents in one statement: a lease left by a worker that
+    died (past its claimed_until) is taken over; one another worker holds now is left to it."""
+    from memory.models import EmbeddingClaim
+
+    configure(settings, "TransactionCheckingEmbedding")
+    service.set_fact("locker", "number 4711")
+    service.set_fact("bike", "a blue bicycle")
+    assert indexer.wait(30) and pending() == 0
+    locker, bike = (RecallDocument.objects.get(text__contains=word).pk for word in ("locker", "bike"))
+    now = timezone.now()
+    EmbeddingClaim.objects.create(
+        source="recall",
+        row_id=locker,
+        claimed_by="a worker that died",
+        claimed_until=now - datetime.timedelta(seconds=1),
+    )
+    EmbeddingClaim.objects.create(
+        source="recall", row_id=bike, claimed_by="a worker at work", claimed_until=now + datetime.timedelta(seconds=60)
+    )
+    service.set_fact("locker", "number 1234")  # new texts: pending, queued for this process's worker
+    service.set_fact("bike", "a red bicycle")
+    assert indexer.wait(30)
+    assert RecallDocument.objects.get(pk=locker).embedding is not None
+    assert RecallDocument.objects.get(pk=bike).embedding is None  # the other worker's to store
+    assert not EmbeddingClaim.objects.filter(row_id=locker).exists()  # taken over, then released with the vector
+    assert EmbeddingClaim.objects.get(row_id=bike).claimed_by == "a worker at work"
+    EmbeddingClaim.objects.filter(row_id=bike).delete()
+
+
+@pytest.mark.postgres
+def test_the_workers_commits_do_not_wait_for_the_wal_flush_and_the_writers_still_do(settings, service):
+    """PostgreSQL: each commit of the embedding worker (its claim, its vectors) waited for a WAL flush,
+    in the queue of the writers' own commits; a crash can lose only vectors, which are pending again.
+    Its connection commits without the wait; the writers' connections are left as they were."""
+    from django.db import connection
+
+    configure(settings, "CommitModeEmbedding")
+    emb.commit_modes.clear()
+    service.set_fact("drink", "green tea")
+    assert indexer.wait(30)
+    assert pending() == 0
+    assert emb.commit_modes and set(emb.commit_modes) == {"off"}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+
 def test_a_burst_of_writes_is_linked_after_it_each_to_its_closest_of_the_whole_burst(settings, service):
     """The worker links what it embedded once no more writes wait for it: a document embedded while
     the rest of the burst was still queued is linked to the documents written after it too."""

@@ -142,6 +142,32 @@ def test_a_task_workers_model_gives_the_vectors_a_servers_model_gives(local_mode
     assert np.allclose(worker, local_model.embeddings._model.encode(texts), atol=1e-5)
 
 
+def test_a_batch_of_short_and_long_texts_is_not_computed_at_the_longest_length(local_model):
+    """The embedding worker's batches mix a fact's few words with an episode's lines: padded to the
+    episodes, the facts would cost as much as they do. Passes are cut where the padding would cost
+    more than a pass of its own, and each text gets the vector it gets alone."""
+    import numpy as np
+
+    from memory.embedding.local_model import BATCH, length_batches
+
+    model = local_model.embeddings._model
+    facts = [f"user preference favourite number {n}" for n in range(3)]
+    episodes = [
+        f"user: my favourite number is {n}\nassistant: Noted: your favourite number is {n}, and I will keep it."
+        for n in range(3)
+    ]
+    texts = [text for pair in zip(facts, episodes) for text in pair]
+    lengths = [len(model.tokenizer.encode(text).ids) for text in texts]
+    passes = length_batches(lengths)
+    assert sorted(i for one in passes for i in one) == list(range(len(texts)))  # each text once
+    assert [sorted(texts[i] for i in one) for one in passes] == [sorted(facts), sorted(episodes)]
+    computed = sum(len(one) * max(lengths[i] for i in one) for one in passes)
+    assert computed < len(texts) * max(lengths) * 0.75  # token rows the model runs, against one padded pass
+    alone = np.stack([model.encode([text])[0] for text in texts])
+    assert np.allclose(model.encode(texts), alone, atol=1e-6)
+    assert all(len(one) <= BATCH for one in length_batches([7] * (2 * BATCH + 1)))
+
+
 def test_documents_are_embedded_by_a_child_process_at_the_lowest_priority(monkeypatch, local_model):
     """The embedding worker's batches run in a process of their own, so they never hold the
     interpreter the requests of this process run in; the vectors are the in-process ones."""

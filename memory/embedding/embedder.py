@@ -52,8 +52,18 @@ class EmbedderUnavailable(MemoryServiceError):
 
 
 def local_model_installed():
-    """The bundled model's files and what runs them: the tokenizer, the weights' reader, ONNX and its runtime."""
-    return all(importlib.util.find_spec(name) is not None for name in LOCAL_MODEL_MODULES)
+    """The bundled model's files and what runs them: the tokenizer, the weights' reader, ONNX and its runtime.
+
+    Looked up once per process: every write and every recall asks (configured_mode), and four
+    module searches cost a write as much as some of its statements. A package installed later is
+    seen after a restart, as an import of it would be.
+    """
+    if _installed["local_model"] is None:
+        _installed["local_model"] = all(importlib.util.find_spec(name) is not None for name in LOCAL_MODEL_MODULES)
+    return _installed["local_model"]
+
+
+_installed = {"local_model": None}
 
 
 def _embeddings_base():

@@ -2,8 +2,9 @@
 
 Every process that embeds (each server's embedding worker, Celery workers, `memory reindex --missing`)
 takes the documents of a batch through `claim` first: one EmbeddingClaim row per document, unique per
-(source, row), inserted with ON CONFLICT DO NOTHING. What another worker holds is skipped; a lease
-past its `claimed_until` (its worker died) is deleted and taken over in the same transaction. The
+(source, row), inserted in one statement whose ON CONFLICT takes over only a lease past its
+`claimed_until` (its worker died); what another worker holds is skipped. The embedding worker's
+queue holds items, not rows: its claim finds their pending documents itself (`take_items`). The
 texts are then read again, after the claim committed, so a document another worker embedded and
 released meanwhile is not embedded a second time; the vector is stored only where the document is
 still pending, with the same text, under the same claim (`store_sql`), and the claim goes in that
@@ -93,20 +94,71 @@ def take(model, ids, token, *, seconds=None):
                 for start in range(0, len(ids), 500):
                     chunk = ids[start : start + 500]
                     cursor.execute(
-                        f"DELETE FROM {table} WHERE source = %s AND claimed_until < %s "
-                        f"AND row_id IN ({', '.join(['%s'] * len(chunk))})",
-                        [source, expired, *chunk],
-                    )
-                    cursor.execute(
                         f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) VALUES "
-                        f"{', '.join(['(%s, %s, %s, %s)'] * len(chunk))} ON CONFLICT DO NOTHING",
-                        [value for i in chunk for value in (source, i, token, until)],
+                        f"{', '.join(['(%s, %s, %s, %s)'] * len(chunk))} {_TAKE_OVER.format(table=table)}",
+                        [*(value for i in chunk for value in (source, i, token, until)), expired],
                     )
             break
         except OperationalError:
             if attempt == 2 or connection.in_atomic_block:
                 raise
     return True
+
+
+# A row free, or held by a lease that lapsed (its worker died), is this claimer's; a live lease is
+# left alone. One statement: the lapsed leases are taken over where they conflict.
+_TAKE_OVER = (
+    "ON CONFLICT (source, row_id) DO UPDATE SET claimed_by = excluded.claimed_by, "
+    "claimed_until = excluded.claimed_until WHERE {table}.claimed_until < %s"
+)
+
+
+def take_items(kind_items, token, limit, *, seconds=None):
+    """Claim, in one statement, up to `limit` pending recall documents of these {kind: item ids}, in id
+    order, for `token` (what the embedding worker's queue holds: items, not document ids). The
+    claimer then reads what it won (`claimed_texts`); one short transaction, never inside another."""
+    seconds = float(memory_settings.EMBED_CLAIM_SECONDS if seconds is None else seconds)
+    table = connection.ops.quote_name(EmbeddingClaim._meta.db_table)
+    docs = connection.ops.quote_name(RecallDocument._meta.db_table)
+    match, params = [], []
+    for kind, items in sorted(kind_items.items()):
+        items = sorted(items)
+        for start in range(0, len(items), 500):
+            chunk = items[start : start + 500]
+            match.append(f"(kind = %s AND item_id IN ({', '.join(['%s'] * len(chunk))}))")
+            params += [kind, *chunk]
+    if not match:
+        return
+    now = timezone.now()
+    expired, until = (connection.ops.adapt_datetimefield_value(t) for t in (now, now + timedelta(seconds=seconds)))
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (source, row_id, claimed_by, claimed_until) "
+            f"SELECT %s, id, %s, %s FROM {docs} WHERE ({' OR '.join(match)}) "
+            f"AND embedding IS NULL AND text <> '' ORDER BY id LIMIT %s {_TAKE_OVER.format(table=table)}",
+            [RECALL, token, until, *params, int(limit), expired],
+        )
+
+
+def commits_without_flush_wait():
+    """PostgreSQL: this connection's commits stop waiting for the WAL flush (for the rest of its session).
+
+    For a connection of the embedding worker's own (its thread's): its claims, stored vectors and
+    edges. A flush cost each of its commits 2-14 ms on a shared 2-core machine, and the writers of
+    the process commit into the same WAL: two flushes a batch (claim, vectors) that sat in the queue
+    of their commits. What a database crash can lose is the last fraction of a second of those:
+    claims (leases, which lapse anyway) and vectors, whose documents are pending again and embedded
+    by the next sweep, never a memory. SQLite in WAL mode with synchronous=NORMAL (the site's
+    setting) already commits so. One statement per connection: the worker remembers which one it set.
+    """
+    if connection.vendor != "postgresql":
+        return
+    connection.ensure_connection()
+    if getattr(connection, "_engram_flush_wait_off", None) is connection.connection:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO OFF")
+    connection._engram_flush_wait_off = connection.connection
 
 
 def release(token):

@@ -50,7 +50,17 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
-from .claims import claimed_texts, new_token, note_embedding, release, store_sql, take, unclaimed_pending_ids
+from .claims import (
+    claimed_texts,
+    commits_without_flush_wait,
+    new_token,
+    note_embedding,
+    release,
+    store_sql,
+    take,
+    take_items,
+    unclaimed_pending_ids,
+)
 from .relations import link_similar, link_similar_ids
 
 logger = logging.getLogger("engram.memory")
@@ -74,23 +84,39 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
     `claimed` (default: outside a transaction): take the rows through a claim first (claims.py), so
     that no other process embeds them too; only the rows won are embedded, their texts read anew.
     """
+    if claimed is None:
+        claimed = not connection.in_atomic_block
+    if not docs:
+        return 0
+    ids = [doc_id for doc_id, _ in docs]
+    return _claim_and_embed(lambda token: take(model, ids, token), docs, model, link=link, claimed=claimed)[0]
+
+
+def embed_items(kind_items, limit):
+    """Claim up to `limit` pending recall documents of these {kind: item ids} (the worker's queue) and
+    embed them, as embed_documents does without linking: (vectors stored, the (id, text)s embedded).
+
+    The claim finds the documents itself (one statement: claims.take_items), where a read of the
+    pending documents and then a claim of their ids were two a batch."""
+    return _claim_and_embed(lambda token: take_items(kind_items, token, limit), None, RecallDocument, link=False)
+
+
+def _claim_and_embed(claim, docs, model, *, link, claimed=True):
     from .ranking import model_guard
 
     embedder = get_embedder()
-    if embedder is None or not docs:
-        return 0
+    if embedder is None:
+        return 0, []
     model_guard.check(embedder)
-    if claimed is None:
-        claimed = not connection.in_atomic_block
     token = new_token() if claimed else None
     try:
         if claimed:
-            take(model, [doc_id for doc_id, _ in docs], token)
+            claim(token)
             # Read after the claim committed: a document another worker stored (and released) is not pending.
             docs = claimed_texts(model, token)
             if not docs:
                 release(token)
-                return 0
+                return 0, []
         stored = _embed_and_store(embedder, docs, model, token)
     except BaseException:
         if claimed:
@@ -98,7 +124,7 @@ def embed_documents(docs, model=RecallDocument, *, link=True, claimed=None):
         raise
     if link and model is RecallDocument:
         link_similar([(doc_id, vector) for (doc_id, _), vector in stored[1]])
-    return stored[0]
+    return stored[0], docs
 
 
 def _embed_and_store(embedder, docs, model, token):
@@ -113,8 +139,10 @@ def _embed_and_store(embedder, docs, model, token):
     rows = [(to_blob(vector), doc_id, text) for (doc_id, text), vector in zip(docs, vectors)]
     with transaction.atomic(), connection.cursor() as cursor:
         # Rows another transaction holds (a person being forgotten) keep no vector now: a later pass
-        # embeds them if they are still there. Waiting for them could deadlock (held_rows).
-        held = held_rows(model, [doc_id for _, doc_id, _ in rows])
+        # embeds them if they are still there. Waiting for them could deadlock (held_rows). SQLite
+        # has no row locks (this transaction holds the database): the UPDATE itself skips rows gone.
+        ids = [doc_id for _, doc_id, _ in rows]
+        held = held_rows(model, ids) if connection.features.has_select_for_update_skip_locked else set(ids)
         if token is None:
             cursor.executemany(
                 f"UPDATE {table} SET embedding = %s WHERE id = %s AND embedding IS NULL AND text = %s",
@@ -376,22 +404,23 @@ class Indexer:
         pending now (what an earlier process left: read once, so a steady stream of new writes,
         which come through the queue, cannot keep the sweep going)."""
         batch = int(memory_settings.EMBED_BATCH)
+        commits_without_flush_wait()  # this thread's own connection
         if work is None:
             for model in MODELS:
                 self._embed_rows(model, pending_ids(model), batch)
             return
         work = dict(work)
         self._embed_rows(StoreItem, sorted(work.pop(STORE, ())), batch)
-        last = None
         while work:
-            docs = pending_documents(kind_items=work, limit=batch)
-            if not docs or docs == last:  # nothing left, or texts that keep failing to store: stop
-                return
-            self.embedded += embed_documents(docs, link=False)
+            if kept_out_of_vectors() is None:
+                stored, docs = embed_items(work, batch)
+            else:  # episodes of some kinds are never embedded: the pending ones are read through that filter
+                docs = pending_documents(kind_items=work, limit=batch)
+                stored = embed_documents(docs, link=False) if docs else 0
+            self.embedded += stored
             self._note_unlinked(docs)
-            if len(docs) < batch:
+            if len(docs) < batch or not stored:  # nothing more, or texts that failed to store: a later pass
                 return
-            last = docs
 
     def _embed_rows(self, model, ids, batch):
         for start in range(0, len(ids), batch):
@@ -451,6 +480,7 @@ class Indexer:
     def _link(self):
         ids, self._unlinked = sorted(self._unlinked), set()
         try:
+            commits_without_flush_wait()
             embedder = get_embedder()
             if embedder is not None:
                 link_similar_ids(ids, embedder.dimension)  # never raises for the database: edges are hints
