@@ -211,6 +211,33 @@ def test_rows_read_in_chunks_bring_stored_bytes_back_as_written_and_errors_as_dj
     assert sorted(Fact.objects.values_list("key", flat=True)) == ["k0", "k1", "k2"]  # rolled back, usable
 
 
+def test_hand_written_statements_bind_parameters_in_order_and_keep_literal_percent_signs(db):
+    """fetch_rows passes parameters by name on SQLite: each %s still gets its own value in order, a
+    literal % (in a LIKE pattern or written %%) stays a %, a wrong count fails as the driver's
+    error, and the statements Django records show the values."""
+    from django.db import DatabaseError, connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memory.backends.rows import Columns, fetch_rows
+
+    Fact.objects.create(key="50% off", value="v", scope=Scope.GLOBAL, search_text="50% off v")
+    Fact.objects.create(key="full price", value="w", scope=Scope.AGENT, agent_id="a", search_text="full price w")
+    columns = Columns([Fact._meta.get_field("key"), Fact._meta.get_field("value")])
+    sql = (
+        "SELECT f.\"key\", f.value FROM memory_fact f WHERE (f.\"key\" LIKE '%%\\%%%%' ESCAPE '\\' "
+        'OR f."key" LIKE \'%%\' || %s) AND f.scope IN (%s, %s) ORDER BY f."key"'
+    )
+    with CaptureQueriesContext(connection) as captured:
+        rows = fetch_rows(sql, ["price", "global", "agent"], columns)
+    assert rows == [["50% off", "v"], ["full price", "w"]]
+    assert "'price'" in captured.captured_queries[0]["sql"]
+    assert fetch_rows(sql, ["off", "session", "global"], columns) == [["50% off", "v"]]
+    if connection.vendor == "sqlite":  # Django's SQLite cursor keeps a lone % as it is
+        assert fetch_rows("SELECT '5%' || %s", ["0"], Columns([])) == [["5%0"]]
+    with pytest.raises(DatabaseError):
+        fetch_rows(sql, ["price", "global"], columns)
+
+
 def test_recall_neighbours_are_the_pieces_said_around_an_episode_in_its_session(backend, service, user_factory):
     ada = user_factory("ada")
     said = ["we met at the harbour", "the ferry left at noon", "it rained all afternoon", "we ate soup"]

@@ -171,6 +171,43 @@ def test_a_run_finishing_after_its_person_was_forgotten_is_not_kept(service, dem
     assert find_traces([SECRET, "4242"], [person.pk]) == []
 
 
+def test_a_channels_finish_runs_with_the_runs_record_and_knows_whether_the_person_was_kept(service, demo_workflow):
+    """finish_run's `then` (a Telegram update's finish and reply): one transaction with the record,
+    told whether the person is still there; if it fails, the run is recorded all the same."""
+    kept, gone = (service.get_or_create_user("telegram", n, display_name=n)[0] for n in ("4343", "4444"))
+    info = SimpleNamespace(type="telegram", channel="telegram", external_id="4343")
+    finished = {"user": {"id": kept.pk}, "reply": "noted"}
+    seen = []
+    run = start_run(demo_workflow, info, {"payload": {"text": "hello"}})
+    answer = finish_run(
+        run,
+        state=finished,
+        events=[],
+        errors=[],
+        status="succeeded",
+        duration_ms=1.0,
+        then=lambda k: seen.append(k) or 7,
+    )
+    assert answer == 7 and seen == [True]
+    assert WorkflowRun.objects.get(pk=run.pk).reply == "noted"
+
+    run = start_run(demo_workflow, info, {"payload": {"text": f"my pin is {SECRET}"}})
+    service.delete_users([gone.pk], cascade=True)
+    state = {"user": {"id": gone.pk}, "reply": f"noted {SECRET}"}
+    finish_run(run, state=state, events=[], errors=[], status="succeeded", duration_ms=1.0, then=seen.append)
+    assert seen == [True, False]
+    assert not WorkflowRun.objects.filter(pk=run.pk).exists()
+
+    def outbox_down(person_kept):
+        raise IntegrityError("the reply could not be queued")
+
+    run = start_run(demo_workflow, info, {"payload": {"text": "hello"}})
+    with pytest.raises(IntegrityError):
+        finish_run(run, state=finished, events=[], errors=[], status="succeeded", duration_ms=1.0, then=outbox_down)
+    recorded = WorkflowRun.objects.get(pk=run.pk)
+    assert (recorded.reply, recorded.status) == ("noted", "succeeded") and recorded.finished_at is not None
+
+
 def test_recall_for_a_forgotten_user_is_not_found_everywhere_and_logs_nothing(service, staff_client):
     person, _ = service.get_or_create_user("chat", "gone", display_name="Gone")
     service.set_fact("colour", "vermilion", scope="user", user_id=person.pk)

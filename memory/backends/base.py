@@ -23,7 +23,7 @@ from ..models.owners import (
 from ..models.workspaces import current_workspace_id
 from ..rules.validation import chunks
 from .recall_index import RecallSQL
-from .rows import RowInsert, fetch_models, select_columns
+from .rows import RowInsert, execute, fetch_models, select_columns
 from .store_rows import StoreSQL
 from .users import UserSQL
 
@@ -450,8 +450,8 @@ class MemoryBackend(RecallSQL, UserSQL, StoreSQL):
         with connection.cursor() as cursor:
             if supersede:
                 copy, copy_params = supersede_sql(closes, connection)
-                cursor.execute(copy, [*copy_params, pk])
-            cursor.execute(sql, [*params, pk])
+                execute(cursor, copy, [*copy_params, pk])
+            execute(cursor, sql, [*params, pk])
 
     # SQLite (>= 3.35) and PostgreSQL speak the same INSERT ... ON CONFLICT ... RETURNING.
     def insert_fact_if_absent(self, fact):

@@ -23,6 +23,7 @@ from .base import (
     USER_OWNER_SQL,
     WALK_OWNERS,
     MemoryBackend,
+    escape_like,
     indexable_words,
     owner_keys,
     owners_sql,
@@ -237,6 +238,13 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
                 delta.flush(cursor)
             for sql in triggers:
                 cursor.execute(sql)
+
+    def like_filter(self, token):
+        # The pattern as an expression (unary +, which leaves a value as it is), not a bare
+        # parameter: SQLite's planner reads a bare LIKE parameter (for its prefix optimization,
+        # useless to a pattern that starts with %), so each new search word would parse and plan the
+        # whole statement again instead of reusing the prepared one.
+        return f"f.search_text LIKE +%s{self.like_escape}", f"%{escape_like(token)}%"
 
     def fact_candidates(self, tokens, viewer, best_first):
         indexed = indexable_words(tokens)

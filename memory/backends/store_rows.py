@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..models import StoreItem
 from ..models.workspaces import current_workspace_id
-from .rows import Columns, fetch_rows
+from .rows import Columns, execute, fetch_rows
 
 _TABLE = StoreItem._meta.db_table
 # What a store read hands out: a row, not a model instance (building one cost a fifth of a get).
@@ -165,7 +165,7 @@ class StoreSQL:
             for start in range(0, len(rows), UPSERT_BATCH):
                 batch = rows[start : start + UPSERT_BATCH]
                 params = [field.get_db_prep_save(row[field.attname], conn) for row in batch for field in _UPSERT_FIELDS]
-                cursor.execute(_upsert_sql(len(batch)), params)
+                execute(cursor, _upsert_sql(len(batch)), params)
                 ids.update({(namespace, key): pk for pk, namespace, key in cursor.fetchall()})
         return ids
 

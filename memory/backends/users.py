@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from ..models import ChannelIdentity, Episode, Fact, MemoryUser, episode_gist
 from ..models.workspaces import current_workspace_id
-from .rows import Columns, fetch_rows
+from .rows import Columns, execute, fetch_rows
 
 ContextUser = namedtuple("ContextUser", "pk canonical_id display_name total_conversations")
 ContextIdentity = namedtuple("ContextIdentity", "channel external_id")
@@ -95,7 +95,7 @@ class UserSQL:
         if display_name:
             params.append(display_name)
         with conn.cursor() as cursor:
-            cursor.execute(_visit_sql(bool(display_name)), [*params, user_id])
+            execute(cursor, _visit_sql(bool(display_name)), [*params, user_id])
 
     def context_facts(self, user_id, limit):
         """([ContextFact], total) of a user's own facts, most confident first."""

@@ -7,6 +7,8 @@ recall triggers of migration 0006 keep the frozen SQL copy of the same rule, whi
 against this one.
 """
 
+from functools import lru_cache
+
 from django.db import models
 from django.db.models import Case, Value, When
 from django.db.models.functions import Cast, Concat
@@ -115,17 +117,25 @@ def owners_condition(column, terms, *, probe=True):
     checked): the IN list, or else an EXISTS per set, a probe of the membership index, without
     building the set's keys into a temporary table first.
     """
-    single = [(sql, params) for sql, params, _ in terms if not is_owner_set(sql)]
-    sets = [(sql, params) for sql, params, _ in terms if is_owner_set(sql)]
-    params = [p for _, term_params in [*single, *sets] for p in term_params]
-    listed = f"{column} IN ({', '.join(sql for sql, _ in single)})"
+    sql, order = _owners_condition(column, tuple(sql for sql, _, _ in terms), probe)
+    return sql, [p for i in order for p in terms[i][1]]
+
+
+@lru_cache(maxsize=256)
+def _owners_condition(column, sqls, probe):
+    """owners_condition's SQL for terms of these SQL texts, and the order of the terms' parameters in
+    it: built once per shape of viewer, as every lookup asks for it (the same string each time also
+    keeps the statements built from it cheap to look up)."""
+    single = [i for i, sql in enumerate(sqls) if not is_owner_set(sql)]
+    sets = [i for i, sql in enumerate(sqls) if is_owner_set(sql)]
+    listed = f"{column} IN ({', '.join(sqls[i] for i in single)})"
     if not sets:
-        return listed, params
+        return listed, (*single,)
     if not probe:
-        exists = [f"EXISTS (SELECT 1 FROM ({sql}) t WHERE t.owner = {column})" for sql, _ in sets]
-        return "(" + " OR ".join([listed, *exists]) + ")", params
-    keys = " UNION ALL ".join([*(f"SELECT {sql}" for sql, _ in single), *(sql for sql, _ in sets)])
-    return f"{column} IN ({keys})", params
+        exists = [f"EXISTS (SELECT 1 FROM ({sqls[i]}) t WHERE t.owner = {column})" for i in sets]
+        return "(" + " OR ".join([listed, *exists]) + ")", (*single, *sets)
+    keys = " UNION ALL ".join([*(f"SELECT {sqls[i]}" for i in single), *(sqls[i] for i in sets)])
+    return f"{column} IN ({keys})", (*single, *sets)
 
 
 class Team(UniqueInWorkspace, models.Model):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 from ..exceptions import InvalidMemoryArgument
@@ -334,8 +334,19 @@ def check_user_id(field_name, value, *, required):
 def check_user_in_workspace(field_name, user_id):
     """Refuse a write for `user_id` when a workspace is current and the person is not of it (as an
     unknown id is refused). Costs a query only inside a workspace; unscoped code writes for anyone."""
-    if current_workspace_id() is not None and not MemoryUser.objects.filter(pk=user_id).exists():
+    workspace_id = current_workspace_id()
+    if workspace_id is None:
+        return
+    # The statement written out (what MemoryUser.objects.filter(pk=...).exists() runs in a workspace):
+    # every write of a person's memory asks, and building the queryset cost more than running it.
+    with connection.cursor() as cursor:
+        cursor.execute(_USER_IN_WORKSPACE, [user_id, workspace_id])
+        found = cursor.fetchone() is not None
+    if not found:
         raise InvalidMemoryArgument(field_name, f"no memory user with id {user_id}")
+
+
+_USER_IN_WORKSPACE = f"SELECT 1 FROM {MemoryUser._meta.db_table} WHERE id = %s AND workspace_id = %s"
 
 
 def check_as_of(field_name, value):

@@ -62,12 +62,13 @@ def claim_token(holder):
     return f"{holder}#{uuid.uuid4().hex[:8]}"
 
 
-def queue_reply(update, holder, *, user_id, chat_id, text, callback_query_id=""):
+def queue_reply(update, holder, *, user_id, chat_id, text, callback_query_id="", person_held=False):
     """The reply of a finished run, claimed by `holder` for an immediate send (`send_now`); call inside
     the transaction that records the finish. None if its person was forgotten while the run went on
     (on any server): checked under the person's lock (memory/rules/persons.py), so no reply row naming
-    them is written after their forget commits, and none is sent."""
-    if user_id is not None:
+    them is written after their forget commits, and none is sent. `person_held`: the caller's
+    transaction holds that lock already (and found the person)."""
+    if user_id is not None and not person_held:
         try:
             MemoryService().hold_person(user_id)
         except PersonForgotten:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import httpx
-from django.db import transaction
 from django.utils import timezone
 
 from ..conf import on_workflow_settings_changed, workflow_settings
@@ -166,7 +165,8 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
     is "ignore", are acknowledged without a run. The update is claimed first (workflows.channels.claims): a
     finished one is a duplicate (whose reply is sent now if it is still pending), one running elsewhere
     is "busy". If the run itself raises, the update is released so that Telegram's retry runs it. The
-    finish and the reply are one transaction; the reply is sent after it commits (workflows.channels.outbox).
+    finish, the reply and the run's record are one transaction; the reply is sent after it commits
+    (workflows.channels.outbox).
     """
     if telegram_update_kind(update) is None:
         return UpdateOutcome("ignored")
@@ -182,30 +182,38 @@ def handle_update(workflow, update, *, bot=None) -> UpdateOutcome:
         return _duplicate(claim, bot, workflow)
     if update["update_id"] % 1000 == 0:
         forget_old_updates()
-    try:
-        result = run_workflow(workflow, {"type": "telegram", "payload": update})
-    except Exception:  # released, then re-raised: Telegram retries and the retry runs
-        release(claim)
-        raise
     callback_id = update.get("callback_query", {}).get("id") if "callback_query" in update else ""
-    text = result.reply if result.trigger.reply_to else ""
-    user_id = (result.user or {}).get("id")
-    try:
-        with transaction.atomic():
-            finished = finish(claim)
-            reply = None
-            if finished and (text or callback_id):
-                reply = queue_reply(
-                    claim.row,
-                    claim.token,
-                    user_id=user_id,
-                    chat_id=result.trigger.reply_to,
-                    text=text,
-                    callback_query_id=str(callback_id or ""),
+    done = {}
+
+    def finish_and_queue(result, person_kept):
+        # Inside the transaction that writes the run's record, the person held (or found forgotten).
+        done["finished"] = finish(claim)
+        done["reply"] = None
+        text = result.reply if result.trigger.reply_to else ""
+        if done["finished"] and (text or callback_id):
+            user_id = (result.user or {}).get("id")
+            if not person_kept:
+                logger.warning(
+                    "reply to update %s not kept: memory user %s was forgotten meanwhile", claim.row.pk, user_id
                 )
-    except Exception:  # the finish was not recorded: released, so that Telegram's retry runs it again
+                return
+            done["reply"] = queue_reply(
+                claim.row,
+                claim.token,
+                user_id=user_id,
+                chat_id=result.trigger.reply_to,
+                text=text,
+                callback_query_id=str(callback_id or ""),
+                person_held=True,
+            )
+
+    try:
+        result = run_workflow(workflow, {"type": "telegram", "payload": update}, on_finish=finish_and_queue)
+    except Exception:  # released, then re-raised: Telegram retries and the retry runs (the run, or
+        # its finish, was not recorded)
         release(claim)
         raise
+    finished, reply = done["finished"], done["reply"]
     if not finished:  # this process stalled past its lease and another took the update over
         logger.warning(
             "workflow %s: update %s was taken over by another process mid-run", workflow.slug, claim.row.update_id

@@ -114,21 +114,35 @@ def start_run(workflow, info, trigger):
     )
 
 
-def finish_run(run, *, state, events, errors, status, duration_ms):
+def finish_run(run, *, state, events, errors, status, duration_ms, then=None):
     """Write what the run did onto its record, in one statement, under the person's lock
     (memory/rules/persons.py). The memory user is the one identify_user found; if they were forgotten
-    meanwhile, on any server, the record goes instead: it holds their words and their channel id."""
+    meanwhile, on any server, the record goes instead: it holds their words and their channel id.
+
+    `then(person_kept)`: what the caller records of the finish (a channel's update and reply), in the
+    same transaction, the person still held (`person_kept`: False if they were forgotten); its answer
+    is returned. If it raises, the record is written without it, and the error goes on.
+    """
     state = state or {}
     user_id = (state.get("user") or {}).get("id")
-    with transaction.atomic():
-        if user_id is not None:
-            try:
-                MemoryService().hold_person(user_id)
-            except PersonForgotten:
-                WorkflowRun.objects.filter(pk=run.pk).delete()
-                logger.warning("run %s not kept: memory user %s was forgotten while it ran", run.pk, user_id)
-                return
-        _write_finished(run, state, user_id, events, errors, status, duration_ms)
+    try:
+        with transaction.atomic():
+            kept = True
+            if user_id is not None:
+                try:
+                    MemoryService().hold_person(user_id)
+                except PersonForgotten:
+                    WorkflowRun.objects.filter(pk=run.pk).delete()
+                    logger.warning("run %s not kept: memory user %s was forgotten while it ran", run.pk, user_id)
+                    kept = False
+            if kept:
+                _write_finished(run, state, user_id, events, errors, status, duration_ms)
+            return then(kept) if then is not None else None
+    except Exception:
+        if then is None:
+            raise
+        finish_run(run, state=state, events=events, errors=errors, status=status, duration_ms=duration_ms)
+        raise
 
 
 def _write_finished(run, state, user_id, events, errors, status, duration_ms):

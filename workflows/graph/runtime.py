@@ -3,6 +3,7 @@ through LangGraph and keep its record."""
 
 import collections
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -97,10 +98,14 @@ def clear_compiled():
         _compiled.clear()
 
 
-def run_workflow(workflow, trigger) -> RunResult:
+def run_workflow(workflow, trigger, *, on_finish=None) -> RunResult:
     """Run `workflow` for `trigger` ({"type", "payload"}) and keep the run's record. A bad trigger raises
-    InvalidTrigger before anything runs; a node's exception is recorded on the run, then raised."""
-    stream = RunStream(workflow, trigger)
+    InvalidTrigger before anything runs; a node's exception is recorded on the run, then raised.
+
+    `on_finish(result, person_kept)`: called when the run succeeded, inside the transaction that
+    writes its record (runs.finish_run's `then`), so a channel records its side of the finish with it.
+    """
+    stream = RunStream(workflow, trigger, on_finish=on_finish)
     for _ in stream:
         pass
     if stream.error is not None:
@@ -122,7 +127,7 @@ class RunStream:
     A client that stops reading (closes the iterator) does not stop the run: it completes and is recorded.
     """
 
-    def __init__(self, workflow, trigger):
+    def __init__(self, workflow, trigger, *, on_finish=None):
         self.info = parse_trigger(trigger)  # InvalidTrigger before anything runs or is recorded
         self.workflow, self.trigger = workflow, trigger
         self.graph = compiled_graph(workflow)
@@ -133,6 +138,7 @@ class RunStream:
         self.record = self.context.run(runs.start_run, workflow, self.info, trigger)
         self.result, self.error = None, None
         self.events = []
+        self.on_finish = on_finish
 
     @property
     def run_id(self):
@@ -223,11 +229,9 @@ class RunStream:
                 "duration_ms": round(duration_ms, 3),
             },
         )
-        runs.finish_run(
-            self.record, state=state, events=self.events, errors=errors, status=status, duration_ms=duration_ms
-        )
+        result = None
         if failure is None:
-            self.result = RunResult(
+            result = RunResult(
                 workflow=self.workflow.slug,
                 trigger=self.info,
                 reply=state.get("reply", ""),
@@ -239,6 +243,19 @@ class RunStream:
                 state=state,
                 run_id=self.run_id,
             )
+        then = None
+        if result is not None and self.on_finish is not None:
+            then = functools.partial(self.on_finish, result)
+        runs.finish_run(
+            self.record,
+            state=state,
+            events=self.events,
+            errors=errors,
+            status=status,
+            duration_ms=duration_ms,
+            then=then,
+        )
+        self.result = result
         yield finished
 
 
