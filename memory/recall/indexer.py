@@ -50,6 +50,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
+from ..models.workspaces import current_workspace_id
 from .claims import claimed_texts, new_token, note_embedding, release, store_sql, take, unclaimed_pending_ids
 from .relations import link_similar, link_similar_ids
 
@@ -151,6 +152,9 @@ def kept_out_of_vectors():
 
 def _pending(model):
     docs = model.objects.filter(PENDING_VECTOR).order_by()
+    workspace_id = current_workspace_id()
+    if model is RecallDocument and workspace_id is not None:  # store items' manager keeps to it already
+        docs = docs.filter(workspace_id=workspace_id)
     kept_out = kept_out_of_vectors() if model is RecallDocument else None
     return docs if kept_out is None else docs.exclude(kept_out)
 
