@@ -18,6 +18,7 @@ from memory.embedding.embedder import to_blob
 from memory.models import (
     FactAction,
     FactVersion,
+    MemoryRelation,
     RecallDocument,
     RecallScope,
     Workspace,
@@ -26,6 +27,7 @@ from memory.models import (
 )
 from memory.operations import health
 from memory.recall import vectors
+from memory.recall.relations import link_similar
 from memory.recall.vectors import OwnerMatrix, VectorIndex
 
 AGENT, SESSION = "support-bot", "s-1"
@@ -201,6 +203,24 @@ def test_the_vector_index_loads_each_documents_workspace(service, spaces):
         query = vecs[1] if workspace == a.pk else vecs[0]
         assert [d for d, _ in index.search([AGENT_OWNER], query, 5, workspace)] == [doc[fact_id]]
     assert len(index.search([AGENT_OWNER], vecs[0], 5)) == 2
+
+
+def test_similar_edges_join_documents_of_one_workspace(service, spaces):
+    a, b = spaces
+    with in_workspace(a):
+        first_a = service.set_fact("note a1", "A", scope="agent", agent_id=AGENT).fact.pk
+        second_a = service.set_fact("note a2", "A", scope="agent", agent_id=AGENT).fact.pk
+    with in_workspace(b):
+        of_b = service.set_fact("note b", "B", scope="agent", agent_id=AGENT).fact.pk
+    base = _unit(1, dimension=4)[0]
+    near = {first_a: base, second_a: base + 0.05, of_b: base + 0.01}  # B's is the nearest to A's first
+    for fact_id, vec in near.items():
+        vec = vec / np.linalg.norm(vec)
+        RecallDocument.objects.filter(kind="fact", item_id=fact_id).update(embedding=to_blob(vec))
+    doc = dict(RecallDocument.objects.filter(kind="fact").values_list("item_id", "id"))
+    source = doc[first_a]
+    assert link_similar([(source, np.asarray([near[first_a]], dtype=np.float32))]) == 1
+    assert list(MemoryRelation.objects.filter(source_id=source).values_list("target_id", flat=True)) == [doc[second_a]]
 
 
 # ------------------------------------------------------------------ /healthz and /metrics

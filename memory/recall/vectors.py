@@ -195,12 +195,16 @@ class OwnerMatrix:
             rows = rows[mine[rows]]
         return self._best(rows, self.vectors[rows] @ query, n)
 
-    def top_many(self, queries, n):
+    def top_many(self, queries, n, workspace=None):
         """`top` of each row of `queries`: one matrix product for the lot where the owner is scanned exactly."""
         if self.size == 0 or self.size > EXACT_ROWS:
-            return [self.top(query, n) for query in queries]
-        rows = np.arange(self.size)
+            return [self.top(query, n, workspace) for query in queries]
         scores = self.vectors[: self.size] @ queries.T
+        if workspace is None:
+            rows = np.arange(self.size)
+        else:
+            rows = np.flatnonzero(self.spaces[: self.size] == workspace)
+            scores = scores[rows]
         return [self._best(rows, scores[:, j], n) for j in range(len(queries))]
 
     def _best(self, rows, scores, n):
@@ -476,13 +480,14 @@ class VectorIndex:
                     found[doc_id] = score
         return sorted(found.items(), key=lambda item: -item[1])[:n]
 
-    def search_owner(self, owner, queries, n):
-        """For each row of `queries`: the n best (doc id, cosine) of one owner, best first."""
+    def search_owner(self, owner, queries, n, workspace=None):
+        """For each row of `queries`: the n best (doc id, cosine) of one owner (of one workspace's
+        documents: OwnerMatrix.top), best first."""
         matrix = self._held([owner]).get(owner)
         if matrix is None:
             return [[] for _ in queries]
         with matrix.lock:
-            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n)]
+            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n, workspace)]
 
     def cosines(self, owners, doc_ids, query):
         result = {}
