@@ -265,6 +265,7 @@ def test_metrics_inside_a_workspace_count_its_rows_only(client, filled, member_o
     client.force_login(member_of_a)
     assert _samples(client.get("/metrics"))[FACTS] == 1
     client.logout()
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Token not-a-token").status_code == 401  # not the deployment's
     settings.MEMORY = {**settings.MEMORY, "METRICS_TOKEN": "s3cret"}
     assert client.get("/metrics").status_code == 401
     assert _samples(client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret"))[FACTS] == 4

@@ -107,13 +107,13 @@ def prometheus_metrics(request):
 
     With MEMORY["METRICS_TOKEN"] set, the scraper must send it as `Authorization: Bearer <token>`
     (else 401); blank, the endpoint is open, as /healthz is. A staff account's API token or session
-    is let in too, and sees its workspace's counts and backlog (module docstring). 503 when the
-    database does not answer.
+    is let in too, and sees its workspace's counts and backlog (module docstring); an unknown API
+    token is a 401. 503 when the database does not answer.
     """
     try:
         staff = enter_workspace_of_staff(request)
-    except AuthenticationFailed:
-        staff = None
+    except AuthenticationFailed as exc:
+        return HttpResponse(f"metrics: {exc.detail}\n", status=401, content_type="text/plain")
     token = memory_settings.METRICS_TOKEN
     if (
         staff is None

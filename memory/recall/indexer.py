@@ -152,9 +152,6 @@ def kept_out_of_vectors():
 
 def _pending(model):
     docs = model.objects.filter(PENDING_VECTOR).order_by()
-    workspace_id = current_workspace_id()
-    if model is RecallDocument and workspace_id is not None:  # store items' manager keeps to it already
-        docs = docs.filter(workspace_id=workspace_id)
     kept_out = kept_out_of_vectors() if model is RecallDocument else None
     return docs if kept_out is None else docs.exclude(kept_out)
 
@@ -224,8 +221,16 @@ def drain_pending(*, deadline=None):
 
 
 def pending_count():
-    """Recall documents and store items waiting for a vector."""
-    return sum(_pending(model).count() for model in MODELS)
+    """Recall documents and store items waiting for a vector: the current workspace's, if one is
+    (/healthz and /metrics of a workspace member; the store items' manager keeps to it already)."""
+    workspace_id = current_workspace_id()
+    total = 0
+    for model in MODELS:
+        docs = _pending(model)
+        if model is RecallDocument and workspace_id is not None:
+            docs = docs.filter(workspace_id=workspace_id)
+        total += docs.count()
+    return total
 
 
 class Indexer:
