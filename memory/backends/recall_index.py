@@ -39,7 +39,7 @@ class RecallSQL:
 
     def recall_keyword(self, terms, owners, depth):
         """[(document id, score)] of the `depth` best keyword matches among `owners` (of the current
-        workspace, if one is: recall_workspace), best first.
+        workspace's documents, if one is current), best first.
 
         Scores are positive and larger is better; they need only be comparable within one call.
         """
