@@ -7,7 +7,8 @@ What is counted: the instructions the calling thread executes for one operation,
 calls, after the setup and one uncounted call of the same operation. The operations are those of
 bench.facts (get_fact, set_fact, search_facts on N filled facts), bench.store (EngramStore put, get,
 search by filter and by query, list_namespaces over N items), bench.recall_latency (recall over N
-documents, at one size) and bench.webhook (one Telegram update through Django's test client to the
+documents, at one size, with no workspace current and inside the default one, as a workspace
+member's request recalls) and bench.webhook (one Telegram update through Django's test client to the
 demo workflow and its reply), each in keyword and hybrid mode. In hybrid mode the model's work is
 not what is compared: the query embeddings of recall are cached by an uncounted pass, and documents
 are embedded by the embedding worker's thread, which is not the calling thread.

@@ -68,13 +68,14 @@ def test_0017_moves_each_facts_latest_version_onto_its_row():
 def test_0019_dates_every_episode_document_and_back():
     """0019 rewrites the documents of episodes written before it with their date first (and clears
     their vectors, for the worker to embed again); going back restores the undated text."""
-    from memory.models import RecallDocument
 
     def texts():
         return {d.item_id: (d.text, d.embedding is None) for d in RecallDocument.objects.filter(kind="episode")}
 
     apps = migrate(("memory", "0018_fact_owner_search_index"))
     try:
+        # The models of that state: the documents' later columns (a workspace) are not there yet.
+        RecallDocument = apps.get_model("memory", "RecallDocument")
         Episode = apps.get_model("memory", "Episode")
         old = Episode.objects.create(agent_id="bot", conversation=[{"role": "user", "content": "I like tea."}])
         Episode.objects.filter(pk=old.pk).update(started_at=datetime.datetime(2023, 5, 8, 23, 30, tzinfo=datetime.UTC))
@@ -131,7 +132,10 @@ def test_0031_makes_unique_keys_per_workspace_and_goes_back():
     workspace again."""
     from django.db import IntegrityError, transaction
 
-    from memory.models import RecallDocument
+    def recall_text(fact_id):  # the live model has columns later migrations add
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT text FROM memory_recall_doc WHERE kind = 'fact' AND item_id = %s", [fact_id])
+            return cursor.fetchone()[0]
 
     apps = migrate(("memory", "0030_workspaces"))
     try:
@@ -165,7 +169,7 @@ def test_0031_makes_unique_keys_per_workspace_and_goes_back():
         identity.objects.create(user=user, channel="telegram", external_id="42", workspace_id=DEFAULT_WORKSPACE)
         assert new_apps.get_model("memory", "Fact").objects.get(pk=kept.pk).scope_key == "agent:bot"
         new_apps.get_model("memory", "Fact").objects.filter(pk=kept.pk).update(search_text="tone hot")
-        assert RecallDocument.objects.get(kind="fact", item_id=kept.pk).text.endswith("tone hot")
+        assert recall_text(kept.pk).endswith("tone hot")
         # Going back needs the keys unique over every workspace again.
         identity.objects.all().delete()
         for row in made:
@@ -177,10 +181,68 @@ def test_0031_makes_unique_keys_per_workspace_and_goes_back():
                 key="tone", value="dry", scope="agent", agent_id="bot", search_text="tone dry", workspace=other
             )
         OldFact.objects.filter(pk=kept.pk).update(search_text="tone cold")
-        assert RecallDocument.objects.get(kind="fact", item_id=kept.pk).text.endswith("tone cold")
+        assert recall_text(kept.pk).endswith("tone cold")
     finally:
         migrate()
 
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 DEFAULT_WORKSPACE = 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0032_and_0033_give_versions_and_recall_documents_their_workspace_and_go_back():
+    """0032: each fact version takes its fact's workspace (a deleted fact's: its person's, team's or
+    episode's, else the default one) and the history view shows it; 0033: each recall document
+    takes its item's, and the item triggers write it from then on. Both go back, and forwards again."""
+    from memory.models import RecallDocument
+    from memory.service import MemoryService
+
+    def documents():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT kind, item_id FROM memory_recall_doc ORDER BY kind, item_id")
+            return cursor.fetchall()
+
+    apps = migrate(("memory", "0031_workspace_unique_keys"))
+    try:
+        Workspace = apps.get_model("memory", "Workspace")
+        OldFact, OldVersion = apps.get_model("memory", "Fact"), apps.get_model("memory", "FactVersion")
+        b = Workspace.objects.create(slug="b").pk
+        person = apps.get_model("memory", "MemoryUser").objects.create(display_name="P", workspace_id=b)
+        episode = apps.get_model("memory", "Episode").objects.create(agent_id="bot", workspace_id=b)
+        procedure = apps.get_model("memory", "Procedure").objects.create(name="p", content="c", workspace_id=b)
+        fact = OldFact.objects.create(
+            key="k", value="v", scope="agent", agent_id="bot", search_text="k v", workspace_id=b
+        )
+        when = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        common = {"key": "k", "value": "old", "confidence": 0.5, "valid_from": when, "action": "created"}
+        agent = {"scope": "agent", "scope_key": "agent:bot", "agent_id": "bot"}
+        of_fact = OldVersion.objects.create(fact_id=fact.pk, **agent, **common)
+        of_person = OldVersion.objects.create(
+            fact_id=900, scope="user", scope_key=f"user:{person.pk}", user_id=person.pk, **common
+        )
+        of_episode = OldVersion.objects.create(fact_id=901, source_episode_id=episode.pk, **agent, **common)
+        of_nobody = OldVersion.objects.create(fact_id=902, **agent, **common)
+        migrate()
+        assert dict(FactVersion.objects.values_list("pk", "workspace_id")) == {
+            of_fact.pk: b, of_person.pk: b, of_episode.pk: b, of_nobody.pk: 1,
+        }  # fmt: skip
+        assert FactHistory.objects.get(pk=-fact.pk).workspace_id == b
+        assert set(RecallDocument.objects.values_list("kind", "item_id", "workspace_id")) == {
+            ("fact", fact.pk, b), ("episode", episode.pk, b), ("procedure", procedure.pk, b),
+        }  # fmt: skip
+        from memory.models import Workspace as LiveWorkspace
+        from memory.models import in_workspace
+
+        with in_workspace(LiveWorkspace.objects.get(pk=b)):
+            new = MemoryService().set_fact("n", "w", scope="global").fact
+        assert RecallDocument.objects.get(kind="fact", item_id=new.pk).workspace_id == b
+        migrate(("memory", "0031_workspace_unique_keys"))
+        later = OldFact.objects.create(key="l", value="x", scope="global", search_text="l x", workspace_id=b)
+        assert ("fact", later.pk) in documents()  # the triggers as they were
+        assert OldVersion.objects.count() == 4
+        migrate()
+        assert RecallDocument.objects.get(kind="fact", item_id=later.pk).workspace_id == b
+        assert FactVersion.objects.get(pk=of_nobody.pk).workspace_id == 1
+    finally:
+        migrate()

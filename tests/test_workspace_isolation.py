@@ -157,6 +157,27 @@ def test_every_list_endpoint_shows_a_nothing_of_b(api_a, tenants):
     assert seen_a >= 10
 
 
+# What A asks of the same endpoints to find its own rows.
+MINE = {
+    "/api/v1/facts/lookup/": {"key": f"{MARK_A} rule"},
+    "/api/v1/facts/search/": {"q": MARK_A},
+    "/api/v1/recall/": {"q": f"{MARK_A} rule motto"},
+}
+
+
+@pytest.mark.parametrize("when", ["valid_at", "as_of"])
+def test_point_in_time_reads_as_a_show_nothing_of_b(api_a, tenants, when):
+    """The lookup, search and recall endpoints at a time (fact history, whose versions of B share
+    A's agent, session and global owners): B's mark nowhere, A's versions found."""
+    now = timezone.now().isoformat()
+    for path, query in LIST_QUERIES.items():
+        response = api_a.get(path, {**query, when: now})
+        assert response.status_code == 200, (path, response.content[:300])
+        assert MARK_B not in response.content.decode().replace(query.get("key", query.get("q")), ""), path
+        mine = {**query, **MINE[path]}
+        assert MARK_A in api_a.get(path, {**mine, when: now}).content.decode(), path
+
+
 @pytest.mark.parametrize("kind", ["facts", "episodes", "procedures", "memory-users", "store-items", "runs"])
 def test_lists_hold_a_rows_only(api_a, tenants, kind):
     path = f"/api/v1/{kind}/"
@@ -307,6 +328,10 @@ def test_mcp_tools_as_a_see_nothing_of_b(tenants):
 
     recalled = asyncio.run(call("recall", {"query": f"{MARK_B} parcels rule motto", "limit": 50}))
     assert MARK_B not in recalled
+    now = timezone.now().isoformat()
+    for when in ("as_of", "valid_at"):  # through the fact history
+        recalled = asyncio.run(call("recall", {"query": f"{MARK_B} {MARK_A} rule motto", "limit": 50, when: now}))
+        assert MARK_B not in recalled.replace(f"{MARK_B} {MARK_A}", "") and MARK_A in recalled
     assert MARK_A in asyncio.run(call("recall", {"query": f"{MARK_A} rule", "limit": 50}))
     fact_b = tenants["rows_b"]["facts"][1]  # B's fact of the same agent id
     with pytest.raises(ToolError, match="no fact"):

@@ -192,6 +192,17 @@ def recall(args, counter):
     for (query,) in queries:  # the query embeddings are cached: the model's work is not what is compared
         service.recall(query, agent_id=agent, mode=args.mode)
     counter.measure(f"recall ({args.mode})", queries, lambda q: service.recall(q, agent_id=agent, mode=args.mode))
+    try:
+        in_workspace = first("memory.models:in_workspace")
+    except (ImportError, AttributeError):  # a commit from before workspaces
+        in_workspace = None
+    if in_workspace is not None:
+
+        def in_the_default_workspace(query):  # as a request of a workspace member recalls
+            with in_workspace(1):
+                service.recall(query, agent_id=agent, mode=args.mode)
+
+        counter.measure(f"recall in a workspace ({args.mode})", queries, in_the_default_workspace)
     service.flush_recall_log()
 
 

@@ -1,5 +1,12 @@
 """GET /healthz: whether the site can serve memory, for load balancers and operators (no login, no memory content);
-GET /metrics: the same kind of figures in Prometheus's text format (memory/operations/metrics.py)."""
+GET /metrics: the same kind of figures in Prometheus's text format (memory/operations/metrics.py).
+
+Anonymous (and the metrics scraper's bearer token): the figures of the whole deployment. With a
+staff account's API token or admin session: the memory figures (health band and score, counts,
+vector backlog) of that account's workspace only, as its API sees; what belongs to the process or
+the site (database, recall mode, vector cache, errors, consolidation runs, recall latency) stays
+the deployment's.
+"""
 
 import logging
 import threading
@@ -10,11 +17,13 @@ from django.http import HttpResponse, JsonResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from rest_framework.exceptions import AuthenticationFailed
 
 from ..conf import memory_settings
 from ..operations import health, metrics
 from ..recall.indexer import indexer
 from ..service import MemoryService
+from .workspaces import enter_workspace_of_staff
 
 logger = logging.getLogger("engram.memory")
 
@@ -41,8 +50,13 @@ def healthz(request):
     """Database, checkpointer (and other registered components), recall mode, last consolidation, health band.
 
     200 with "status": "ok" (or "degraded" when a component reports a problem or the band is red);
-    503 with "status": "unavailable" when the database does not answer.
+    503 with "status": "unavailable" when the database does not answer; 401 for an unknown API token.
+    A staff account's token or session: its workspace's health band (module docstring).
     """
+    try:
+        enter_workspace_of_staff(request)
+    except AuthenticationFailed as exc:
+        return JsonResponse({"status": "unauthorized", "detail": str(exc.detail)}, status=401)
     database = health.database_status()
     body = {"status": "ok", "database": database}
     for name, check in health.components().items():
@@ -92,10 +106,20 @@ def prometheus_metrics(request):
     """Counts, vector backlog, errors and recall latency for Prometheus; no memory content.
 
     With MEMORY["METRICS_TOKEN"] set, the scraper must send it as `Authorization: Bearer <token>`
-    (else 401); blank, the endpoint is open, as /healthz is. 503 when the database does not answer.
+    (else 401); blank, the endpoint is open, as /healthz is. A staff account's API token or session
+    is let in too, and sees its workspace's counts and backlog (module docstring); an unknown API
+    token is a 401. 503 when the database does not answer.
     """
+    try:
+        staff = enter_workspace_of_staff(request)
+    except AuthenticationFailed as exc:
+        return HttpResponse(f"metrics: {exc.detail}\n", status=401, content_type="text/plain")
     token = memory_settings.METRICS_TOKEN
-    if token and not constant_time_compare(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    if (
+        staff is None
+        and token
+        and not constant_time_compare(request.headers.get("Authorization", ""), f"Bearer {token}")
+    ):
         return HttpResponse("metrics: a bearer token is required\n", status=401, content_type="text/plain")
     service = MemoryService()
     try:

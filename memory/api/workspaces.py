@@ -33,6 +33,25 @@ def enter_workspace_of(user):
     enter_workspace(workspace_of_user(user))
 
 
+def enter_workspace_of_staff(request):
+    """For the plain Django views outside the API (/healthz, /metrics): the staff account of the
+    request's API token (`Authorization: Token <key>`) or admin session, whose workspace is made
+    current (as the API does: no membership, the default workspace); None, and nothing current,
+    for anyone else. An unknown or inactive token raises AuthenticationFailed."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "token" and key.strip():
+        user, _ = WorkspaceTokenAuthentication().authenticate_credentials(key.strip())
+    else:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+    if not user.is_staff:
+        enter_workspace(None)
+        return None
+    enter_workspace_of(user)
+    return user
+
+
 class WorkspaceTokenAuthentication(TokenAuthentication):
     """DRF's token authentication; the token's user comes with their workspace membership in the same
     query, and that workspace becomes current."""

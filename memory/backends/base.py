@@ -506,7 +506,7 @@ _VERSION_COLUMNS = ", ".join(
     for c in (
         "fact_id", "action", "scope_key", "key", "value", "fact_type", "scope", "user_id", "agent_id",
         "session_id", "confidence", "source_episode_id", "provenance", "valid_from", "world_from", "world_to",
-        "recorded_world_to", "team_id",
+        "recorded_world_to", "team_id", "workspace_id",
     )
 )  # fmt: skip
 _COPIED = ", ".join(
@@ -531,7 +531,7 @@ def version_copy_sql(row, *, action=None, valid_from=None, episode=None, provena
         f"SELECT {row}.id, {action or row + '.change_action'}, {row}.scope_key, {_COPIED.format(row=row)}, "
         f"{episode or CURRENT_EPISODE.format(row=row)}, {provenance or CURRENT_PROVENANCE.format(row=row)}, "
         f"{valid_from or row + '.updated_at'}, {row}.valid_from, {world_to or row + '.valid_to'}, {row}.valid_to, "
-        f"{row}.team_id FROM "
+        f"{row}.team_id, {row}.workspace_id FROM "
     )
 
 

@@ -16,6 +16,7 @@ import time
 
 from django.db import connection
 
+from ..models.workspaces import current_workspace_id
 from .base import (
     FACT_TABLE,
     USER_TABLE,
@@ -123,11 +124,15 @@ class PostgreSQLBackend(MemoryBackend):
     def recall_keyword(self, terms, owners, depth):
         if not terms or not owners:
             return []
+        # Owners are the same text in every workspace: inside one, only its documents are candidates.
+        workspace_id = current_workspace_id()
+        scoped, scope_params = (" AND d.workspace_id = %s", [workspace_id]) if workspace_id is not None else ("", [])
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT d.id, ts_rank(d.tsv, q, 1) FROM {DOC_TABLE} d, to_tsquery('english', %s) q "
-                f"WHERE d.tsv @@ q AND d.owner IN ({', '.join(['%s'] * len(owners))}) ORDER BY 2 DESC, d.id LIMIT %s",
-                [" | ".join(terms), *owners, depth],
+                f"WHERE d.tsv @@ q AND d.owner IN ({', '.join(['%s'] * len(owners))}){scoped} "
+                "ORDER BY 2 DESC, d.id LIMIT %s",
+                [" | ".join(terms), *owners, *scope_params, depth],
             )
             return cursor.fetchall()
 

@@ -38,7 +38,8 @@ class RecallSQL:
     recall_index_behind_sql = "0"
 
     def recall_keyword(self, terms, owners, depth):
-        """[(document id, score)] of the `depth` best keyword matches among `owners`, best first.
+        """[(document id, score)] of the `depth` best keyword matches among `owners` (of the current
+        workspace's documents, if one is current), best first.
 
         Scores are positive and larger is better; they need only be comparable within one call.
         """
@@ -90,9 +91,10 @@ class RecallSQL:
     def recall_documents(self, doc_ids, owners, kinds, min_confidence, *, for_person=False):
         """The candidates a viewer may be shown, with what ranking needs. One query.
 
-        Keeps documents of the viewer's owners, of the wanted kinds, active, facts at or above
-        `min_confidence`, and not shadowed: a fact (or an active procedure) of a more specific owner
-        with the same key (name) hides one of a less specific owner, whatever the filters say of it.
+        Keeps documents of the viewer's owners (in the current workspace, if one is), of the wanted
+        kinds, active, facts at or above `min_confidence`, and not shadowed: a fact (or an active
+        procedure) of a more specific owner with the same key (name) and workspace hides one of a less
+        specific owner, whatever the filters say of it.
         `for_person` (a viewer with a user): episodes with no user (an agent's, or everyone's) are left
         out. A conversation without an identified person may hold anyone's words (a run whose user
         could not be identified), so it is never shown to a person; the agent alone still sees it.
@@ -113,6 +115,10 @@ class RecallSQL:
             f"{_off_index('d.kind')} IN ({', '.join(['%s'] * len(kinds))})",
         ]
         params += [*doc_ids, *kinds]
+        workspace_id = current_workspace_id()
+        if workspace_id is not None:
+            where.append("d.workspace_id = %s")
+            params.append(workspace_id)
         if min_confidence:
             where.append("(d.kind <> 'fact' OR d.importance >= %s)")
             params.append(min_confidence)
@@ -133,7 +139,8 @@ class RecallSQL:
             f"FROM {DOC_TABLE} d CROSS JOIN viewer_owners o "
             f"WHERE {' AND '.join(where)} AND d.active AND NOT (d.shadow_key <> '' AND EXISTS ("
             f"SELECT 1 FROM {DOC_TABLE} g JOIN viewer_owners go ON go.k = g.owner "
-            "WHERE g.shadow_key = d.shadow_key AND g.kind = d.kind AND g.active AND go.r < o.r))"
+            "WHERE g.shadow_key = d.shadow_key AND g.kind = d.kind AND g.workspace_id = d.workspace_id "
+            "AND g.active AND go.r < o.r))"
         )
         pairs = 2 * len(owners)  # the sentence marks follow the viewer's owners (WITH), before WHERE's
         params = [*params[:pairs], "?", "?", ".", "!", "%?", "%.", "%!", *params[pairs:]]
@@ -144,13 +151,14 @@ class RecallSQL:
     def recall_neighbours(self, doc_ids):
         """For episode documents: {doc id: (session id, [doc ids one before, one after, two before, two after])}.
 
-        Neighbours are the episodes around it in the same session with the same agent and user (so
-        the same owner: nothing the viewer could not see), in id order; None where there is none.
+        Neighbours are the episodes around it in the same session with the same agent, user and
+        workspace (so the same owner: nothing the viewer could not see), in id order; None where
+        there is none.
         """
         if not doc_ids:
             return {}
         same = (
-            "p.session_id = e.session_id AND p.agent_id = e.agent_id "
+            "p.session_id = e.session_id AND p.agent_id = e.agent_id AND p.workspace_id = e.workspace_id "
             "AND (p.user_id = e.user_id OR (p.user_id IS NULL AND e.user_id IS NULL))"
         )
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 
+from ..models.workspaces import current_workspace_id
 from .base import (
     FACT_TABLE,
     TEAMS_SQL,
@@ -307,17 +308,30 @@ class SQLiteBackend(SQLiteStoreReads, MemoryBackend):
         if not terms or not owners:
             return []
         words = " OR ".join(_phrase(t) for t in terms)
+        # Inside a workspace the documents are joined for theirs (owner markers are the same in
+        # every workspace): another workspace's matches never take one of the `depth` places.
+        workspace_id = current_workspace_id()
+        scoped, scope_params = ("AND d.workspace_id = %s ", [workspace_id]) if workspace_id is not None else ("", [])
         if self.recall_stats.share(owners) >= _RECALL_JOIN_SHARE:
             sql = (
                 "SELECT f.rowid, -f.rank FROM memory_recall_fts f CROSS JOIN memory_recall_doc d ON d.id = f.rowid "
-                f"WHERE memory_recall_fts MATCH %s AND d.owner IN ({', '.join(['%s'] * len(owners))}) "
+                f"WHERE memory_recall_fts MATCH %s AND d.owner IN ({', '.join(['%s'] * len(owners))}) {scoped}"
                 "ORDER BY f.rank LIMIT %s"
             )
-            params = [f"text : ({words})", *owners, depth]
+            params = [f"text : ({words})", *owners, *scope_params, depth]
         else:
             marks = " OR ".join(_phrase(owner_marker(o)) for o in owners)
-            sql = "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s"
-            params = [f"text : ({words}) AND owner : ({marks})", depth]
+            match = f"text : ({words}) AND owner : ({marks})"
+            if scoped:
+                sql = (
+                    "SELECT f.rowid, -f.rank FROM memory_recall_fts f CROSS JOIN memory_recall_doc d "
+                    f"ON d.id = f.rowid WHERE memory_recall_fts MATCH %s {scoped}ORDER BY f.rank LIMIT %s"
+                )
+            else:
+                sql = (
+                    "SELECT rowid, -rank FROM memory_recall_fts WHERE memory_recall_fts MATCH %s ORDER BY rank LIMIT %s"
+                )
+            params = [match, *scope_params, depth]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()

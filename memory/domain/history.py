@@ -30,6 +30,7 @@ from ..backends.rows import fetch_models, select_columns
 from ..conf import memory_settings
 from ..models import FACT_HISTORY_VIEW, SCOPE_RANK, FactAction, FactHistory
 from ..models.owners import owners_condition
+from ..models.workspaces import current_workspace_id
 from ..rules.validation import chunks
 from ..text import fact_search_text
 
@@ -144,13 +145,20 @@ def _states_at(viewer, valid_at, as_of=None, keys=None):
     correction recorded later wins over what it corrected. A version's end is the one it has now
     (world_to, closed by the value that replaced it), or, read as of a time before it was
     replaced, the one it had then (recorded_world_to). A `deleted` version recorded after a state
-    ends it: a fact deleted since holds nothing, at any time.
+    ends it: a fact deleted since holds nothing, at any time. Inside a workspace, only its versions
+    are read, and a version is ended only by a `deleted` one of its own workspace.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     owners, params = owners_condition("v.scope_key", owner_terms(viewer))
     world = _VALID_FROM.get_db_prep_value(valid_at, conn)
     recorded = None if as_of is None else _VALID_FROM.get_db_prep_value(as_of, conn)
     inner = [owners]
+    workspace_id = current_workspace_id()
+    if workspace_id is not None:
+        # Owner keys but a person's are the same text in every workspace: another workspace's
+        # versions under them must not take the place (ROW_NUMBER below) of the current one's.
+        inner.append("v.workspace_id = %s")
+        params.append(workspace_id)
     if keys is not None:
         inner.append(f'v."key" IN ({", ".join(["%s"] * len(keys))})')
         params += list(keys)
@@ -165,7 +173,8 @@ def _states_at(viewer, valid_at, as_of=None, keys=None):
         else "CASE WHEN s.replaced_at IS NULL THEN s.recorded_world_to ELSE s.world_to END"
     )
     ended = (
-        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = s.scope_key AND d."key" = s."key" AND d.action = %s '
+        f'SELECT 1 FROM {VERSION_TABLE} d WHERE d.scope_key = s.scope_key AND d."key" = s."key" '
+        "AND d.workspace_id = s.workspace_id AND d.action = %s "
         "AND (d.valid_from > s.valid_from OR d.valid_from = s.valid_from AND s.id > 0 AND d.id > s.id)"
         + ("" if recorded is None else " AND d.valid_from <= %s")
     )
@@ -173,7 +182,7 @@ def _states_at(viewer, valid_at, as_of=None, keys=None):
     columns = select_columns(FactHistory, "s")
     sql = (
         f"SELECT {select_columns(FactHistory, 't')} FROM (SELECT {columns}, ROW_NUMBER() OVER "
-        f'(PARTITION BY s.scope_key, s."key" ORDER BY s.{_ORDER.replace(", ", ", s.")}) AS position FROM '
+        f'(PARTITION BY s.workspace_id, s.scope_key, s."key" ORDER BY s.{_ORDER.replace(", ", ", s.")}) AS position FROM '
         f"(SELECT {select_columns(FactHistory, 'v')}, {replaced} AS replaced_at FROM {FACT_HISTORY_VIEW} v "
         f"WHERE {' AND '.join(inner)}) s "
         f"WHERE s.action <> %s AND (s.world_from IS NULL OR s.world_from <= %s) AND ({end} IS NULL OR {end} > %s) "

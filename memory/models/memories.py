@@ -250,7 +250,8 @@ class FactVersion(models.Model):
     a fact's current state is its own row (Fact.change_*), so a create writes no version (as in
     SQL:2011 system-versioned tables). Read every version, the current ones included, through
     FactHistory. `fact_id` is a plain number, not a foreign key: a deleted fact keeps its history.
-    The owner columns are copied so point-in-time reads apply the same isolation as current reads,
+    The owner columns and the workspace are copied so point-in-time reads apply the same isolation
+    as current reads (agent, session and global owner keys are the same text in every workspace),
     and `user` is a foreign key so forgetting a person deletes their history with them.
     """
 
@@ -279,6 +280,9 @@ class FactVersion(models.Model):
     world_from = models.DateTimeField(null=True, blank=True)
     world_to = models.DateTimeField(null=True, blank=True)
     recorded_world_to = models.DateTimeField(null=True, blank=True)
+    workspace = workspace_field("fact_versions")
+
+    objects = WorkspaceManager()
 
     class Meta:
         db_table = "memory_fact_version"
@@ -328,6 +332,11 @@ class FactHistory(models.Model):
     world_from = models.DateTimeField(null=True, blank=True)
     world_to = models.DateTimeField(null=True, blank=True)
     recorded_world_to = models.DateTimeField(null=True, blank=True)
+    workspace = models.ForeignKey(
+        "memory.Workspace", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", editable=False
+    )
+
+    objects = WorkspaceManager()
 
     @property
     def valid_time(self):

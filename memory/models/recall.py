@@ -5,6 +5,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from .memories import PENDING_VECTOR, FactVersion, MemoryUser
+from .workspaces import DEFAULT_WORKSPACE_ID
 
 
 class RecallKind(models.TextChoices):
@@ -45,6 +46,10 @@ class RecallDocument(models.Model):
     vector_seq = models.BigIntegerField(default=0)
     reference_count = models.PositiveIntegerField(default=0)
     last_referenced = models.DateTimeField(null=True, blank=True)
+    # The item's workspace (items never change workspace), copied by the same triggers: recall's
+    # candidate queries and the vector index keep to the current workspace's documents with it,
+    # since agent, session and global owners are the same text in every workspace.
+    workspace_id = models.BigIntegerField(default=DEFAULT_WORKSPACE_ID, editable=False)
 
     class Meta:
         db_table = "memory_recall_doc"

@@ -35,6 +35,7 @@ from django.utils import timezone
 from ..conf import memory_settings
 from ..embedding.embedder import configured_mode
 from ..models import Episode, Fact, MemoryRelation, RecallDocument, RecallKind
+from ..models.workspaces import current_workspace_id
 from ..recall.relations import contradictions
 from ..recall.vectors import cache_stats
 
@@ -129,16 +130,18 @@ _cache = {}
 
 
 def cached(agent_id=None):
-    """compute(), reused for HEALTH["CACHE_SECONDS"] (a /healthz poller must not scan the store each time)."""
+    """compute(), reused for HEALTH["CACHE_SECONDS"] (a /healthz poller must not scan the store
+    each time); one report per workspace (compute counts the current one's rows) and agent."""
     ttl = memory_settings.HEALTH["CACHE_SECONDS"]
     now = time.monotonic()
+    key = (current_workspace_id(), agent_id)
     with _cache_lock:
-        hit = _cache.get(agent_id)
+        hit = _cache.get(key)
         if hit is not None and now - hit[0] < ttl:
             return hit[1]
     report = compute(agent_id)
     with _cache_lock:
-        _cache[agent_id] = (now, report)
+        _cache[key] = (now, report)
     return report
 
 

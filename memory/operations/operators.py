@@ -73,8 +73,7 @@ class Operators:
 
     def fact_version_list(self):
         """Every fact version (fact history, memory/domain/history.py), of facts present and deleted, current ones included."""
-        # Through the workspace's facts, and for a deleted fact of a person through that person.
-        return scoped(FactHistory.objects.all(), workspaces.fact_versions_of)
+        return FactHistory.objects.all()
 
     def promotion_list(self):
         """The promotion ledger (memory/learning/promotion.py)."""

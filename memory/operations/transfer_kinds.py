@@ -347,7 +347,6 @@ KINDS = [
         derived=("scope_key",),
         check=_check_version,
         prepare=_prepare_version,
-        export_queryset=lambda: scoped(FactVersion.objects.all(), workspaces.fact_versions_of),
     ),
     # A promotion names its source by number (the source may be deleted later; the ledger stays).
     TransferKind(

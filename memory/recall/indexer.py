@@ -50,6 +50,7 @@ from ..conf import memory_settings
 from ..embedding.embedder import EmbeddingModelChanged, configured_mode, get_embedder, to_blob
 from ..embedding.model_process import vectors_due
 from ..models import PENDING_VECTOR, Episode, RecallDocument, RecallKind, StoreItem
+from ..models.workspaces import current_workspace_id
 from .claims import (
     claimed_texts,
     commits_without_flush_wait,
@@ -248,8 +249,16 @@ def drain_pending(*, deadline=None):
 
 
 def pending_count():
-    """Recall documents and store items waiting for a vector."""
-    return sum(_pending(model).count() for model in MODELS)
+    """Recall documents and store items waiting for a vector: the current workspace's, if one is
+    (/healthz and /metrics of a workspace member; the store items' manager keeps to it already)."""
+    workspace_id = current_workspace_id()
+    total = 0
+    for model in MODELS:
+        docs = _pending(model)
+        if model is RecallDocument and workspace_id is not None:
+            docs = docs.filter(workspace_id=workspace_id)
+        total += docs.count()
+    return total
 
 
 class Indexer:

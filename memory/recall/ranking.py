@@ -90,6 +90,7 @@ from ..models import (
     RecallEvent,
     RecallKind,
 )
+from ..models.workspaces import current_workspace_id
 from .relations import neighbours
 from .vectors import get_vector_index
 
@@ -299,7 +300,7 @@ class Recaller:
             query_vector = query_vector.result()  # what is left of the embedding once the database answered
             self._lap("embed")
             self.embed_ms = self.timings["embed"]
-            vector = dict(index.search(owner_names, query_vector, depth))
+            vector = dict(index.search(owner_names, query_vector, depth, current_workspace_id()))
             missing = [d for d in keyword if d not in vector]
             if missing:
                 vector.update(index.cosines(owner_names, missing, query_vector))

@@ -37,7 +37,8 @@ logger = logging.getLogger("engram.memory")
 
 
 def link_similar(docs):
-    """Link each (document id, piece vectors) to its closest documents of the same owner; returns edges written.
+    """Link each (document id, piece vectors) to its closest documents of the same owner and workspace
+    (owners but a person's are the same text in every workspace); returns edges written.
 
     Call outside any transaction, after the vectors are stored (the search reads them back through the
     process's vector index). Never raises: the edges are a hint, the memories are already stored.
@@ -48,12 +49,13 @@ def link_similar(docs):
     from .vectors import get_vector_index
 
     try:
-        owners = dict(RecallDocument.objects.filter(pk__in=[d for d, _ in docs]).values_list("id", "owner"))
+        rows = RecallDocument.objects.filter(pk__in=[d for d, _ in docs]).values_list("id", "owner", "workspace_id")
+        owners = {doc_id: (owner, workspace) for doc_id, owner, workspace in rows}
         states = {
             owner: (generation, removed)
-            for owner, generation, removed in RecallScope.objects.filter(owner__in=set(owners.values())).values_list(
-                "owner", "generation", "removed"
-            )
+            for owner, generation, removed in RecallScope.objects.filter(
+                owner__in={owner for owner, _ in owners.values()}
+            ).values_list("owner", "generation", "removed")
         }
         dimension = docs[0][1].shape[-1]
         index = get_vector_index(dimension)
@@ -65,9 +67,10 @@ def link_similar(docs):
                 query = pieces.mean(axis=0)
                 by_owner.setdefault(owners[doc_id], []).append((doc_id, query / (np.linalg.norm(query) or 1.0)))
         edges = []
-        for owner, group in by_owner.items():
+        for (owner, workspace), group in by_owner.items():
             queries = np.stack([query for _, query in group]).astype(np.float32)
-            for (doc_id, _), found in zip(group, index.search_owner(owner, queries, top + 1)):  # + 1: itself
+            similar = index.search_owner(owner, queries, top + 1, workspace)  # + 1: itself
+            for (doc_id, _), found in zip(group, similar):
                 close = [(other, cos) for other, cos in found if other != doc_id and cos >= floor]
                 edges += [
                     MemoryRelation(source_id=doc_id, target_id=other, relation=Relation.SIMILAR, weight=cosine)

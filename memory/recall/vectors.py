@@ -36,6 +36,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..backends.rows import fetch_in_chunks
 from ..conf import memory_settings, on_memory_settings_changed
 from ..embedding.embedder import from_blobs
+from ..models.workspaces import DEFAULT_WORKSPACE_ID
 
 _DOC_TABLE = "memory_recall_doc"
 _FETCH = 10_000
@@ -73,6 +74,7 @@ class OwnerMatrix:
         """Empty (to be loaded afresh)."""
         dimension = self.dimension
         self.ids = np.zeros(0, dtype=np.int64)
+        self.spaces = np.zeros(0, dtype=np.int64)  # each row's workspace (of its document)
         self.vectors = np.zeros((0, dimension), dtype=np.float32)
         self.words = (dimension + 63) // 64
         # Sign bits, one row of uint64 words per 64 dimensions (word-major: each word's column is contiguous).
@@ -85,7 +87,7 @@ class OwnerMatrix:
 
     def nbytes(self):
         """What it holds: its arrays (their capacity, allocated) and its id map (estimated)."""
-        arrays = self.ids.nbytes + self.vectors.nbytes + self.signs.nbytes
+        arrays = self.ids.nbytes + self.spaces.nbytes + self.vectors.nbytes + self.signs.nbytes
         return arrays + sys.getsizeof(self.row_of) + _ENTRY_BYTES * len(self.row_of)
 
     def _grow(self, needed):
@@ -97,12 +99,14 @@ class OwnerMatrix:
         # owners (the embedding worker's first links load thousands of them at once).
         new_capacity = max(self.size + needed, int(capacity * 1.5))
         ids = np.full(new_capacity, -1, dtype=np.int64)
+        spaces = np.zeros(new_capacity, dtype=np.int64)
         vectors = np.zeros((new_capacity, self.dimension), dtype=np.float32)
         signs = np.zeros((self.words, new_capacity), dtype=np.uint64)
         ids[: self.size] = self.ids[: self.size]
+        spaces[: self.size] = self.spaces[: self.size]
         vectors[: self.size] = self.vectors[: self.size]
         signs[:, : self.size] = self.signs[:, : self.size]
-        self.ids, self.vectors, self.signs = ids, vectors, signs
+        self.ids, self.spaces, self.vectors, self.signs = ids, spaces, vectors, signs
 
     def rows(self, doc_id):
         """The rows of a document: one per piece of its text (memory.embedding.embedder.split_pieces)."""
@@ -115,19 +119,22 @@ class OwnerMatrix:
             self.vectors[row] = 0.0
         self.stale += len(rows)
 
-    def apply(self, doc_ids, blobs):
-        """Put these documents' current vectors in (a None blob takes the document out).
+    def apply(self, doc_ids, blobs, spaces=None):
+        """Put these documents' current vectors in (a None blob takes the document out); `spaces`:
+        each document's workspace (None: all of the default workspace).
 
         A blob holds one vector per piece of the document's text; a document keeps its rows where it
         has as many pieces as before (an episode with a new message reuses its rows and adds one).
         """
         row_bytes = 4 * self.dimension
+        if spaces is None:
+            spaces = [DEFAULT_WORKSPACE_ID] * len(doc_ids)
         if self.row_of.keys().isdisjoint(doc_ids) and all(b is not None and len(b) == row_bytes for b in blobs):
-            self._append(doc_ids, blobs)
+            self._append(doc_ids, blobs, spaces)
             return
         self._grow(sum(len(b) // row_bytes for b in blobs if b is not None))
         rows, kept = [], []
-        for doc_id, blob in zip(doc_ids, blobs):
+        for doc_id, blob, space in zip(doc_ids, blobs, spaces):
             old = self.rows(doc_id)
             if blob is None:
                 self.row_of.pop(doc_id, None)
@@ -140,13 +147,14 @@ class OwnerMatrix:
                 mine.append(self.size)
                 self.ids[self.size] = doc_id
                 self.size += 1
+            self.spaces[mine] = space
             self.row_of[doc_id] = mine[0] if n == 1 else tuple(mine)
             rows += mine
             kept.append(blob)
         if kept:
             self._write(np.asarray(rows, dtype=np.int64), kept)
 
-    def _append(self, doc_ids, blobs):
+    def _append(self, doc_ids, blobs, spaces):
         """New documents of one piece each (the common case: an owner's first load, a million of them
         at once): no per-row Python, which would hold the interpreter from the process's requests."""
         if not doc_ids:
@@ -154,6 +162,7 @@ class OwnerMatrix:
         self._grow(len(doc_ids))
         start, end = self.size, self.size + len(doc_ids)
         self.ids[start:end] = doc_ids
+        self.spaces[start:end] = spaces
         self.row_of.update(zip(doc_ids, range(start, end)))
         self.size = end
         self._write(slice(start, end), blobs)
@@ -165,24 +174,42 @@ class OwnerMatrix:
         self.vectors[rows] = matrix
         self.signs[:, rows] = sign_words(matrix, self.words).T
 
-    def top(self, query, n):
-        """(doc ids, cosines) of the n best documents, best first; a document scores its best piece."""
+    def top(self, query, n, workspace=None):
+        """(doc ids, cosines) of the n best documents, best first; a document scores its best piece.
+
+        `workspace`: of that workspace's documents only (an owner's documents may be of several
+        workspaces: agent, session and global owners are the same text in each), so another
+        workspace's never take one of the n places; None: of every workspace.
+        """
         if self.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        mine = None if workspace is None else self.spaces[: self.size] == workspace
         if self.size <= EXACT_ROWS:
-            return self._best(np.arange(self.size), self.vectors[: self.size] @ query, n)
-        rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR))
+            scores = self.vectors[: self.size] @ query
+            if mine is None:
+                return self._best(np.arange(self.size), scores, n)
+            rows = np.flatnonzero(mine)
+            return self._best(rows, scores[rows], n)
+        rows = self._shortlist(query, max(SHORTLIST_MIN, n * SHORTLIST_FACTOR), mine)
+        if mine is not None:
+            rows = rows[mine[rows]]
         return self._best(rows, self.vectors[rows] @ query, n)
 
-    def top_many(self, queries, n):
+    def top_many(self, queries, n, workspace=None):
         """`top` of each row of `queries`: one matrix product for the lot where the owner is scanned exactly."""
         if self.size == 0 or self.size > EXACT_ROWS:
-            return [self.top(query, n) for query in queries]
-        rows = np.arange(self.size)
+            return [self.top(query, n, workspace) for query in queries]
         scores = self.vectors[: self.size] @ queries.T
+        if workspace is None:
+            rows = np.arange(self.size)
+        else:
+            rows = np.flatnonzero(self.spaces[: self.size] == workspace)
+            scores = scores[rows]
         return [self._best(rows, scores[:, j], n) for j in range(len(queries))]
 
     def _best(self, rows, scores, n):
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         ids = self.ids[rows]
         # The best k rows hold the best n documents once they name n distinct ones (a document's
         # other pieces can crowd the first n rows): widen k until they do.
@@ -199,8 +226,9 @@ class OwnerMatrix:
                 return ids[best], scores[best]
             k *= 4
 
-    def _shortlist(self, query, m):
-        """The (about) m rows whose sign bits are nearest the query's, by Hamming distance.
+    def _shortlist(self, query, m, mine=None):
+        """The (about) m rows whose sign bits are nearest the query's, by Hamming distance; with
+        `mine` (a mask of rows), rows outside it count as farther than any inside.
 
         Computed in cache-sized chunks (xor, popcount, sum per row); the rows are then those at or
         under the distance whose cumulative count reaches m (ties make it a few more).
@@ -218,7 +246,10 @@ class OwnerMatrix:
             np.sum(bits[:, :n], axis=0, dtype=np.uint16, out=distance[lo:hi])
         if m >= self.size:
             return np.arange(self.size)
-        cumulative = np.cumsum(np.bincount(distance, minlength=self.words * 64 + 1))
+        farthest = self.words * 64
+        if mine is not None:
+            distance[~mine] = farthest + 1
+        cumulative = np.cumsum(np.bincount(distance, minlength=farthest + 2))
         threshold = int(np.searchsorted(cumulative, m))
         return np.flatnonzero(distance <= threshold)
 
@@ -379,7 +410,7 @@ class VectorIndex:
         if group:
             groups.append(group)
         loaded = 0
-        row_bytes = self.dimension * 4 + 8 + 8 * ((self.dimension + 63) // 64) + _ENTRY_BYTES
+        row_bytes = self.dimension * 4 + 16 + 8 * ((self.dimension + 63) // 64) + _ENTRY_BYTES
         for owners in groups:
             locks = [behind[owner][0].lock for owner in owners]
             for lock in locks:
@@ -409,13 +440,13 @@ class VectorIndex:
         where = " OR ".join(["(owner = %s AND vector_seq > %s)"] * len(since))
         loaded = 0
         for rows in fetch_in_chunks(
-            f"SELECT owner, id, embedding FROM {_DOC_TABLE} WHERE {where} ORDER BY owner, vector_seq, id",
+            f"SELECT owner, id, embedding, workspace_id FROM {_DOC_TABLE} WHERE {where} ORDER BY owner, vector_seq, id",
             [value for owner, generation in since.items() for value in (owner, generation)],
             _FETCH,
         ):
             for owner, owned in itertools.groupby(rows, key=operator.itemgetter(0)):
                 owned = list(owned)
-                behind[owner][0].apply([r[1] for r in owned], [r[2] for r in owned])
+                behind[owner][0].apply([r[1] for r in owned], [r[2] for r in owned], [r[3] for r in owned])
             loaded += len(rows)
         return loaded
 
@@ -437,24 +468,26 @@ class VectorIndex:
             self._local.states = states
         return found
 
-    def search(self, owners, query, n):
-        """The n best (doc id, cosine) over the given owners' matrices, best first, ids unique."""
+    def search(self, owners, query, n, workspace=None):
+        """The n best (doc id, cosine) over the given owners' matrices, best first, ids unique;
+        `workspace`: of its documents only (OwnerMatrix.top)."""
         found = {}
         for matrix in self._held(owners).values():
             with matrix.lock:  # a sync may be growing this matrix in another thread
-                ids, scores = matrix.top(query, n)
+                ids, scores = matrix.top(query, n, workspace)
             for doc_id, score in zip(ids.tolist(), scores.tolist()):
                 if score > found.get(doc_id, -2.0):
                     found[doc_id] = score
         return sorted(found.items(), key=lambda item: -item[1])[:n]
 
-    def search_owner(self, owner, queries, n):
-        """For each row of `queries`: the n best (doc id, cosine) of one owner, best first."""
+    def search_owner(self, owner, queries, n, workspace=None):
+        """For each row of `queries`: the n best (doc id, cosine) of one owner (of one workspace's
+        documents: OwnerMatrix.top), best first."""
         matrix = self._held([owner]).get(owner)
         if matrix is None:
             return [[] for _ in queries]
         with matrix.lock:
-            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n)]
+            return [list(zip(ids.tolist(), scores.tolist())) for ids, scores in matrix.top_many(queries, n, workspace)]
 
     def cosines(self, owners, doc_ids, query):
         result = {}

@@ -1,14 +1,10 @@
 """Which rows of the tables without a workspace column belong to the current workspace: conditions
-for memory.models.workspaces.scoped (fact versions, promotions, the memory graph's edges)."""
+for memory.models.workspaces.scoped (promotions, the memory graph's edges). Fact versions have a
+column of their own (migration 0031)."""
 
 from django.db.models import Q
 
 from ..models import Episode, Fact, Procedure, RecallKind
-
-
-def fact_versions_of(workspace_id):
-    """Versions of the workspace's facts; of a deleted fact, through its person."""
-    return Q(fact_id__in=Fact.objects.values("id")) | Q(user__workspace_id=workspace_id)
 
 
 def promotions_of(workspace_id):
