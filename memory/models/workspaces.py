@@ -160,7 +160,17 @@ class WorkspaceManager(models.Manager):
         return f"{through}__workspace_id" if through else "workspace_id"
 
     def get_queryset(self):
-        return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+        if self._hints:  # a related manager (`workflow.runs`): made per access, nothing to keep
+            return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+        # The scoped queryset is built once per database and copied (`all()`) for each query: the
+        # condition reads the current workspace when the query runs, so one built earlier is as good,
+        # and building it (resolving the condition into the query) was a twentieth of a webhook update.
+        # A copy of this manager (`db_manager`) shares the dict, hence the key.
+        templates = self.__dict__.setdefault("_scoped_querysets", {})
+        template = templates.get(self._db)
+        if template is None:
+            template = templates[self._db] = super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+        return template.all()
 
     def in_workspace(self, workspace):
         """The rows of `workspace` (a Workspace or its id), whatever workspace is current."""
