@@ -33,11 +33,9 @@ from .conf import memory_settings
 from .exceptions import InvalidMemoryArgument, MemoryServiceError
 from .hints import hints_block, scrub
 from .models import DEFAULT_WORKSPACE_ID, FactType, Scope, in_workspace
-from .rules.validation import check_int, check_unit_interval, check_user_id, clean_text
+from .rules.validation import check_int, check_user_id, clean_text, importance_as_confidence
 from .service import MemoryService
 
-# What recall looks in when the call names no memory_types.
-ALL_TYPES = ("facts", "episodes", "procedures")
 # Most hits one recall call may ask for.
 MAX_RECALL_LIMIT = 50
 # A bearer token shorter than this is refused in MEMORY["MCP_TOKENS"] (guessable).
@@ -145,7 +143,7 @@ def build_server(caller, *, http_url=None):
                 agent_id=who.agent_id,
                 user_id=person(who),
                 limit=checked,
-                types=ALL_TYPES if memory_types is None else memory_types,
+                **({} if memory_types is None else {"types": memory_types}),  # None: recall's default, all
                 valid_at=valid_at.strip() or None,
                 as_of=as_of.strip() or None,
             )
@@ -188,7 +186,7 @@ def build_server(caller, *, http_url=None):
                 value,
                 agent_id=who.agent_id,
                 fact_type=fact_type,
-                confidence=None if importance is None else check_unit_interval("importance", importance),
+                confidence=importance_as_confidence(importance),
                 tags=tags,
                 valid_from=valid_from.strip() or None,
                 valid_to=valid_to.strip() or None,

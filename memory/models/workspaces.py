@@ -159,9 +159,12 @@ class WorkspaceManager(models.Manager):
         through = getattr(self.model, "workspace_through", "")
         return f"{through}__workspace_id" if through else "workspace_id"
 
+    def _scoped(self):
+        return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+
     def get_queryset(self):
         if self._hints:  # a related manager (`workflow.runs`): made per access, nothing to keep
-            return super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+            return self._scoped()
         # The scoped queryset is built once per database and copied (`all()`) for each query: the
         # condition reads the current workspace when the query runs, so one built earlier is as good,
         # and building it (resolving the condition into the query) was a twentieth of a webhook update.
@@ -169,7 +172,7 @@ class WorkspaceManager(models.Manager):
         templates = self.__dict__.setdefault("_scoped_querysets", {})
         template = templates.get(self._db)
         if template is None:
-            template = templates[self._db] = super().get_queryset().filter(InCurrentWorkspace(self.workspace_lookup))
+            template = templates[self._db] = self._scoped()
         return template.all()
 
     def in_workspace(self, workspace):

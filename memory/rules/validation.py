@@ -293,6 +293,12 @@ def check_unit_interval(field_name, value):
     return float(value)
 
 
+def importance_as_confidence(value):
+    """A tool's `importance` (0 to 1, optional) as the confidence set_fact stores: recall's ranking
+    reads a fact's confidence as its importance. None stays None (the default confidence)."""
+    return None if value is None else check_unit_interval("importance", value)
+
+
 MAX_TAGS = 20
 MAX_TAG_LENGTH = 50
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from memory.exceptions import MemoryServiceError
 from memory.models import FactType, Scope
-from memory.rules.validation import check_unit_interval, storable
+from memory.rules.validation import importance_as_confidence, storable
 from memory.service import MemoryService
 
 from ..conf import workflow_settings
@@ -407,14 +407,12 @@ def _write_fact(
     if scope == Scope.SESSION and not owners["session_id"]:
         return {**report, "action": "failed", "error": "scope: session scope needs a conversation thread"}, None
     try:
-        importance = fact.get("importance")
         write = service.set_fact(
             key,
             fact["value"],
             scope=scope,
             fact_type=fact.get("fact_type") or default_type,
-            # As the remember tool: importance is the fact's confidence, which recall's ranking reads.
-            confidence=None if importance is None else check_unit_interval("importance", importance),
+            confidence=importance_as_confidence(fact.get("importance")),
             tags=fact.get("tags"),
             overwrite=overwrite,
             source_episode_id=episode_id,

@@ -23,7 +23,7 @@ from memory.asynchronous import off_the_loop
 from memory.exceptions import InvalidMemoryArgument, MemoryServiceError
 from memory.hints import clean_line, hints_block
 from memory.models import ProcedureSource, Scope
-from memory.rules.validation import check_unit_interval
+from memory.rules.validation import importance_as_confidence
 from memory.service import MemoryService, WriteAction
 
 from ..conversations.reminders import schedule_reminder
@@ -245,8 +245,7 @@ def make_remember_tool(config, *, bound=None):
                 "nobody is identified in this conversation, so nothing is stored "
                 "(the agent's own memory would show it to every user)",
             )
-        if importance is not None:
-            importance = check_unit_interval("importance", importance)
+        confidence = importance_as_confidence(importance)
         owner = (
             {"scope": Scope.USER, "user_id": scope.user_id}
             if scope.user_id is not None
@@ -258,7 +257,7 @@ def make_remember_tool(config, *, bound=None):
             fact_type=fact_type or default_type,
             overwrite=overwrite,
             provenance=f"remember tool of {scope.agent_id}",
-            confidence=importance,
+            confidence=confidence,
             tags=tags,
             valid_from=valid_from.strip() or None,
             valid_to=valid_to.strip() or None,
