@@ -35,6 +35,8 @@ from .support.servers import (
     THREADS_PER_WORKER,
     TOKEN,
     WARMUP,
+    cpu_between,
+    cpu_seconds,
     free_port,
     server_log,
     start_server,
@@ -86,6 +88,7 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
         plan = [telegram_update(n + 1, 1000 + n % users, text_for(n, n % users)) for n in range(updates)]
         task = progress.add_task(f"{updates} updates, {concurrency} at a time", total=updates)
         latencies, errors = [], []
+        cpu_before = cpu_seconds(server.pid)
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             for elapsed, error in pool.map(send, plan):
@@ -94,6 +97,7 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
                     errors.append(error)
                 progress.advance(task)
         wall = time.perf_counter() - started
+        cpu, model_cpu = cpu_between(cpu_before, cpu_seconds(server.pid))
         # Whether the vectors kept up: documents still waiting for the embedding worker when the last
         # reply came (a backlog that grows with the run means vector recall misses recent messages).
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).json()
@@ -120,6 +124,10 @@ def run(updates, users, concurrency, workers, progress, kind="wsgi"):
         "errors": len(errors),
         "first_errors": errors[:3],
         "wall_s": wall,
+        # The server's CPU per update, all its processes, and the share of its model processes (the
+        # documents' embeddings): unlike the rate, this hardly moves with what else the machine runs.
+        "cpu_ms": cpu * 1000 / updates,
+        "model_cpu_ms": model_cpu * 1000 / updates,
         "vectors_pending": pending,
         "server_log_chars": len(log),  # what the server wrote to stderr (a log that grows per update costs)
         "errors_logged": len(errors_logged),
@@ -174,6 +182,8 @@ def main(argv=None):
             "per_s",
             "p50_ms",
             "p95_ms",
+            "cpu_ms",
+            "model_cpu_ms",
             "errors",
             "vectors_pending",
             "server_log_chars",
@@ -195,6 +205,8 @@ def main(argv=None):
     table.add_column("p50 ms", justify="right")
     table.add_column("p95 ms", justify="right")
     table.add_column("max ms", justify="right")
+    table.add_column("server CPU ms / update", justify="right")
+    table.add_column("of it, model processes", justify="right")
     table.add_column("errors", justify="right")
     table.add_column("vectors pending", justify="right")
     table.add_row(
@@ -203,6 +215,8 @@ def main(argv=None):
         f"{results['p50_ms']:.1f}",
         f"{results['p95_ms']:.1f}",
         f"{results['max_ms']:.1f}",
+        f"{results['cpu_ms']:.1f}",
+        f"{results['model_cpu_ms']:.1f}",
         str(results["errors"]),
         str(results["vectors_pending"]),
     )

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..support.scratch import REPO, machine_reference, scratch_django
-from ..support.servers import SECRET, TOKEN, free_port, server_log, text_for, wait_until_serving
+from ..support.servers import SECRET, TOKEN, free_port, process_tree, server_log, text_for, wait_until_serving
 from .preload import preload, touch
 
 SETTINGS = """
@@ -108,24 +108,6 @@ def _stop(proc, timeout=20):
             proc.wait()
 
 
-def _tree(pid):
-    """A process and its descendants (Linux /proc)."""
-    children = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                children[int(fields[1])].append(int(entry.name))
-            except (OSError, IndexError):
-                continue
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += children.get(current, [])
-    return found
-
-
 def _memory_mb(pid):
     """RSS and PSS of a process with its descendants, in MB, and how many processes they are.
 
@@ -133,7 +115,7 @@ def _memory_mb(pid):
     file, pages a fork left shared) once in each; PSS (/proc/PID/smaps_rollup) divides it between them.
     """
     rss = pss = processes = 0
-    for current in _tree(pid):
+    for current in process_tree(pid):
         try:
             rollup = Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()
         except OSError:

@@ -1,11 +1,13 @@
 """Servers on loopback for the benchmarks: gunicorn or uvicorn over a scratch site, and waiting for them."""
 
+import collections
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from .scratch import REPO
 
@@ -66,3 +68,51 @@ def wait_until_serving(server, port, timeout=60):
         except httpx.TransportError:
             time.sleep(0.2)
     raise RuntimeError("the server did not start within a minute")
+
+
+def process_tree(pid):
+    """A process and its descendants (Linux /proc)."""
+    children = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                children[int(fields[1])].append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def cpu_seconds(pid):
+    """{process id: (is a model process, CPU seconds so far)} of a process and its descendants.
+
+    The model processes (memory/embedding/model_process.py) are told apart by their command line, so
+    that what embedding documents costs shows beside what the requests cost.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for current in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{current}/cmdline").read_bytes()
+        except OSError:
+            continue
+        # utime and stime: fields 14 and 15 of stat, 12 and 13 after the command's closing parenthesis.
+        found[current] = (b"model_process" in command, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def cpu_between(before, after):
+    """(all CPU seconds, the model processes' share) spent between two cpu_seconds() readings; a
+    process started in between counts from zero."""
+    spent = model = 0.0
+    for pid, (is_model, seconds) in after.items():
+        used = seconds - before.get(pid, (is_model, 0.0))[1]
+        spent += used
+        model += used if is_model else 0.0
+    return spent, model
