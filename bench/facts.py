@@ -12,6 +12,7 @@ what fact history costs the sets.
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -27,6 +28,7 @@ from .support.scratch import (
     machine_reference,
     scratch_django,
 )
+from .support.servers import cpu_between, cpu_seconds
 
 AGENTS, USERS, SESSIONS, POOL = 100, 1000, 1000, 2000
 GETS, SETS, SEARCHES = 10_000, 2_000, 1_000
@@ -194,8 +196,14 @@ def run(n, seed, progress, mode="keyword"):
             write = service.set_fact(key, value, scope=scope, agent_id=agent_id, user_id=user_id, session_id=session_id)
             actions[write.action] = actions.get(write.action, 0) + 1
 
+        cpu_before, children_before = time.process_time(), cpu_seconds(os.getpid())
         elapsed, queries = timed(set_one, sets, counter)
         results["set_per_s"] = SETS / elapsed
+        # CPU per set of this process (the sets and the embedding worker's thread) and of the model
+        # processes it started: unlike the rate, these hardly move with what else the machine runs.
+        _, model = cpu_between(children_before, cpu_seconds(os.getpid()))
+        results["set_cpu_ms"] = (time.process_time() - cpu_before) * 1000 / SETS
+        results["set_model_cpu_ms"] = model * 1000 / SETS
         results["set_actions"] = actions
         results["queries_per_set"] = queries / SETS
         if mode == "hybrid":  # how long the embedding worker took to catch up after the last set
@@ -248,6 +256,7 @@ def main(argv=None):
     results["fact_history"] = args.fact_history
     if args.json:
         keys = ["n", "mode", "fact_history", "get_per_s", "set_per_s", "search_per_s", "queries_per_get"]
+        keys += ["set_cpu_ms", "set_model_cpu_ms"]
         keys += ["vectors_caught_up_ms"] if args.mode == "hybrid" else []  # after the last set
         print(json.dumps({k: round(results[k], 3) if isinstance(results[k], float) else results[k] for k in keys}))
         return 0
@@ -268,7 +277,8 @@ def main(argv=None):
         "set",
         f"{results['set_per_s']:,.0f}",
         f"{results['queries_per_set']:.2f}",
-        f"{SETS:,}, half to existing keys; {results['set_actions']}",
+        f"{SETS:,}, half to existing keys; {results['set_actions']}; CPU per set {results['set_cpu_ms']:.2f} ms here, "
+        f"{results['set_model_cpu_ms']:.2f} ms in model processes",
     )
     table.add_row(
         "search",
