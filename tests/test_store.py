@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -153,6 +154,36 @@ def test_a_query_searchs_score_is_langgraphs_cosine_and_orders_the_results(db):
     assert found[-1].key == "bare" and found[-1].score is None  # nothing indexed: last, unscored
     assert [i.score for i in found[:-1]] == sorted((i.score for i in found[:-1]), reverse=True)
     assert all(i.score is None for i in engram.search(("docs",)))  # no query, no score
+
+
+class ScatteredEmbeddings(Embeddings):
+    """Deterministic vectors of a model's width, spread like a model's: a text's own seeded random vector."""
+
+    def _one(self, text):
+        return np.random.default_rng(zlib.crc32(text.encode())).standard_normal(384).tolist()
+
+    def embed_documents(self, texts):
+        return [self._one(t) for t in texts]
+
+    def embed_query(self, text):
+        return self._one(text)
+
+
+def test_an_items_score_does_not_depend_on_what_else_the_search_found(db):
+    """The same item, query and vectors give the same score to the last bit (so equal items tie, and
+    pages of one ranking agree) whether the search scored it alone or among many, one vector or two."""
+    index = {"dims": 384, "embed": ScatteredEmbeddings(), "fields": ["title", "body"]}
+    store = EngramStore(index=index)
+    for n in range(40):
+        value = {"title": f"title {n % 13}", "body": f"body {n % 7}", "n": n}
+        store.put(("docs",), f"k{n}", value, index=["title"] if n % 3 == 0 else None)
+    query = "body 3"
+    together = {i.key: i.score for i in store.search(("docs",), query=query, limit=40)}
+    assert len(together) == 40 and all(score is not None for score in together.values())
+    for n in range(40):
+        (alone,) = store.search(("docs",), query=query, filter={"n": n})
+        assert alone.score == together[f"k{n}"]
+    assert together["k10"] == together["k17"] == pytest.approx(1.0)  # both hold the query's text as their body
 
 
 def test_on_engrams_embedder_words_help_order_but_score_stays_the_cosine(db, settings):

@@ -359,9 +359,11 @@ def _scores(items, query, query_vector, hybrid):
     vector = None if query_vector is None else np.asarray(query_vector, dtype=np.float32)
     if vector is not None:
         vector = vector / (np.linalg.norm(vector) or 1.0)
+        cosines = _best_cosines([item.embedding for item in items], vector)
+    else:
+        cosines = [None] * len(items)
     scored = []
-    for item in items:
-        cosine = None if vector is None else _best_cosine(item.embedding, vector)
+    for item, cosine in zip(items, cosines):
         if not hybrid:
             scored.append((item, cosine, cosine))
             continue
@@ -375,15 +377,28 @@ def _scores(items, query, query_vector, hybrid):
     return scored
 
 
-def _best_cosine(embedding, vector):
-    """The highest cosine of `vector` (unit length) and the vectors stored in `embedding` (float32, one after
-    another), as LangGraph's stores score an item indexed by several texts; None when there are none."""
-    if embedding is None:
-        return None
-    stored = np.frombuffer(bytes(embedding), dtype=np.float32)
-    if not stored.size or stored.size % vector.size:
-        return None  # made by another model (another size): not comparable
-    stored = stored.reshape(-1, vector.size)
-    norms = np.linalg.norm(stored, axis=1)
-    norms[norms == 0] = 1.0  # a zero vector scores 0, as LangGraph's stores give it
-    return float(np.max(stored @ vector / norms))
+def _best_cosines(embeddings, vector):
+    """Per stored embedding (float32 vectors one after another, or None): the highest cosine of `vector`
+    (unit length) and its vectors, as LangGraph's stores score an item indexed by several texts; None
+    for one without vectors or with vectors of another size (made by another model: not comparable).
+
+    The items with as many vectors as each other go through numpy together, as one stack: a handful of
+    numpy calls per item cost far more than the arithmetic on a few hundred floats. The product of a
+    stack and the vector takes each item's product as it would alone, so an item's score does not
+    depend on which other items a search scored with it."""
+    width = 4 * vector.size  # bytes of one float32 vector
+    by_count = {}  # vectors an item holds -> [(its position, its bytes)]
+    for i, embedding in enumerate(embeddings):
+        blob = b"" if embedding is None else bytes(embedding)
+        if blob and not len(blob) % width:
+            by_count.setdefault(len(blob) // width, []).append((i, blob))
+    cosines = [None] * len(embeddings)
+    for count, members in by_count.items():
+        joined = b"".join(blob for _, blob in members)
+        stored = np.frombuffer(joined, dtype=np.float32).reshape(len(members), count, vector.size)
+        norms = np.linalg.norm(stored, axis=2)
+        norms[norms == 0] = 1.0  # a zero vector scores 0, as LangGraph's stores give it
+        best = (stored @ vector / norms).max(axis=1)
+        for (i, _), cosine in zip(members, best.tolist()):
+            cosines[i] = cosine
+    return cosines
