@@ -55,9 +55,7 @@ import os
 from config.settings import *  # noqa
 MEMORY = {{**MEMORY, "TASK_PERIODS": {{"embed_pending": 10, "consolidate": 60, "promote": None, "prune": None,
           "deliver_reminders": 2}}}}
-if {cap!r} is not None:
-    MEMORY["VECTOR_CACHE_MB"] = {cap!r}
-WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
+{cap}WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
 # The document versions each process gives the model (memory/recall/claims.py, note_embedding): one
 # file per process, so that no two processes append to one file.
 LOGGING["formatters"]["embedded"] = {{"format": "%(process)d\t%(message)s"}}
@@ -494,9 +492,8 @@ def main(argv=None):
     from workflows.channels.fake_telegram import FakeBotAPI
 
     data = Path(tempfile.mkdtemp(prefix="engram-cluster-"))
-    (data / "cluster_settings.py").write_text(
-        SETTINGS.format(lease=args.lease, data=str(data), cap=args.vector_cache_mb)
-    )
+    cap = "" if args.vector_cache_mb is None else f'MEMORY["VECTOR_CACHE_MB"] = {args.vector_cache_mb!r}\n'
+    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease, data=str(data), cap=cap))
     results = {"machine": machine_reference()}
     with FakeBotAPI() as bot:
         os.environ.update(
