@@ -359,7 +359,7 @@ def test_the_weights_resident_in_a_process_do_not_grow_with_the_words_it_has_rea
 def test_the_encoders_graph_is_a_valid_onnx_model_written_as_protobuf_writes_it(local_model, tmp_path):
     """The graph's bytes are written without the `onnx` package (memory/embedding/onnx_bytes.py): ONNX's
     checker accepts them and its own writer writes the same bytes back; a process that loads the model
-    does not import the package (about 11 MB)."""
+    does not import the package (7-11 MB)."""
     import subprocess
     import sys
 

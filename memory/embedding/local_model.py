@@ -69,7 +69,7 @@ def encoder_graph(layout):
     word table is half the weights, and most of its rows are never read.
 
     Returned as the model's bytes, written by memory/embedding/onnx_bytes.py (the `onnx` package's
-    helpers write the same bytes, for 11 MB more of the process's memory).
+    helpers write the same bytes, for 7-11 MB more of the process's memory).
     """
     from . import onnx_bytes as onnx
 

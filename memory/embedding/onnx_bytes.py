@@ -2,10 +2,11 @@
 (memory/embedding/local_model.py, encoder_graph).
 
 Why not the `onnx` package's helpers: importing it (its protobuf messages and C extension) added
-about 11 MB to every process that loads the model, for a graph built once. These functions write the
-bytes those helpers write for the same graph (tests/test_recall_local_model.py compares them): the
-messages' fields in field-number order, as protobuf writes them, with the field numbers of onnx.proto
-(proto2: repeated numbers are not packed).
+7 MB to a Celery worker that loads the model (11 MB to a process without protobuf), for a graph
+built once. These functions write the bytes those helpers write for the same graph
+(tests/test_recall_local_model.py checks them against the package): the messages' fields in
+field-number order, as protobuf writes them, with the field numbers of onnx.proto (proto2: repeated
+numbers are not packed).
 """
 
 import struct
