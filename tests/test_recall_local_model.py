@@ -292,3 +292,92 @@ def test_a_batch_the_model_process_is_too_slow_for_is_embedded_here_and_its_late
         assert process.child_pid == child
     finally:
         process.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_model_a_process_runs_counts_inside_its_vector_cap(settings, local_model):
+    """MEMORY["VECTOR_CACHE_MB"] bounds what a process adds to its fixed part: its vectors and the model
+    it runs (measured when it loaded). Here three owners' vectors fit the cap alone, not beside the model."""
+    import numpy as np
+
+    from memory.embedding.embedder import model_resident_bytes
+    from memory.models import RecallDocument, RecallScope
+    from memory.recall.vectors import VectorIndex
+
+    model = model_resident_bytes()
+    assert 20 * 2**20 < model < 300 * 2**20  # ONNX Runtime, the tokenizer, the session, the weights it maps
+    rng = np.random.default_rng(0)
+    for n, owner in enumerate(["o1", "o2", "o3"]):
+        vectors = rng.standard_normal((2000, 384)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        RecallDocument.objects.bulk_create(
+            RecallDocument(kind="fact", item_id=n * 10_000 + i, owner=owner, text="", embedding=v.tobytes())
+            for i, v in enumerate(vectors)
+        )
+    states = {o: (g, r) for o, g, r in RecallScope.objects.values_list("owner", "generation", "removed")}
+    probe = VectorIndex(384)
+    probe.sync({"o1": states["o1"]})
+    one = probe.stats()["bytes"]
+    cap = model + int(2.5 * one)
+    assert 3 * one < cap  # the vectors alone would all be kept
+    settings.MEMORY = {**settings.MEMORY, "VECTOR_CACHE_MB": cap / 2**20}  # builds the embedder again
+    assert get_embedder() is not None and model_resident_bytes() == model  # measured once per process
+    index = VectorIndex(384)
+    for owner in ["o1", "o2", "o3"]:
+        index.sync({owner: states[owner]})
+        assert index.stats()["bytes"] <= cap - model
+    stats = index.stats()
+    assert list(index.owners) == ["o2", "o3"] and stats["evictions"] == 1
+    assert stats["model_bytes"] == model and stats["cap_bytes"] == int(cap / 2**20 * 2**20)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the process's mappings from /proc")
+def test_the_weights_resident_in_a_process_do_not_grow_with_the_words_it_has_read(local_model):
+    """The word table (45 MB) is mapped from the weights' file: every word ever read stayed resident,
+    past the size the process measured for the model when it loaded. A call lets go of its rows."""
+    model = local_model.embeddings._model
+    weights = str(Path(local_model.embeddings.process._folder) / "model.safetensors")
+
+    def mapped_kb():
+        kb, inside = 0, False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                inside = line.endswith(weights)
+            elif inside and line.startswith("Rss:"):
+                kb += int(line.split()[1])
+        return kb
+
+    model.encode(["a first batch maps the encoder's weights"])
+    before = mapped_kb()
+    vocabulary = sorted(word for word in model.tokenizer.get_vocab() if word.isalpha())
+    rng = random.Random(1)
+    for _ in range(20):  # about 25,000 distinct words
+        model.encode([" ".join(rng.sample(vocabulary, 40)) for _ in range(32)])
+    assert mapped_kb() - before < 4 * 1024  # it grew by 40 MB when the rows stayed mapped
+
+
+def test_the_encoders_graph_is_a_valid_onnx_model_written_as_protobuf_writes_it(local_model, tmp_path):
+    """The graph's bytes are written without the `onnx` package (memory/embedding/onnx_bytes.py): ONNX's
+    checker accepts them and its own writer writes the same bytes back; a process that loads the model
+    does not import the package (7-11 MB)."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    from memory.embedding.local_model import WEIGHTS_FILE, encoder_graph, safetensors_layout
+
+    folder = Path(local_model.embeddings.process._folder)
+    written = encoder_graph(safetensors_layout(folder / WEIGHTS_FILE))
+    parsed = onnx.load_from_string(written)
+    (tmp_path / WEIGHTS_FILE).write_bytes((folder / WEIGHTS_FILE).read_bytes())  # the checker reads them beside it
+    (tmp_path / "encoder.onnx").write_bytes(written)
+    onnx.checker.check_model(str(tmp_path / "encoder.onnx"))
+    assert parsed.SerializeToString() == written
+    assert [i.name for i in parsed.graph.input] == ["token_embeddings", "attention_mask"]
+    load = (
+        "import sys; from pathlib import Path; from memory.embedding.local_model import MiniLM; "
+        f"MiniLM(Path({str(folder)!r}), prepack=False).encode(['a text']); print('onnx' in sys.modules)"
+    )
+    imported = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "False"

@@ -173,6 +173,7 @@ def test_healthz_reports_the_vector_cache(client, service, fake_embedder):
     assert body["vectors"]["cache"] == {
         "bytes": 0,
         "cap_bytes": 256 * 1024 * 1024,
+        "model_bytes": 0,  # a LangChain embedder: no bundled model runs in this process
         "owners": 0,
         "hits": 0,
         "misses": 0,

@@ -3,7 +3,7 @@
     python -m bench.cluster [--updates 200] [--facts 300] [--probes 20] [--reminders 300] [--settle 30]
                             [--database-url postgres://postgres@127.0.0.1:5432/postgres]
                             [--broker redis://127.0.0.1:6379/0] [--preload-facts 0] [--preload-owners 1000]
-                            [--vector-pool 2000] [--json]
+                            [--vector-pool 2000] [--vector-cache-mb MB] [--json]
 
 Makes a throw-away PostgreSQL database, starts two gunicorn servers (A and B, each --server-workers
 processes of 4 threads, as two machines), two Celery workers (solo pool: one process each, as two
@@ -24,7 +24,9 @@ worker machines) and one beat, all with ENGRAM_TASK_BROKER set, and measures:
   `vector_cache` remote-control command for a worker). With --preload-facts N, N facts with their
   vectors are stored before the servers start, and before the memory is read every worker links every
   one of them and every server recalls for every person they belong to (bench/cluster/preload.py);
-  the memory is also read before that (memory_mb_before_touch).
+  the memory is also read before that (memory_mb_before_touch). --vector-cache-mb sets every
+  process's MEMORY["VECTOR_CACHE_MB"] (which counts the model a process runs: its `model_bytes`), so
+  that a store of a few tens of thousands of facts fills the workers' caches.
 
 The forget trials are bench/cluster/forget.py's (also runnable alone: python -m bench.cluster.forget).
 """
@@ -53,7 +55,7 @@ import os
 from config.settings import *  # noqa
 MEMORY = {{**MEMORY, "TASK_PERIODS": {{"embed_pending": 10, "consolidate": 60, "promote": None, "prune": None,
           "deliver_reminders": 2}}}}
-WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
+{cap}WORKFLOWS = {{**WORKFLOWS, "REMINDER_LEASE_SECONDS": {lease}}}
 # The document versions each process gives the model (memory/recall/claims.py, note_embedding): one
 # file per process, so that no two processes append to one file.
 LOGGING["formatters"]["embedded"] = {{"format": "%(process)d\t%(message)s"}}
@@ -125,11 +127,13 @@ def _memory_mb(pid):
     return {"rss": round(rss / 1024, 1), "pss": round(pss / 1024, 1), "processes": processes}
 
 
-def _worker_bound_mb():
-    """What a worker should stay within: its vector cap (MEMORY["VECTOR_CACHE_MB"]) + 150 MB."""
+def _worker_bound_mb(cap=None):
+    """What a worker should stay within: its vector cap (MEMORY["VECTOR_CACHE_MB"], `cap` when the run
+    sets it) + 150 MB."""
     from memory.conf import memory_settings
 
-    cap = memory_settings.VECTOR_CACHE_MB
+    if cap is None:
+        cap = memory_settings.VECTOR_CACHE_MB
     return None if cap is None else float(cap) + 150
 
 
@@ -450,8 +454,13 @@ def main(argv=None):
     )
     parser.add_argument("--preload-owners", type=int, default=1000, help="people the preloaded facts are spread over")
     parser.add_argument("--vector-pool", type=int, default=2000, help="distinct texts the model embeds for them")
+    parser.add_argument(
+        "--vector-cache-mb", type=float, default=None, help="MEMORY['VECTOR_CACHE_MB'] of every process of the run"
+    )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     args = parser.parse_args(argv)
+    if args.vector_cache_mb is not None and args.vector_cache_mb < 0:
+        parser.error("--vector-cache-mb must be a number of megabytes >= 0")
     for name in ("preload_facts", "preload_owners", "vector_pool"):
         if getattr(args, name) < (0 if name == "preload_facts" else 1):
             parser.error(f"--{name.replace('_', '-')} must be a positive number")
@@ -465,7 +474,8 @@ def main(argv=None):
     from workflows.channels.fake_telegram import FakeBotAPI
 
     data = Path(tempfile.mkdtemp(prefix="engram-cluster-"))
-    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease, data=str(data)))
+    cap = "" if args.vector_cache_mb is None else f'MEMORY["VECTOR_CACHE_MB"] = {args.vector_cache_mb!r}\n'
+    (data / "cluster_settings.py").write_text(SETTINGS.format(lease=args.lease, data=str(data), cap=cap))
     results = {"machine": machine_reference()}
     with FakeBotAPI() as bot:
         os.environ.update(
@@ -506,7 +516,7 @@ def main(argv=None):
                     results["memory_mb_before_touch"] = cluster.memory()
                     results["touch"] = touch(cluster, preloaded, say=say)
                 results["memory_mb"] = cluster.memory()
-                results["worker_bound_mb"] = _worker_bound_mb()
+                results["worker_bound_mb"] = _worker_bound_mb(args.vector_cache_mb)
                 results["reminders"] = reminders(cluster, args, bot)
             finally:
                 cluster.stop()

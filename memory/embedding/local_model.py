@@ -4,19 +4,23 @@ sentence-transformers has a fixed overhead on every call that is most of a recal
 call embeds one short question. This runs the same network (a 6-layer BERT
 encoder, mean pooling over the real tokens, unit length) on the same files: the tokenizer from
 `tokenizer.json` with the `tokenizers` package, the weights from `model.safetensors`. No exported
-model file is shipped or downloaded: the network is written here as an ONNX graph (`onnx`'s helpers)
+model file is shipped or downloaded: the network is written here as an ONNX graph (onnx_bytes.py)
 whose weights are references into `model.safetensors`, and ONNX Runtime runs it, with its own
 kernels for the matrix products, layer norms and GELU. `python -m bench.embedder` checks that its
 vectors are the sentence-transformers ones (cosine >= 0.999) and measures both (bench/README.md
 holds the current figures).
 
 Memory: ONNX Runtime reads the encoder's weights from the file itself, and the embedding tables are
-mapped from it (numpy.memmap), so they are the system's page cache, shared by every process that
-loads the model, and only the rows of words that occur are read: a process pays for the weights
-once per machine, not once per process (`python -m bench.embedder` prints `engram_process_mb`).
+mapped from it, so they are the system's page cache, shared by every process that loads the model,
+and only the rows of words that occur are read: a process pays for the weights once per machine,
+not once per process (`python -m bench.embedder` prints `engram_process_mb`). The rows a call read
+are let go of when it returns (the pages stay in the page cache): kept mapped, every word a process
+ever met stayed in its resident memory, up to the whole 45 MB table, which is more than the size
+the process measured for the model when it loaded (memory.embedding.embedder.model_resident_bytes).
 """
 
 import json
+import mmap
 import struct
 
 import numpy as np
@@ -39,7 +43,7 @@ def safetensors_layout(path):
 
     The format (huggingface/safetensors): an 8-byte little-endian header length, a JSON header giving
     each tensor's dtype, shape and [start, end) in the data after it. The `safetensors` package reads
-    tensors into memory; ONNX Runtime and numpy.memmap need where they are instead.
+    tensors into memory; ONNX Runtime and a mapping of the file need where they are instead.
     """
     with open(path, "rb") as file:
         (length,) = struct.unpack("<Q", file.read(8))
@@ -63,27 +67,26 @@ def encoder_graph(layout):
     stored (torch's Linear keeps out x in: transB) and its bias: no transposed copy of a weight, and
     a tenth faster than MatMul then Add on 3-d inputs. The embeddings' lookup stays outside: the
     word table is half the weights, and most of its rows are never read.
+
+    Returned as the model's bytes, written by memory/embedding/onnx_bytes.py (the `onnx` package's
+    helpers write the same bytes, for 7-11 MB more of the process's memory).
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from . import onnx_bytes as onnx
 
     initializers, nodes = [], []
 
     def weight(name):
         shape, offset, size = layout[name]
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=shape)
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", size)):
-            tensor.external_data.add(key=key, value=str(value))
-        initializers.append(tensor)
+        initializers.append(onnx.external_tensor(name, shape, WEIGHTS_FILE, offset, size))
         return name
 
     def const(name, array):
-        initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        initializers.append(onnx.tensor(name, np.asarray(array)))
         return name
 
     def op(kind, *inputs, **attributes):
         name = f"{kind}_{len(nodes)}"
-        nodes.append(helper.make_node(kind, list(inputs), [name], **attributes))
+        nodes.append(onnx.node(kind, list(inputs), [name], **attributes))
         return name
 
     def ints(name, values):
@@ -106,7 +109,7 @@ def encoder_graph(layout):
     heads_shape = op("Concat", op("Shape", "token_embeddings", end=2), ints("heads", [HEADS, head_width]), axis=0)
     as_rows = ints("as_rows", [-1, width])  # (batch x length) x width: one row per token
     rows = op("Reshape", layer_norm("token_embeddings", "embeddings.LayerNorm"), as_rows)
-    mask = op("Cast", "attention_mask", to=TensorProto.FLOAT)
+    mask = op("Cast", "attention_mask", to=onnx.FLOAT)
     # Padding keys get a large negative score (batch x 1 x 1 x length), so softmax gives them no weight.
     key_bias = op("Mul", op("Sub", scalar("one", 1.0), mask), scalar("minus_large", -1e9))
     key_bias = op("Unsqueeze", key_bias, ints("head_axes", [1, 2]))
@@ -132,19 +135,14 @@ def encoder_graph(layout):
     count = op("Max", op("ReduceSum", mask, sequence, keepdims=1), scalar("tiny", 1e-9))
     pooled = op("Div", summed, count)
     norm = op("Max", op("ReduceL2", pooled, ints("vector", [1]), keepdims=1), scalar("tinier", 1e-12))
-    nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"]))
-    graph = helper.make_graph(
-        nodes,
-        "all-MiniLM-L6-v2",
-        [
-            helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["batch", "length", width]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "length"]),
-        ],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
-        initializers,
-    )
+    nodes.append(onnx.node("Div", [pooled, norm], ["embedding"]))
+    inputs = [
+        onnx.value_info("token_embeddings", onnx.FLOAT, ["batch", "length", width]),
+        onnx.value_info("attention_mask", onnx.INT64, ["batch", "length"]),
+    ]
+    outputs = [onnx.value_info("embedding", onnx.FLOAT, ["batch", width])]
     # IR version 9: what opset 20 needs, and what ONNX Runtime has read since 1.16.
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    return onnx.model(nodes, "all-MiniLM-L6-v2", inputs, outputs, initializers, opset=OPSET, ir_version=9)
 
 
 def length_batches(lengths):
@@ -188,10 +186,12 @@ class MiniLM:
         self.tokenizer.enable_truncation(MAX_TOKENS)
         path = folder / WEIGHTS_FILE
         layout = safetensors_layout(path)
+        with open(path, "rb") as file:
+            self._mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
         def table(name):
-            shape, offset, _ = layout[name]
-            return np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+            shape, offset, size = layout[name]
+            return np.frombuffer(self._mapped, dtype=np.float32, count=size // 4, offset=offset).reshape(shape)
 
         self.words = table("embeddings.word_embeddings.weight")
         self.positions = table("embeddings.position_embeddings.weight")
@@ -210,9 +210,7 @@ class MiniLM:
             options.add_session_config_entry("session.disable_prepacking", "1")
         # Where the graph's weight references point: the model's folder (the graph comes as bytes).
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
-        self._session = onnxruntime.InferenceSession(
-            encoder_graph(layout).SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        self._session = onnxruntime.InferenceSession(encoder_graph(layout), options, providers=["CPUExecutionProvider"])
 
     def encode(self, texts):
         """Unit vectors (len(texts) x 384, float32), in the order of `texts`."""
@@ -228,4 +226,12 @@ class MiniLM:
                 mask[row, :n] = 1
             tokens = self.words[ids] + self.positions[:length] + self.token_type
             out[batch] = self._session.run(None, {"token_embeddings": tokens, "attention_mask": mask})[0]
+        self.release_rows()
         return out
+
+    def release_rows(self):
+        """Unmap the pages of the embedding tables' rows read so far from this process (the next call
+        maps those it reads again, from the page cache: the same bytes). Nothing where the system
+        has no such advice."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._mapped.madvise(mmap.MADV_DONTNEED)

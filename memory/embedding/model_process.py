@@ -260,6 +260,15 @@ def release_freed_memory():
         pass
 
 
+def resident_bytes():
+    """This process's resident memory (RSS) in bytes, from Linux's /proc; None elsewhere."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def main(argv):
     if "--background" in argv:
         try:

@@ -35,7 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..backends.rows import fetch_in_chunks
 from ..conf import memory_settings, on_memory_settings_changed
-from ..embedding.embedder import from_blobs
+from ..embedding.embedder import from_blobs, model_resident_bytes
 from ..models.workspaces import DEFAULT_WORKSPACE_ID
 
 _DOC_TABLE = "memory_recall_doc"
@@ -275,13 +275,16 @@ class VectorIndex:
     4.7 s with a 50,000-vector owner), now only the recalls that need that owner do, and they wait
     for the one load, not one each.
 
-    MEMORY["VECTOR_CACHE_MB"] caps the bytes of the matrices held (their arrays and id maps). Before
+    MEMORY["VECTOR_CACHE_MB"] caps the bytes of the matrices held (their arrays and id maps) together
+    with the bundled model's, when this process runs it (its resident size, measured when it loaded:
+    memory.embedding.embedder.model_resident_bytes): the memory a process adds to its fixed part
+    (Python, Django and the apps) stays within the cap whatever the cache holds. Before
     a load, owners not in use are evicted least recently used until the estimated bytes fit; after
     it, the estimate is settled against what was allocated and the cap enforced again. The owners
     of the sync under way, and those another thread is loading or searching, are never evicted, so
     an owner larger than the cap is kept alone (everything else makes way for it) until another
     owner's load needs the room: a recall always searches every owner it asked for, and the held
-    bytes stay under max(cap, the largest owner in use). An owner evicted between a recall's sync
+    bytes stay under max(the vectors' share of the cap, the largest owner in use). An owner evicted between a recall's sync
     and its search is loaded again by the search (from the generations that sync was given).
     """
 
@@ -319,7 +322,7 @@ class VectorIndex:
         self._evict(keep)
 
     def _evict(self, keep):
-        limit = cap_bytes()
+        limit = vectors_cap_bytes()
         if limit is None or self.bytes <= limit:
             return
         for owner in list(self.owners):
@@ -333,12 +336,14 @@ class VectorIndex:
                 return
 
     def stats(self):
-        """The cache's figures for /healthz: bytes held, cap, owners held, hits, misses, loads, evictions."""
+        """The cache's figures for /healthz: bytes held, cap, the model's bytes counted in the cap (what
+        the vectors may hold is the cap less those), owners held, hits, misses, loads, evictions."""
         cap = cap_bytes()
         with self._lock:
             return {
                 "bytes": int(self.bytes),
                 "cap_bytes": cap,
+                "model_bytes": model_resident_bytes(),
                 "owners": len(self.owners),
                 "hits": self.hits,
                 "misses": self.misses,
@@ -505,6 +510,13 @@ def cap_bytes():
     if isinstance(cap, bool) or not isinstance(cap, int | float) or cap < 0:
         raise ImproperlyConfigured(f'MEMORY["VECTOR_CACHE_MB"] must be a number of megabytes >= 0 or None, not {cap!r}')
     return int(cap * 1024 * 1024)
+
+
+def vectors_cap_bytes():
+    """What the vectors may hold: the cap less the bundled model's resident size in this process (0
+    when the model alone is larger: only the owners in use are kept); None: no cap."""
+    cap = cap_bytes()
+    return None if cap is None else max(cap - model_resident_bytes(), 0)
 
 
 def _counters(owner):
