@@ -354,30 +354,3 @@ def test_the_weights_resident_in_a_process_do_not_grow_with_the_words_it_has_rea
     for _ in range(20):  # about 25,000 distinct words
         model.encode([" ".join(rng.sample(vocabulary, 40)) for _ in range(32)])
     assert mapped_kb() - before < 4 * 1024  # it grew by 40 MB when the rows stayed mapped
-
-
-def test_the_encoders_graph_is_a_valid_onnx_model_written_as_protobuf_writes_it(local_model, tmp_path):
-    """The graph's bytes are written without the `onnx` package (memory/embedding/onnx_bytes.py): ONNX's
-    checker accepts them and its own writer writes the same bytes back; a process that loads the model
-    does not import the package (7-11 MB)."""
-    import subprocess
-    import sys
-
-    import onnx
-
-    from memory.embedding.local_model import WEIGHTS_FILE, encoder_graph, safetensors_layout
-
-    folder = Path(local_model.embeddings.process._folder)
-    written = encoder_graph(safetensors_layout(folder / WEIGHTS_FILE))
-    parsed = onnx.load_from_string(written)
-    (tmp_path / WEIGHTS_FILE).write_bytes((folder / WEIGHTS_FILE).read_bytes())  # the checker reads them beside it
-    (tmp_path / "encoder.onnx").write_bytes(written)
-    onnx.checker.check_model(str(tmp_path / "encoder.onnx"))
-    assert parsed.SerializeToString() == written
-    assert [i.name for i in parsed.graph.input] == ["token_embeddings", "attention_mask"]
-    load = (
-        "import sys; from pathlib import Path; from memory.embedding.local_model import MiniLM; "
-        f"MiniLM(Path({str(folder)!r}), prepack=False).encode(['a text']); print('onnx' in sys.modules)"
-    )
-    imported = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, check=True)
-    assert imported.stdout.strip() == "False"

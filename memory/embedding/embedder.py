@@ -140,8 +140,8 @@ def __getattr__(name):
 _model_resident = {"bytes": 0}
 _models_here = weakref.WeakSet()
 # Where a process's resident size cannot be read (not Linux): this machine kind's measure of the model
-# in a task worker (ONNX Runtime, the tokenizer, the session and the weights it maps).
-MODEL_RESIDENT_ESTIMATE = 85 * 1024 * 1024
+# in a task worker (ONNX Runtime, the tokenizer, ONNX's graph helpers, the session and the weights it maps).
+MODEL_RESIDENT_ESTIMATE = 91 * 1024 * 1024
 
 
 def model_resident_bytes():
@@ -153,8 +153,8 @@ def model_resident_bytes():
 
 def _note_model_resident(before):
     """Record, the first time the model loads in this process, the resident memory it added since
-    `before` (resident_bytes() before it loaded): the imports of ONNX Runtime and the tokenizer,
-    the session and the weights a batch maps. A model built again later (settings changed)
+    `before` (resident_bytes() before it loaded): the imports of ONNX Runtime, the tokenizer and
+    ONNX's graph helpers, the session and the weights a batch maps. A model built again later (settings changed)
     replaces one that goes: the first measure, with its imports, stays the process's."""
     if _model_resident["bytes"]:
         return

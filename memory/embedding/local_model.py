@@ -4,7 +4,7 @@ sentence-transformers has a fixed overhead on every call that is most of a recal
 call embeds one short question. This runs the same network (a 6-layer BERT
 encoder, mean pooling over the real tokens, unit length) on the same files: the tokenizer from
 `tokenizer.json` with the `tokenizers` package, the weights from `model.safetensors`. No exported
-model file is shipped or downloaded: the network is written here as an ONNX graph (onnx_bytes.py)
+model file is shipped or downloaded: the network is written here as an ONNX graph (`onnx`'s helpers)
 whose weights are references into `model.safetensors`, and ONNX Runtime runs it, with its own
 kernels for the matrix products, layer norms and GELU. `python -m bench.embedder` checks that its
 vectors are the sentence-transformers ones (cosine >= 0.999) and measures both (bench/README.md
@@ -67,26 +67,27 @@ def encoder_graph(layout):
     stored (torch's Linear keeps out x in: transB) and its bias: no transposed copy of a weight, and
     a tenth faster than MatMul then Add on 3-d inputs. The embeddings' lookup stays outside: the
     word table is half the weights, and most of its rows are never read.
-
-    Returned as the model's bytes, written by memory/embedding/onnx_bytes.py (the `onnx` package's
-    helpers write the same bytes, for 7-11 MB more of the process's memory).
     """
-    from . import onnx_bytes as onnx
+    from onnx import TensorProto, helper, numpy_helper
 
     initializers, nodes = [], []
 
     def weight(name):
         shape, offset, size = layout[name]
-        initializers.append(onnx.external_tensor(name, shape, WEIGHTS_FILE, offset, size))
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", size)):
+            tensor.external_data.add(key=key, value=str(value))
+        initializers.append(tensor)
         return name
 
     def const(name, array):
-        initializers.append(onnx.tensor(name, np.asarray(array)))
+        initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
 
     def op(kind, *inputs, **attributes):
         name = f"{kind}_{len(nodes)}"
-        nodes.append(onnx.node(kind, list(inputs), [name], **attributes))
+        nodes.append(helper.make_node(kind, list(inputs), [name], **attributes))
         return name
 
     def ints(name, values):
@@ -109,7 +110,7 @@ def encoder_graph(layout):
     heads_shape = op("Concat", op("Shape", "token_embeddings", end=2), ints("heads", [HEADS, head_width]), axis=0)
     as_rows = ints("as_rows", [-1, width])  # (batch x length) x width: one row per token
     rows = op("Reshape", layer_norm("token_embeddings", "embeddings.LayerNorm"), as_rows)
-    mask = op("Cast", "attention_mask", to=onnx.FLOAT)
+    mask = op("Cast", "attention_mask", to=TensorProto.FLOAT)
     # Padding keys get a large negative score (batch x 1 x 1 x length), so softmax gives them no weight.
     key_bias = op("Mul", op("Sub", scalar("one", 1.0), mask), scalar("minus_large", -1e9))
     key_bias = op("Unsqueeze", key_bias, ints("head_axes", [1, 2]))
@@ -135,14 +136,19 @@ def encoder_graph(layout):
     count = op("Max", op("ReduceSum", mask, sequence, keepdims=1), scalar("tiny", 1e-9))
     pooled = op("Div", summed, count)
     norm = op("Max", op("ReduceL2", pooled, ints("vector", [1]), keepdims=1), scalar("tinier", 1e-12))
-    nodes.append(onnx.node("Div", [pooled, norm], ["embedding"]))
-    inputs = [
-        onnx.value_info("token_embeddings", onnx.FLOAT, ["batch", "length", width]),
-        onnx.value_info("attention_mask", onnx.INT64, ["batch", "length"]),
-    ]
-    outputs = [onnx.value_info("embedding", onnx.FLOAT, ["batch", width])]
+    nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"]))
+    graph = helper.make_graph(
+        nodes,
+        "all-MiniLM-L6-v2",
+        [
+            helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["batch", "length", width]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "length"]),
+        ],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
+        initializers,
+    )
     # IR version 9: what opset 20 needs, and what ONNX Runtime has read since 1.16.
-    return onnx.model(nodes, "all-MiniLM-L6-v2", inputs, outputs, initializers, opset=OPSET, ir_version=9)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
 
 
 def length_batches(lengths):
@@ -210,7 +216,9 @@ class MiniLM:
             options.add_session_config_entry("session.disable_prepacking", "1")
         # Where the graph's weight references point: the model's folder (the graph comes as bytes).
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
-        self._session = onnxruntime.InferenceSession(encoder_graph(layout), options, providers=["CPUExecutionProvider"])
+        self._session = onnxruntime.InferenceSession(
+            encoder_graph(layout).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
 
     def encode(self, texts):
         """Unit vectors (len(texts) x 384, float32), in the order of `texts`."""
