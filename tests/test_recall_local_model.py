@@ -334,7 +334,7 @@ def test_the_model_a_process_runs_counts_inside_its_vector_cap(settings, local_m
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the process's mappings from /proc")
 def test_the_weights_resident_in_a_process_do_not_grow_with_the_words_it_has_read(local_model):
     """The word table (45 MB) is mapped from the weights' file: every word ever read stayed resident,
-    past the size the process measured for the model when it loaded. A call lets go of its rows."""
+    past the size the process measured for the model when it loaded. Read rows are let go of as they add up."""
     model = local_model.embeddings._model
     weights = str(Path(local_model.embeddings.process._folder) / "model.safetensors")
 
