@@ -34,6 +34,8 @@ def test_webhook_benchmark_prints_one_json_object(server):
         "per_s",
         "p50_ms",
         "p95_ms",
+        "cpu_ms",
+        "model_cpu_ms",
         "errors",
         "vectors_pending",
         "server_log_chars",
@@ -45,6 +47,8 @@ def test_webhook_benchmark_prints_one_json_object(server):
     assert result["updates"] == 20 and result["errors"] == 0, done.stderr[-2000:]
     assert result["errors_logged"] == 0  # no turn went without its memory either
     assert result["per_s"] > 0 and 0 < result["p50_ms"] <= result["p95_ms"]
+    # The server's processes did the work: CPU was read back; only hybrid runs model processes.
+    assert result["cpu_ms"] > 0 and (result["mode"] == "hybrid" or result["model_cpu_ms"] == 0)
 
 
 def test_crash_mode_loses_no_update_and_sends_each_reply_once():
